@@ -1,0 +1,126 @@
+"""AdmissionReview in, AdmissionReview out (``admission.k8s.io/v1``).
+
+Decoding errors are :class:`BadReview` (the server answers 400 with its message);
+everything after decoding is a decision, never an exception.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.engine import Evaluation
+from app.rules import Subject
+
+__all__ = ["BadReview", "Decision", "decide", "parse_review", "review_response"]
+
+API_VERSION = "admission.k8s.io/v1"
+MAX_WARNING = 119
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview we can answer; the message says why."""
+
+
+def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
+           required: bool = True) -> Any:
+    if key not in data or data[key] is None:
+        if required:
+            raise BadReview(f"{where}{key}: required")
+        return None
+    value = data[key]
+    if not isinstance(value, kind):
+        names = {dict: "an object", str: "a string", bool: "a boolean", list: "a list"}
+        expected = names.get(kind, str(kind)) if isinstance(kind, type) else "an object"
+        raise BadReview(f"{where}{key}: expected {expected}, got {type(value).__name__}")
+    return value
+
+
+def parse_review(body: bytes) -> tuple[str, Subject]:
+    """Decode a request body into (uid, subject)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadReview(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadReview(f"expected an AdmissionReview object, got {type(data).__name__}")
+    if data.get("kind") != "AdmissionReview":
+        raise BadReview(f"kind: expected AdmissionReview, got {data.get('kind')!r}")
+    if data.get("apiVersion") != API_VERSION:
+        raise BadReview(f"apiVersion: expected {API_VERSION}, got {data.get('apiVersion')!r}")
+    request = _field(data, "request", dict, "")
+    uid = _field(request, "uid", str, "request.")
+    kind = _field(request, "kind", dict, "request.")
+    group = _field(kind, "group", str, "request.kind.", required=False) or ""
+    version = _field(kind, "version", str, "request.kind.")
+    kind_name = _field(kind, "kind", str, "request.kind.")
+    operation = _field(request, "operation", str, "request.")
+    if operation not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
+        raise BadReview(f"request.operation: expected CREATE, UPDATE, DELETE or CONNECT, "
+                        f"got {operation!r}")
+    obj = _field(request, "object", dict, "request.", required=False)
+    old = _field(request, "oldObject", dict, "request.", required=False)
+    if operation in ("CREATE", "UPDATE") and obj is None:
+        raise BadReview(f"request.object: required for {operation}")
+    namespace = _field(request, "namespace", str, "request.", required=False) or ""
+    name = _field(request, "name", str, "request.", required=False) or ""
+    if not name and obj is not None:
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            name = str(meta.get("name") or meta.get("generateName") or "")
+    dry_run = _field(request, "dryRun", bool, "request.", required=False) or False
+    return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run)
+
+
+@dataclass
+class Decision:
+    allowed: bool
+    message: str = ""
+    code: int = 200
+    patch: list[dict[str, Any]] | None = None
+    warnings: list[str] | None = None
+
+    @property
+    def word(self) -> str:
+        if not self.allowed:
+            return "deny"
+        return "patch" if self.patch else "allow"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+
+
+def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
+    """Turn findings into an admission decision."""
+    warnings = [_short(f.message) for f in evaluation.warnings]
+    if evaluation.internal_errors:
+        reason = "; ".join(evaluation.internal_errors)
+        if failure_mode == "deny":
+            return Decision(False, f"Envelope could not evaluate this object ({reason}); "
+                                   f"denied because failureMode is deny", 500,
+                            warnings=warnings or None)
+        warnings.append(_short(f"Envelope skipped a rule after an internal error: {reason}"))
+    errors = evaluation.errors
+    if errors:
+        message = "; ".join(f"{f.message} [{f.rule}]" for f in errors)
+        return Decision(False, message, 403, warnings=warnings or None)
+    return Decision(True, patch=evaluation.patch or None, warnings=warnings or None)
+
+
+def review_response(uid: str, decision: Decision) -> bytes:
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        reason = "Forbidden" if decision.code == 403 else "InternalError"
+        response["status"] = {"code": decision.code, "reason": reason,
+                              "message": decision.message}
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
+    if decision.warnings:
+        response["warnings"] = decision.warnings
+    return orjson.dumps({"apiVersion": API_VERSION, "kind": "AdmissionReview",
+                         "response": response})

@@ -1,0 +1,167 @@
+"""``envelope serve`` and ``envelope check``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.cluster.static import LoadError, Manifest, load_manifests
+from app.cluster.view import StaticView
+from app.config import ConfigError, Policy, load_policy
+from app.engine import Evaluation, check_object
+from app.rules import Subject
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="envelope", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the admission webhook over HTTPS")
+    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)))
+    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"))
+    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"))
+    serve.add_argument("--self-signed", action="store_true",
+                       help="make a CA and serving certificate for localhost/127.0.0.1")
+    serve.add_argument("--self-signed-dir", default=os.environ.get(
+        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")))
+    serve.add_argument("--metrics-host", default=os.environ.get("ENVELOPE_METRICS_HOST"),
+                       help="address for the metrics listener (default: --host)")
+    serve.add_argument("--metrics-port", type=int,
+                       default=int(os.environ.get("ENVELOPE_METRICS_PORT", 9090)),
+                       help="plain-HTTP Prometheus port; 0 disables it")
+    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
+    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"))
+    serve.add_argument("--shutdown-timeout", type=int, default=10,
+                       help="seconds to let in-flight reviews finish on SIGTERM")
+    serve.add_argument("--bench-floor", action="store_true", help=argparse.SUPPRESS)
+
+    check = sub.add_parser("check", help="run the rules over manifest files, offline")
+    check.add_argument("-f", "--filename", action="append", required=True, dest="paths",
+                       help="file, directory or - for stdin (repeatable)")
+    check.add_argument("-o", "--output", choices=("human", "json"), default="human")
+    check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
+    return parser
+
+
+def subject_of(obj: dict[str, Any]) -> Subject:
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    return Subject(group, version, str(obj.get("kind", "")), "CREATE",
+                   str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
+
+
+def _entry(m: Manifest, subject: Subject, result: Evaluation) -> dict[str, Any]:
+    return {"kind": subject.kind, "apiVersion": subject.api_version,
+            "namespace": subject.namespace, "name": subject.name,
+            "source": f"{m.source}#{m.document}",
+            "findings": [f.as_dict() for f in result.findings],
+            "patch": result.patch}
+
+
+def run_check(paths: list[str], policy: Policy, output: str) -> int:
+    try:
+        manifests = load_manifests(paths)
+    except LoadError as exc:
+        print(f"envelope check: {exc}", file=sys.stderr)
+        return 2
+    view = StaticView(m.obj for m in manifests)
+    entries = []
+    failed = False
+    for m in manifests:
+        subject = subject_of(m.obj)
+        result = check_object(subject, view, policy)
+        entry = _entry(m, subject, result)
+        if result.internal_errors:
+            entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
+                                      "message": e} for e in result.internal_errors)
+        failed = failed or any(f["severity"] == "error" for f in entry["findings"])
+        entry["changes"] = [f.message for f in result.changes]
+        entries.append(entry)
+    if output == "json":
+        for e in entries:
+            e.pop("changes")
+        sys.stdout.write(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        _print_human(entries)
+    return 1 if failed else 0
+
+
+def _print_human(entries: list[dict[str, Any]]) -> None:
+    errors = warnings = mutated = 0
+    for e in entries:
+        if not e["findings"] and not e["changes"]:
+            continue
+        where = f"{e['namespace']}/{e['name']}" if e["namespace"] else e["name"]
+        print(f"{e['kind']} {where} ({e['source']})")
+        for f in e["findings"]:
+            print(f"  {f['severity']:<7} {f['rule']}: {f['message']}")
+            errors += f["severity"] == "error"
+            warnings += f["severity"] == "warning"
+        for change in e["changes"]:
+            print(f"  change  {change}")
+        mutated += bool(e["patch"])
+    print(f"{len(entries)} objects: {errors} errors, {warnings} warnings, "
+          f"{mutated} would be mutated")
+
+
+def run_serve(args: argparse.Namespace, policy: Policy) -> int:
+    import uvicorn
+    from prometheus_client import start_http_server
+
+    from app.logs import setup_logging
+    from app.server import create_app
+    from app.tls import server_context, write_self_signed
+
+    setup_logging(args.log_level)
+    if args.self_signed:
+        paths = write_self_signed(Path(args.self_signed_dir))
+        cert_file, key_file = paths.cert, paths.key
+        print(f"CA certificate: {paths.ca}", flush=True)
+    elif args.cert_file and args.key_file:
+        cert_file, key_file = Path(args.cert_file), Path(args.key_file)
+    else:
+        print("envelope serve: give --cert-file and --key-file, or --self-signed "
+              "(the webhook serves HTTPS only)", file=sys.stderr)
+        return 2
+    try:
+        context = server_context(cert_file, key_file)
+    except (OSError, ValueError) as exc:
+        print(f"envelope serve: cannot load certificate {cert_file} / {key_file}: {exc}",
+              file=sys.stderr)
+        return 2
+    app = create_app(policy, floor_route=args.bench_floor)
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
+                          registry=app.state.metrics.registry)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                            access_log=False, server_header=False,
+                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            ssl_certfile=str(cert_file), ssl_keyfile=str(key_file))
+    config.load()
+    config.ssl = context
+    uvicorn.Server(config).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        policy = load_policy(args.config)
+    except ConfigError as exc:
+        print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        return run_check(args.paths, policy, args.output)
+    return run_serve(args, policy)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""What rules may read about the rest of the cluster."""

@@ -1,0 +1,113 @@
+"""Runs the registered rules over one write, applying each rule's mode.
+
+The same engine serves ``/mutate``, ``/validate`` and ``envelope check``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.cluster.view import ClusterView
+from app.config import Mode, Policy
+from app.jsonpatch import diff
+from app.quantity import QuantityError
+from app.rules import RULES, Finding, Rule, Subject
+from app.rules.base import Phase
+
+__all__ = ["Evaluation", "check_object", "evaluate", "rules_for"]
+
+log = logging.getLogger("envelope.engine")
+
+
+@dataclass
+class Evaluation:
+    findings: list[Finding] = field(default_factory=list)
+    """Errors and warnings, after modes were applied."""
+    changes: list[Finding] = field(default_factory=list)
+    """What enforced mutations did (the patch carries them)."""
+    obj: dict[str, Any] | None = None
+    """The object after enforced mutations."""
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    internal_errors: list[str] = field(default_factory=list)
+    """Rules that crashed: ``"rule-id: ExceptionType: text"``."""
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def rule_ids(self) -> list[str]:
+        return sorted({f.rule for f in (*self.findings, *self.changes)})
+
+
+_BY_KIND: dict[tuple[str, str, str], list[Rule]] = {}
+
+
+def rules_for(group: str, kind: str, phase: Phase) -> list[Rule]:
+    key = (group, kind, phase)
+    if key not in _BY_KIND:
+        _BY_KIND[key] = [r for r in RULES.values() if r.phase == phase and (group, kind) in r.kinds]
+    return _BY_KIND[key]
+
+
+def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
+    for f in found:
+        if mode is Mode.ENFORCE:
+            (out.changes if f.severity == "change" else out.findings).append(f)
+        elif f.severity == "change":
+            out.findings.append(Finding("warning", f.rule, f.path,
+                                        f"not applied ({f.rule} in warn mode): {f.message}"))
+        else:
+            out.findings.append(Finding("warning", f.rule, f.path, f.message))
+
+
+def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) -> Evaluation:
+    """Run the ``phase`` rules for the subject's kind and operation."""
+    out = Evaluation(obj=subject.obj)
+    rules = [r for r in rules_for(subject.group, subject.kind, phase)
+             if subject.operation in r.operations and policy.mode(r.id) is not Mode.OFF]
+    if not rules:
+        return out
+    original = subject.obj
+    working = copy.deepcopy(original) if phase == "mutate" and original is not None else original
+    for rule in rules:
+        mode = policy.mode(rule.id)
+        # A mutation in warn mode runs on a scratch copy and is then dropped.
+        target = working
+        if phase == "mutate" and mode is not Mode.ENFORCE:
+            target = copy.deepcopy(working)
+        try:
+            found = rule.fn(subject, target if target is not None else {}, view, policy)
+        except QuantityError as exc:
+            found = [Finding("error", rule.id, "", str(exc))]
+        except Exception as exc:  # a bug in a rule must not become a 500
+            log.exception("rule %s failed", rule.id)
+            out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
+            continue
+        _apply_mode(found, mode, out)
+    out.obj = working
+    if phase == "mutate" and original is not None and working is not None:
+        out.patch = diff(original, working)
+    return out
+
+
+def check_object(subject: Subject, view: ClusterView, policy: Policy) -> Evaluation:
+    """What the webhook pair would answer: mutate, then validate the mutated object."""
+    mutated = evaluate(subject, view, policy, "mutate")
+    after = Subject(subject.group, subject.version, subject.kind, subject.operation,
+                    subject.namespace, subject.name, mutated.obj, subject.old, subject.dry_run)
+    validated = evaluate(after, view, policy, "validate")
+    return Evaluation(
+        findings=mutated.findings + validated.findings,
+        changes=mutated.changes,
+        obj=mutated.obj,
+        patch=mutated.patch,
+        internal_errors=mutated.internal_errors + validated.internal_errors,
+    )

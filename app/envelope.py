@@ -1,0 +1,121 @@
+"""The shared envelope arithmetic: container resources and string envelopes.
+
+CPU is time-shared, memory is not. A CPU limit throttles even on an idle node, so
+limits carry no CPU; memory over the limit is an OOM kill, so the memory request
+equals the memory limit. Every other limit is kept exactly as written.
+
+Functions here are pure (or mutate only the dict they are handed) and know
+nothing about HTTP, policy modes or Kubernetes kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+from app.quantity import QuantityError, parse_quantity
+
+__all__ = [
+    "EnvelopeString",
+    "compare_quantities",
+    "is_integer_cpu",
+    "move_cpu_limit_to_request",
+    "parse_envelope_string",
+]
+
+
+def move_cpu_limit_to_request(resources: dict) -> tuple[object, bool] | None:
+    """Remove ``limits.cpu``; keep the CPU request it implied.
+
+    Pod templates do not default requests from limits, so a template container with
+    only ``limits.cpu: 7`` gets Pods with a CPU request of 7 *because of the limit*.
+    When no CPU request is written, the removed limit becomes the request.
+    Returns ``(removed value, request written)`` or ``None`` when there was no CPU
+    limit. Only ``resources`` is changed.
+    """
+    limits = resources.get("limits")
+    if not isinstance(limits, dict) or "cpu" not in limits:
+        return None
+    value = limits.pop("cpu")
+    requests = resources.get("requests")
+    if isinstance(requests, dict) and "cpu" in requests:
+        return value, False
+    if not isinstance(requests, dict):
+        requests = {}
+        resources["requests"] = requests
+    requests["cpu"] = value
+    return value, True
+
+
+def compare_quantities(a: object, b: object) -> int:
+    """-1, 0 or 1 as quantity ``a`` is below, equal to or above ``b``."""
+    qa, qb = parse_quantity(a), parse_quantity(b)
+    return (qa > qb) - (qa < qb)
+
+
+def is_integer_cpu(value: object) -> bool:
+    """True for whole cores (``2``, ``2000m``): what the CPU manager pins exclusively."""
+    try:
+        q = parse_quantity(value)
+    except QuantityError:
+        return False
+    return q > 0 and q == q.to_integral_value()
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One ``key=value`` pair of a string envelope, as written (trimmed)."""
+
+    text: str
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class EnvelopeString:
+    """A string envelope such as ``"cpu=7,memory=29Gi"`` (seed 000).
+
+    Keys are matched case-insensitively and whole, so ``cpuset=0-3`` is not ``cpu``.
+    """
+
+    raw: str
+    pairs: tuple[Pair, ...]
+
+    def get(self, key: str) -> str | None:
+        for pair in self.pairs:
+            if pair.key.lower() == key:
+                return pair.value
+        return None
+
+    def quantity(self, key: str) -> Decimal | None:
+        value = self.get(key)
+        return None if value is None else parse_quantity(value)
+
+    def without_cpu(self) -> str:
+        """The limits string with every ``cpu`` pair removed, other pairs kept in order.
+
+        A string holding only CPU pairs is returned unchanged: an empty limits
+        envelope reads as "unset" downstream, which mirrors the requests back and
+        resurrects the CPU limit. An empty string stays empty.
+        """
+        kept = [p.text for p in self.pairs if p.key.lower() != "cpu"]
+        if len(kept) == len(self.pairs) or not kept:
+            return self.raw
+        return ",".join(kept)
+
+
+def _pairs(text: str) -> Iterator[Pair]:
+    for chunk in text.split(","):
+        item = chunk.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise QuantityError(f"{item!r} is not a key=value pair")
+        yield Pair(text=item, key=key.strip(), value=value.strip())
+
+
+def parse_envelope_string(text: str) -> EnvelopeString:
+    """Parse ``"cpu=7, memory=29Gi"``; raises :class:`QuantityError` on a bad pair."""
+    return EnvelopeString(raw=text, pairs=tuple(_pairs(text)))

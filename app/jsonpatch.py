@@ -1,0 +1,50 @@
+"""RFC 6902 JSON Patch from an original and a changed document.
+
+Like controller-runtime's ``PatchResponseFromRaw``: rules change a copy, and the
+patch is the precise difference — ``remove``/``add``/``replace`` at the exact JSON
+pointer, nothing unrelated touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["diff", "pointer"]
+
+
+def _escape(token: object) -> str:
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def pointer(*tokens: object) -> str:
+    """A JSON pointer: ``pointer("metadata", "annotations", "a/b")`` -> ``/metadata/annotations/a~1b``."""
+    return "".join("/" + _escape(t) for t in tokens)
+
+
+def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
+    """The operations that turn ``old`` into ``new``."""
+    if type(old) is not type(new):
+        return [{"op": "replace", "path": path, "value": new}]
+    if isinstance(old, dict):
+        ops: list[dict[str, Any]] = []
+        for key in old:
+            if key not in new:
+                ops.append({"op": "remove", "path": path + "/" + _escape(key)})
+        for key, value in new.items():
+            sub = path + "/" + _escape(key)
+            if key not in old:
+                ops.append({"op": "add", "path": sub, "value": value})
+            elif old[key] is not value:
+                ops.extend(diff(old[key], value, sub))
+        return ops
+    if isinstance(old, list):
+        if len(old) != len(new):
+            return [{"op": "replace", "path": path, "value": new}]
+        ops = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            if a is not b:
+                ops.extend(diff(a, b, f"{path}/{i}"))
+        return ops
+    if old != new:
+        return [{"op": "replace", "path": path, "value": new}]
+    return []

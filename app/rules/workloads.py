@@ -1,0 +1,342 @@
+"""Workload envelopes: strip CPU limits, keep memory request == limit.
+
+Applies to Pods and every kind that carries a pod template. Each rule is a pure
+function ``(subject, obj, view, policy) -> findings``; mutating rules change
+``obj`` (a copy the engine owns) and report what they changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from app.cluster.view import ClusterView
+from app.config import Mode, Policy
+from app.envelope import (
+    compare_quantities,
+    is_integer_cpu,
+    move_cpu_limit_to_request,
+    parse_envelope_string,
+)
+from app.quantity import QuantityError, parse_quantity
+from app.rules.base import Finding, Rule, Subject, register
+
+__all__ = ["POD_SPEC_PATHS", "Holder", "holders", "pod_spec"]
+
+#: Where the pod spec lives in each workload kind, keyed by (API group, kind).
+POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "Pod"): ("spec",),
+    ("", "ReplicationController"): ("spec", "template", "spec"),
+    ("apps", "Deployment"): ("spec", "template", "spec"),
+    ("apps", "ReplicaSet"): ("spec", "template", "spec"),
+    ("apps", "StatefulSet"): ("spec", "template", "spec"),
+    ("apps", "DaemonSet"): ("spec", "template", "spec"),
+    ("batch", "Job"): ("spec", "template", "spec"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+WORKLOAD_KINDS = frozenset(POD_SPEC_PATHS)
+
+
+def _dig(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def pod_spec(subject: Subject, obj: dict[str, Any]) -> dict[str, Any] | None:
+    spec = _dig(obj, POD_SPEC_PATHS[(subject.group, subject.kind)])
+    return spec if isinstance(spec, dict) else None
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path)
+
+
+@dataclass
+class Holder:
+    """Something with a ``resources`` block: a container or the pod itself."""
+
+    label: str
+    """For messages: ``container "app"``, ``initContainer "setup"``, ``pod-level resources``."""
+    path: str
+    """Dotted path of the ``resources`` block, e.g. ``spec.containers[0].resources``."""
+    resources: dict[str, Any]
+    container: dict[str, Any] | None
+
+
+def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
+    """Every resources block of the pod spec: initContainers, containers, pod level."""
+    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    spec = pod_spec(subject, obj)
+    if spec is None:
+        return
+    for field, word in (("initContainers", "initContainer"), ("containers", "container")):
+        items = spec.get(field)
+        if not isinstance(items, list):
+            continue
+        for i, container in enumerate(items):
+            if not isinstance(container, dict):
+                continue
+            resources = container.get("resources")
+            if isinstance(resources, dict):
+                name = container.get("name", i)
+                yield Holder(f'{word} "{name}"', f"{_dotted(base)}.{field}[{i}].resources",
+                             resources, container)
+    resources = spec.get("resources")
+    if isinstance(resources, dict):
+        yield Holder("pod-level resources", f"{_dotted(base)}.resources", resources, None)
+
+
+def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(label, dotted path, container) for every container and initContainer."""
+    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    spec = pod_spec(subject, obj) or {}
+    for field, word in (("initContainers", "initContainer"), ("containers", "container")):
+        items = spec.get(field)
+        for i, container in enumerate(items if isinstance(items, list) else []):
+            if isinstance(container, dict):
+                name = container.get("name", i)
+                yield f'{word} "{name}"', f"{_dotted(base)}.{field}[{i}]", container
+
+
+def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bool:
+    """The opt-out annotation on the object, or on its pod template."""
+    spec_path = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    places = [("metadata",), (*spec_path[:-1], "metadata")]
+    for place in places:
+        annotations = _dig(obj, (*place, "annotations"))
+        if isinstance(annotations, dict):
+            value = annotations.get(policy.opt_out_annotation)
+            if isinstance(value, str) and value.strip().lower() == "true":
+                return True
+    return False
+
+
+def _frozen_pod(subject: Subject) -> bool:
+    """Pod resources are immutable after creation (bar in-place resize): never
+    mutate a Pod UPDATE, and do not re-judge an update that leaves resources alone."""
+    return subject.kind == "Pod" and subject.operation == "UPDATE"
+
+
+def _resources_unchanged(subject: Subject, obj: dict[str, Any]) -> bool:
+    if subject.old is None:
+        return False
+    before = [h.resources for h in holders(subject, subject.old)]
+    after = [h.resources for h in holders(subject, obj)]
+    return before == after
+
+
+def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
+    """Guaranteed QoS (every container: cpu and memory limits, requests equal or
+    unset) with at least one whole-core CPU request: the CPU manager's static
+    policy pins exclusive cores for such pods, and stripping CPU limits loses them."""
+    found = list(containers(subject, obj))
+    if not found:
+        return False
+    whole = False
+    for _, _, container in found:
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            return False
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        for name in ("cpu", "memory"):
+            if name not in limits:
+                return False
+            if name in requests and compare_quantities(requests[name], limits[name]) != 0:
+                return False
+        whole = whole or is_integer_cpu(requests.get("cpu", limits["cpu"]))
+    return whole
+
+
+def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                     policy: Policy) -> list[Finding]:
+    if _frozen_pod(subject) or keeps_cpu_limit(subject, obj, policy):
+        return []
+    rule = "cpu-limits"
+    qos_lost = _guaranteed_with_whole_cores(subject, obj)
+    findings = []
+    for holder in holders(subject, obj):
+        moved = move_cpu_limit_to_request(holder.resources)
+        if moved is None:
+            continue
+        value, wrote_request = moved
+        text = f"{holder.label}: CPU limit {value} removed"
+        if wrote_request:
+            text += f"; CPU request set to {value} so the pods keep it"
+        findings.append(Finding("change", rule, f"{holder.path}.limits.cpu", text))
+    if findings and qos_lost:
+        findings.append(Finding(
+            "warning", rule, _dotted(POD_SPEC_PATHS[(subject.group, subject.kind)]),
+            f"pods become Burstable and lose exclusive cores; to keep them annotate "
+            f'{policy.opt_out_annotation}: "true"'))
+    return findings
+
+
+def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                      policy: Policy) -> list[Finding]:
+    """Only a memory request: write the limit equal to it (memory is not borrowable)."""
+    if _frozen_pod(subject):
+        return []
+    findings = []
+    for holder in holders(subject, obj):
+        requests = holder.resources.get("requests")
+        if not isinstance(requests, dict) or "memory" not in requests:
+            continue
+        limits = holder.resources.get("limits")
+        if isinstance(limits, dict) and "memory" in limits:
+            continue
+        if not isinstance(limits, dict):
+            limits = holder.resources["limits"] = {}
+        limits["memory"] = requests["memory"]
+        findings.append(Finding("change", "memory-limit", f"{holder.path}.limits.memory",
+                                f"{holder.label}: memory limit set to the request "
+                                f"{requests['memory']}"))
+    return findings
+
+
+def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                                policy: Policy) -> list[Finding]:
+    if _frozen_pod(subject) and _resources_unchanged(subject, obj):
+        return []
+    findings = []
+    for holder in holders(subject, obj):
+        requests = holder.resources.get("requests") or {}
+        limits = holder.resources.get("limits") or {}
+        if "memory" not in requests or "memory" not in limits:
+            continue
+        path = f"{holder.path}.requests.memory"
+        try:
+            order = compare_quantities(requests["memory"], limits["memory"])
+        except QuantityError as exc:
+            findings.append(Finding("error", "memory-request-equals-limit", path,
+                                    f"{holder.label}: {exc}"))
+            continue
+        if order != 0:
+            findings.append(Finding(
+                "error", "memory-request-equals-limit", path,
+                f"{holder.label}: memory request {requests['memory']} differs from limit "
+                f"{limits['memory']}; memory cannot be borrowed back, so request must "
+                f"equal limit"))
+    return findings
+
+
+def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | None:
+    env = container.get("env")
+    if not isinstance(env, list):
+        return None
+    for i, var in enumerate(env):
+        if isinstance(var, dict) and var.get("name") == name and isinstance(var.get("value"), str):
+            return i, var["value"]
+    return None
+
+
+def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                                policy: Policy) -> list[Finding]:
+    """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"`` (seed 000)."""
+    if _frozen_pod(subject) or keeps_cpu_limit(subject, obj, policy):
+        return []
+    findings = []
+    name = policy.envelope_env.limits
+    for label, path, container in containers(subject, obj):
+        found = _envelope_env(container, name)
+        if found is None:
+            continue
+        i, text = found
+        try:
+            envelope = parse_envelope_string(text)
+            envelope.quantity("cpu")
+            envelope.quantity("memory")
+        except QuantityError:
+            continue  # left as written; env-envelope-consistency denies it
+        stripped = envelope.without_cpu()
+        if stripped != text:
+            container["env"][i]["value"] = stripped
+            findings.append(Finding("change", "env-envelope-cpu", f"{path}.env[{i}].value",
+                                    f"{label}: {name} {text!r} -> {stripped!r}"))
+    return findings
+
+
+def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                             policy: Policy) -> list[Finding]:
+    """The two string envelopes agree on memory; a remaining CPU limit covers the request."""
+    if _frozen_pod(subject) and _resources_unchanged(subject, obj):
+        return []
+    rule = "env-envelope-consistency"
+    findings = []
+    names = policy.envelope_env
+    for label, path, container in containers(subject, obj):
+        lim = _envelope_env(container, names.limits)
+        req = _envelope_env(container, names.requests)
+        parsed = {}
+        for var, found in ((names.limits, lim), (names.requests, req)):
+            if found is None:
+                continue
+            try:
+                envelope = parse_envelope_string(found[1])
+                for key in ("cpu", "memory"):
+                    envelope.quantity(key)
+            except QuantityError as exc:
+                findings.append(Finding("error", rule, f"{path}.env[{found[0]}].value",
+                                        f"{label}: {var}={found[1]!r}: {exc}"))
+                continue
+            parsed[var] = envelope
+        if len(parsed) != 2:
+            continue
+        limits, requests = parsed[names.limits], parsed[names.requests]
+        where = f"{path}.env[{lim[0]}].value" if lim else path
+        lim_mem, req_mem = limits.quantity("memory"), requests.quantity("memory")
+        if lim_mem is not None and req_mem is not None and lim_mem != req_mem:
+            findings.append(Finding(
+                "error", rule, where,
+                f"{label}: {names.limits} memory={limits.get('memory')} differs from "
+                f"{names.requests} memory={requests.get('memory')}; memory request must "
+                f"equal limit"))
+        lim_cpu, req_cpu = limits.quantity("cpu"), requests.quantity("cpu")
+        if lim_cpu is not None and req_cpu is not None and lim_cpu < req_cpu:
+            findings.append(Finding(
+                "error", rule, where,
+                f"{label}: {names.limits} cpu={limits.get('cpu')} is below {names.requests} "
+                f"cpu={requests.get('cpu')}; Kubernetes rejects a CPU limit under the "
+                f"request"))
+    return findings
+
+
+def _check_resource_quantities(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                               policy: Policy) -> list[Finding]:
+    """Quantities we compare must parse (the API server decodes Pods, but
+    ``envelope check`` reads raw files)."""
+    findings = []
+    for holder in holders(subject, obj):
+        for section in ("requests", "limits"):
+            values = holder.resources.get(section)
+            if not isinstance(values, dict):
+                continue
+            for key, value in values.items():
+                try:
+                    parse_quantity(value)
+                except QuantityError as exc:
+                    findings.append(Finding("error", "quantities",
+                                            f"{holder.path}.{section}.{key}",
+                                            f"{holder.label}: {section}.{key}: {exc}"))
+    return findings
+
+
+for _rule in (
+    Rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, _check_resource_quantities,
+         "resource quantities parse"),
+    Rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, strip_cpu_limits,
+         "remove CPU limits; keep the CPU request they implied"),
+    Rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, fill_memory_limit,
+         "a memory request without a limit gets a limit equal to it"),
+    Rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
+         strip_cpu_from_env_envelope, "remove cpu pairs from string limits envelopes"),
+    Rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+         memory_request_equals_limit, "memory request equals memory limit"),
+    Rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+         env_envelope_consistency, "string envelopes agree on memory; CPU limit >= request"),
+):
+    register(_rule)

@@ -1,0 +1,147 @@
+"""The HTTPS face: routes, body limits, errors, metrics and logs.
+
+Everything a client can send gets a 2xx decision or a 4xx that says what is
+wrong; nothing here lets an exception become a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from app.admission import BadReview, Decision, decide, parse_review, review_response
+from app.cluster.view import ClusterView, StaticView
+from app.config import Policy
+from app.engine import evaluate
+from app.rules.base import Phase
+
+__all__ = ["MAX_BODY", "Metrics", "create_app"]
+
+MAX_BODY = 3 * 1024 * 1024
+"""The API server caps admission bodies near 3 MiB; anything larger is not a review."""
+
+log = logging.getLogger("envelope.admission")
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ("endpoint", "kind", "decision")
+        self.requests = Counter("envelope_admission_requests_total",
+                                "Admission reviews answered", labels, registry=self.registry)
+        self.latency = Histogram(
+            "envelope_admission_duration_seconds", "Time to answer an admission review",
+            labels, registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(orjson.dumps({"error": message}), status_code=status,
+                    media_type="application/json")
+
+
+async def _read_body(request: Request) -> bytes | Response:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            return _error(400, "Content-Length is not a number")
+        if int(length) > MAX_BODY:
+            return _error(413, f"body of {length} bytes exceeds the {MAX_BODY}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return _error(413, f"body exceeds the {MAX_BODY}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(
+    policy: Policy,
+    view: ClusterView | None = None,
+    ready_checks: dict[str, Callable[[], bool]] | None = None,
+    metrics: Metrics | None = None,
+    floor_route: bool = False,
+) -> FastAPI:
+    """Build the webhook app. ``ready_checks`` gate ``/readyz`` (caches, certificates)."""
+    app = FastAPI(title="Envelope", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.policy = policy
+    app.state.view = view or StaticView()
+    app.state.metrics = metrics or Metrics()
+    checks = ready_checks if ready_checks is not None else {}
+
+    async def review(request: Request, phase: Phase) -> Response:
+        started = time.perf_counter()
+        body = await _read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            uid, subject = parse_review(body)
+        except BadReview as exc:
+            return _error(400, f"not an AdmissionReview: {exc}")
+        policy: Policy = app.state.policy
+        try:
+            evaluation = evaluate(subject, app.state.view, policy, phase)
+            decision = decide(evaluation, policy.failure_mode)
+        except Exception as exc:  # defence in depth: the engine already isolates rules
+            log.exception("evaluation failed", extra={"uid": uid})
+            evaluation = None
+            allowed = policy.failure_mode == "allow"
+            decision = Decision(allowed, f"Envelope internal error: {type(exc).__name__}",
+                                500)
+        elapsed = time.perf_counter() - started
+        m: Metrics = app.state.metrics
+        m.requests.labels(phase, subject.kind, decision.word).inc()
+        m.latency.labels(phase, subject.kind, decision.word).observe(elapsed)
+        if log.isEnabledFor(logging.INFO):
+            record: dict[str, Any] = {
+                "uid": uid, "kind": subject.kind, "namespace": subject.namespace,
+                "name": subject.name, "operation": subject.operation, "endpoint": phase,
+                "dryRun": subject.dry_run, "decision": decision.word,
+                "rules": evaluation.rule_ids if evaluation else [],
+                "durationMs": round(elapsed * 1000, 3),
+            }
+            if evaluation and evaluation.internal_errors:
+                record["internalErrors"] = evaluation.internal_errors
+            log.info("admission", extra={"fields": record})
+        return Response(review_response(uid, decision), media_type="application/json")
+
+    @app.post("/mutate")
+    async def mutate(request: Request) -> Response:
+        return await review(request, "mutate")
+
+    @app.post("/validate")
+    async def validate(request: Request) -> Response:
+        return await review(request, "validate")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response(b"ok", media_type="text/plain")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        failing = [name for name, check in checks.items() if not check()]
+        if failing:
+            return Response(("not ready: " + ", ".join(failing)).encode(), status_code=503,
+                            media_type="text/plain")
+        return Response(b"ok", media_type="text/plain")
+
+    if floor_route:
+        canned = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",' \
+                 b'"response":{"uid":"","allowed":true}}'
+
+        @app.post("/floor")
+        async def floor(request: Request) -> Response:
+            """Benchmark baseline: reads the body, answers a canned allow."""
+            await request.body()
+            return Response(canned, media_type="application/json")
+
+    return app

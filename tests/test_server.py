@@ -1,0 +1,191 @@
+"""The webhook as a real process over real TLS, called the way the API server calls it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.tls import write_self_signed
+from tests.conftest import container, workload
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, url: str, metrics: str, ca: Path, log: Path) -> None:
+        self.url, self.metrics, self.ca, self.log = url, metrics, ca, log
+        self.client = httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca),
+                                   timeout=10)
+
+    def review(self, obj: dict[str, Any] | None, endpoint: str = "/mutate",
+               operation: str = "CREATE", **request: Any) -> dict[str, Any]:
+        group, _, version = (obj or {}).get("apiVersion", "apps/v1").rpartition("/")
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "u-1", "kind": {"group": group, "version": version,
+                                                   "kind": (obj or {}).get("kind", "Deployment")},
+                            "operation": operation, "namespace": "team-a", "object": obj,
+                            **request}}
+        response = self.client.post(endpoint, json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("tls")
+    certs = write_self_signed(tmp)
+    port, metrics = free_port(), free_port()
+    log = tmp / "server.log"
+    cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--cert-file", str(certs.cert), "--key-file", str(certs.key),
+           "--metrics-port", str(metrics)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "ENVELOPE_CONFIG": ""})
+    srv = Server(f"https://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}", certs.ca, log)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if srv.client.get("/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+    yield srv
+    srv.client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_mutate_returns_a_json_patch(server: Server) -> None:
+    obj = workload("Deployment", [container(limits={"cpu": "7", "memory": "29Gi"})])
+    out = server.review(obj)
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    response = out["response"]
+    assert response["uid"] == "u-1" and response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert {"op": "remove",
+            "path": "/spec/template/spec/containers/0/resources/limits/cpu"} in patch
+    assert all(len(w) < 120 for w in response.get("warnings", []))
+
+
+def test_nothing_to_change_means_no_patch(server: Server) -> None:
+    obj = workload("Deployment", [container(requests={"cpu": "1", "memory": "1Gi"},
+                                            limits={"memory": "1Gi"})])
+    response = server.review(obj)["response"]
+    assert response["allowed"] is True and "patch" not in response and "patchType" not in response
+
+
+def test_validate_denies_with_numbers_and_dry_run_gets_the_same_answer(server: Server) -> None:
+    obj = workload("Deployment", [container("api", requests={"memory": "1Gi"},
+                                            limits={"memory": "2Gi"})])
+    real = server.review(obj, "/validate")["response"]
+    dry = server.review(obj, "/validate", dryRun=True)["response"]
+    assert real["allowed"] is False
+    assert real["status"]["code"] == 403
+    assert 'container "api"' in real["status"]["message"]
+    assert "1Gi" in real["status"]["message"] and "2Gi" in real["status"]["message"]
+    assert dry == real
+
+
+def test_unsupported_kind_and_delete_are_allowed(server: Server) -> None:
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    assert server.review(cm)["response"] == {"uid": "u-1", "allowed": True}
+    assert server.review(None, "/validate", operation="DELETE",
+                         oldObject=workload("Pod", [container()]))["response"]["allowed"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[]", "expected an AdmissionReview object"),
+        (b'{"kind":"Pod","apiVersion":"v1"}', "kind: expected AdmissionReview"),
+        (b'{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1beta1","request":{}}',
+         "apiVersion: expected admission.k8s.io/v1"),
+        (b'{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}', "request: required"),
+        (b'{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":5}}',
+         "request.uid: expected a string, got int"),
+        (b'{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":'
+         b'{"uid":"x","kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE",'
+         b'"object":"nope"}}', "request.object: expected an object, got str"),
+        (b'{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":'
+         b'{"uid":"x","kind":{"group":"","version":"v1","kind":"Pod"},"operation":"PATCH"}}',
+         "request.operation"),
+        (b'{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":'
+         b'{"uid":"x","kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE"}}',
+         "request.object: required for CREATE"),
+    ],
+)
+def test_malformed_input_gets_400_that_says_what_is_wrong(server: Server, body: bytes,
+                                                          fragment: str) -> None:
+    response = server.client.post("/mutate", content=body,
+                                  headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert fragment in response.json()["error"]
+
+
+def test_huge_body_gets_413(server: Server) -> None:
+    body = b'{"pad":"' + b"x" * (3 * 1024 * 1024 + 10) + b'"}'
+    response = server.client.post("/validate", content=body)
+    assert response.status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the streamed count catches it
+        for _ in range(4):
+            yield b"x" * (1024 * 1024)
+
+    assert server.client.post("/validate", content=chunks()).status_code == 413
+
+
+def test_a_crafted_object_never_yields_500(server: Server) -> None:
+    weird = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": [],
+             "spec": {"template": {"spec": {"containers": [
+                 {"name": 1, "resources": {"limits": "cpu"}}, "junk",
+                 {"resources": {"limits": {"cpu": ["7"]}, "requests": None}}]}}}}
+    for endpoint in ("/mutate", "/validate"):
+        response = server.review(weird, endpoint)["response"]
+        assert response["uid"] == "u-1"
+
+
+def test_health_metrics_and_logs(server: Server) -> None:
+    assert server.client.get("/healthz").status_code == 200
+    assert server.client.get("/readyz").status_code == 200
+    text = httpx.get(server.metrics + "/metrics").text
+    assert 'envelope_admission_requests_total{decision="patch",endpoint="mutate",kind="Deployment"}' in text
+    assert "envelope_admission_duration_seconds_bucket" in text
+    lines = [json.loads(line) for line in server.log.read_text().splitlines()
+             if line.startswith("{") and '"admission"' in line]
+    denied = [r for r in lines if r.get("decision") == "deny"]
+    assert denied and denied[0]["uid"] == "u-1" and denied[0]["rules"]
+    assert {"kind", "namespace", "name", "operation", "durationMs"} <= set(denied[0])
+
+
+def test_plain_http_and_old_tls_are_refused(server: Server) -> None:
+    with pytest.raises(httpx.TransportError):
+        httpx.post(server.url.replace("https", "http") + "/mutate", content=b"{}", timeout=3)
+    context = ssl.create_default_context(cafile=server.ca)
+    with pytest.warns(DeprecationWarning):
+        context.minimum_version = ssl.TLSVersion.TLSv1
+        context.maximum_version = ssl.TLSVersion.TLSv1_1
+    with pytest.raises((httpx.TransportError, ssl.SSLError)):
+        httpx.get(server.url + "/healthz", verify=context, timeout=3)

@@ -1,0 +1,106 @@
+"""String envelopes in env vars (seed 000): the cases that diverged between twins."""
+
+from __future__ import annotations
+
+import jsonpatch
+import pytest
+
+from app.config import EnvelopeEnv, Policy
+from app.envelope import parse_envelope_string
+from app.quantity import QuantityError
+from tests.conftest import container, run, workload
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ("cpu=7,memory=29Gi", "memory=29Gi"),
+        ("cpu=7, memory=29Gi", "memory=29Gi"),  # the whitespace case one twin missed
+        (" cpu=7 , memory=29Gi ", "memory=29Gi"),
+        ("CPU=7,memory=29Gi", "memory=29Gi"),  # keys match case-insensitively
+        ("memory=29Gi,cpu=7", "memory=29Gi"),
+        ("cpu=7,memory=29Gi,ephemeral-storage=26Gi", "memory=29Gi,ephemeral-storage=26Gi"),
+        ("cpuset=0-3,cpu=2,memory=1Gi", "cpuset=0-3,memory=1Gi"),  # whole-key match
+        ("cpu=7", "cpu=7"),  # cpu-only: unchanged, never empty
+        ("cpu=7,cpu=8", "cpu=7,cpu=8"),
+        ("", ""),  # empty stays empty
+        ("memory=29Gi", "memory=29Gi"),
+        ("cpu=7,,memory=29Gi", "memory=29Gi"),  # empty pairs dropped with the cpu pair
+    ],
+)
+def test_without_cpu(limits: str, expected: str) -> None:
+    assert parse_envelope_string(limits).without_cpu() == expected
+
+
+def test_bad_pair() -> None:
+    with pytest.raises(QuantityError, match="not a key=value pair"):
+        parse_envelope_string("cpu7,memory=1Gi")
+
+
+def env(limits: str | None, requests: str | None) -> list[dict]:
+    out = []
+    if limits is not None:
+        out.append({"name": "RESOURCE_LIMITS", "value": limits})
+    if requests is not None:
+        out.append({"name": "RESOURCE_REQUESTS", "value": requests})
+    out.append({"name": "OTHER", "value": "cpu=1"})
+    return out
+
+
+def test_webhook_strips_cpu_from_limits_env_only() -> None:
+    obj = workload("Job", [container(env=env("cpu=7, memory=29Gi", "cpu=7,memory=29Gi"))])
+    result = run(obj)
+    assert result.errors == []
+    after = jsonpatch.apply_patch(obj, result.patch)
+    values = [e["value"] for e in after["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert values == ["memory=29Gi", "cpu=7,memory=29Gi", "cpu=1"]
+    assert result.patch == [{"op": "replace",
+                             "path": "/spec/template/spec/containers/0/env/0/value",
+                             "value": "memory=29Gi"}]
+
+
+def test_value_from_is_untouched() -> None:
+    var = {"name": "RESOURCE_LIMITS", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    obj = workload("Deployment", [container(env=[var])])
+    assert run(obj).patch == []
+
+
+@pytest.mark.parametrize(
+    ("limits", "requests", "fragment"),
+    [
+        ("memory=29Gi", "cpu=7,memory=28Gi", "memory=29Gi differs from RESOURCE_REQUESTS memory=28Gi"),
+        ("cpu=2", "cpu=7,memory=1Gi", "cpu=2 is below RESOURCE_REQUESTS cpu=7"),
+        ("cpu=x,memory=1Gi", "memory=1Gi", "'x' is not a quantity"),
+        ("memory=1Gi", "bogus", "not a key=value pair"),
+    ],
+)
+def test_inconsistent_string_envelopes_denied(limits: str, requests: str, fragment: str) -> None:
+    obj = workload("Deployment", [container(env=env(limits, requests))])
+    result = run(obj)
+    assert any(fragment in e.message for e in result.errors), result.errors
+    assert all(e.rule == "env-envelope-consistency" for e in result.errors)
+
+
+@pytest.mark.parametrize(("limits", "requests"), [
+    ("memory=1024Mi", "cpu=7,memory=1Gi"),
+    ("cpu=8,memory=1Gi", "cpu=7,memory=1Gi"),
+    ("memory=1Gi", None),
+])
+def test_consistent_string_envelopes_pass(limits: str, requests: str | None) -> None:
+    obj = workload("Deployment", [container(env=env(limits, requests))])
+    assert run(obj).errors == []
+
+
+def test_env_names_are_configurable() -> None:
+    policy = Policy(envelopeEnv=EnvelopeEnv(limits="LIM", requests="REQ"))
+    obj = workload("Deployment", [container(env=[{"name": "LIM", "value": "cpu=1,memory=1Gi"},
+                                                 {"name": "RESOURCE_LIMITS", "value": "cpu=1,a=b"}])])
+    after = jsonpatch.apply_patch(obj, run(obj, policy).patch)
+    values = [e["value"] for e in after["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert values == ["memory=1Gi", "cpu=1,a=b"]
+
+
+def test_opt_out_keeps_cpu_in_string_envelope() -> None:
+    obj = workload("Deployment", [container(env=env("cpu=7,memory=1Gi", "cpu=7,memory=1Gi"))],
+                   template_annotations={"envelope.io/keep-cpu-limit": "true"})
+    assert run(obj).patch == []
