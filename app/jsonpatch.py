@@ -13,7 +13,10 @@ __all__ = ["diff", "pointer"]
 
 
 def _escape(token: object) -> str:
-    return str(token).replace("~", "~0").replace("/", "~1")
+    text = str(token)
+    if "~" in text or "/" in text:
+        return text.replace("~", "~0").replace("/", "~1")
+    return text
 
 
 def pointer(*tokens: object) -> str:
@@ -34,7 +37,7 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             sub = path + "/" + _escape(key)
             if key not in old:
                 ops.append({"op": "add", "path": sub, "value": value})
-            elif old[key] is not value:
+            elif old[key] != value:  # C-speed equality prunes unchanged subtrees
                 ops.extend(diff(old[key], value, sub))
         return ops
     if isinstance(old, list):
@@ -42,7 +45,7 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             return [{"op": "replace", "path": path, "value": new}]
         ops = []
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            if a is not b:
+            if a != b:
                 ops.extend(diff(a, b, f"{path}/{i}"))
         return ops
     if old != new:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 
 __all__ = ["QuantityError", "format_bytes", "format_cpu", "parse_quantity"]
 
@@ -47,6 +48,12 @@ def parse_quantity(value: object) -> Decimal:
         return Decimal(repr(value))
     if not isinstance(value, str):
         raise QuantityError(f"expected a quantity, got {type(value).__name__} {value!r}")
+    return _parse_text(value)
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Decimal:
+    """Cached: a cluster uses few distinct quantity strings, and Decimals are immutable."""
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise QuantityError(f"{value!r} is not a quantity (examples: 500m, 2, 1.5Gi, 29G, 1e3)")
