@@ -15,10 +15,17 @@ import os
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 __all__ = ["ConfigError", "Mode", "Policy", "load_policy"]
 
@@ -36,13 +43,45 @@ class ConfigError(ValueError):
 class EnvelopeEnv(BaseModel):
     """Container env vars that carry string envelopes (``cpu=7,memory=29Gi``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     limits: str = "RESOURCE_LIMITS"
     requests: str = "RESOURCE_REQUESTS"
 
 
+def _quantity(value: str) -> str:
+    from app.quantity import parse_quantity
+
+    if parse_quantity(value) < 0:
+        raise ValueError(f"{value!r} is negative")
+    return value
+
+
+Quantity = Annotated[str, AfterValidator(_quantity)]
+
+
+class ActorSettings(BaseModel):
+    """Micro-VM sizing: guest RAM = memory limit - VMM reserve, and below the guest
+    minimum the VM cannot boot. The runtime's ``--vmm-mem-reserve-mib`` changes the
+    reserve, so both are settings, never literals."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    vmm_reserve: Quantity = Field("128Mi", alias="vmmReserve")
+    guest_minimum: Quantity = Field("128Mi", alias="guestMinimum")
+
+
+class NodeSettings(BaseModel):
+    """What a node keeps back from its allocatable before pods are judged to fit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    reserve_cpu: Quantity = Field("0", alias="reserveCpu")
+    reserve_memory: Quantity = Field("0", alias="reserveMemory")
+    sandbox_parent_reserve_memory: Quantity = Field("0", alias="sandboxParentReserveMemory")
+    """Per-node memory for sandbox parents (seed 001), used when the
+    ``node-sandbox-reserve`` rule is on."""
+
+
 class Policy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     rules: dict[str, Mode] = Field(default_factory=dict)
     """Mode per rule id; rules not listed use their own default."""
@@ -50,6 +89,8 @@ class Policy(BaseModel):
     opt_out_annotation: str = Field("envelope.io/keep-cpu-limit", alias="optOutAnnotation")
     failure_mode: Literal["deny", "allow"] = Field("deny", alias="failureMode")
     """What an internal error in a rule answers: ``deny`` (with the reason) or ``allow``."""
+    actors: ActorSettings = Field(default_factory=ActorSettings)
+    nodes: NodeSettings = Field(default_factory=NodeSettings)
 
     @field_validator("rules")
     @classmethod

@@ -1,15 +1,30 @@
 """The read-only cluster interface rules use.
 
 Rules never do I/O: they read other objects through a view. The webhook's view is
-kept current by watches; ``envelope check`` builds one from the input files.
+kept current by watches (``live.py``); ``envelope check`` builds one from the input
+files. Both are a :class:`Store`: objects by kind and (namespace, name), plus
+indexes — like client-go's Indexers — so a rule can ask "the Projects under
+Department d" without scanning every Project.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["ClusterView", "StaticView"]
+__all__ = ["INDEXES", "ClusterView", "StaticView", "Store", "register_index"]
+
+Indexer = Callable[[dict[str, Any]], Iterable[str]]
+Key = tuple[str, str]
+
+#: (kind, index name) -> function giving the index values of an object.
+INDEXES: dict[tuple[str, str], Indexer] = {}
+
+
+def register_index(kind: str, name: str, fn: Indexer) -> None:
+    """Declare an index; rule modules call this at import time."""
+    INDEXES[(kind, name)] = fn
 
 
 class ClusterView(Protocol):
@@ -20,25 +35,90 @@ class ClusterView(Protocol):
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         ...
 
+    def by_index(self, kind: str, index: str, value: str) -> list[dict[str, Any]]:
+        """Objects of ``kind`` whose ``index`` function yields ``value``."""
+        ...
 
-class StaticView:
-    """A view over a fixed set of objects (manifest files, test fixtures)."""
+
+def _key(obj: dict[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+class Store:
+    """Objects by kind and key, with indexes kept up to date on every change.
+
+    Safe for one writer thread (a watch) and many readers: writes take a lock,
+    reads return new lists.
+    """
 
     def __init__(self, objects: Iterable[dict[str, Any]] = ()) -> None:
-        self._by_kind: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._by_kind: dict[str, dict[Key, dict[str, Any]]] = {}
+        self._by_ns: dict[str, dict[str, dict[Key, dict[str, Any]]]] = {}
+        self._indexes: dict[tuple[str, str], dict[str, dict[Key, dict[str, Any]]]] = {}
         for obj in objects:
             self.add(obj)
 
-    def add(self, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        key = (meta.get("namespace") or "", meta.get("name") or "")
-        self._by_kind.setdefault(str(obj.get("kind")), {})[key] = obj
+    def _index_values(self, kind: str, obj: dict[str, Any]) -> Iterable[tuple[str, str]]:
+        for (k, name), fn in INDEXES.items():
+            if k == kind:
+                try:
+                    values = list(fn(obj))
+                except (AttributeError, TypeError, KeyError):
+                    values = []  # malformed objects are indexed nowhere
+                for value in values:
+                    yield name, value
+
+    def _unlink(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
+        self._by_ns.get(kind, {}).get(key[0], {}).pop(key, None)
+        for name, value in self._index_values(kind, obj):
+            self._indexes.get((kind, name), {}).get(value, {}).pop(key, None)
+
+    def add(self, obj: dict[str, Any], kind: str | None = None) -> None:
+        kind = kind or str(obj.get("kind"))
+        key = _key(obj)
+        with self._lock:
+            old = self._by_kind.get(kind, {}).get(key)
+            if old is not None:
+                self._unlink(kind, key, old)
+            self._by_kind.setdefault(kind, {})[key] = obj
+            self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
+            for name, value in self._index_values(kind, obj):
+                self._indexes.setdefault((kind, name), {}).setdefault(value, {})[key] = obj
+
+    def remove(self, kind: str, name: str, namespace: str | None = None) -> None:
+        key = (namespace or "", name)
+        with self._lock:
+            old = self._by_kind.get(kind, {}).pop(key, None)
+            if old is not None:
+                self._unlink(kind, key, old)
+
+    def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
+        """Swap every object of ``kind`` (after a re-list)."""
+        with self._lock:
+            for key, old in list(self._by_kind.get(kind, {}).items()):
+                self._unlink(kind, key, old)
+            self._by_kind[kind] = {}
+        for obj in objects:
+            self.add(obj, kind)
+
+    def count(self, kind: str) -> int:
+        return len(self._by_kind.get(kind, {}))
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        items = self._by_kind.get(kind, {})
         if namespace is None:
-            return list(items.values())
-        return [o for (ns, _), o in items.items() if ns == namespace]
+            return list(self._by_kind.get(kind, {}).values())
+        return list(self._by_ns.get(kind, {}).get(namespace, {}).values())
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self._by_kind.get(kind, {}).get((namespace or "", name))
+
+    def by_index(self, kind: str, index: str, value: str) -> list[dict[str, Any]]:
+        if (kind, index) not in INDEXES:
+            raise KeyError(f"no index {index!r} registered for {kind}")
+        return list(self._indexes.get((kind, index), {}).get(value, {}).values())
+
+
+class StaticView(Store):
+    """A view over a fixed set of objects (manifest files, test fixtures)."""
