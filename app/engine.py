@@ -59,7 +59,8 @@ _BY_KIND: dict[tuple[str, str, str], list[Rule]] = {}
 def rules_for(group: str, kind: str, phase: Phase) -> list[Rule]:
     key = (group, kind, phase)
     if key not in _BY_KIND:
-        _BY_KIND[key] = [r for r in RULES.values() if r.phase == phase and (group, kind) in r.kinds]
+        matching = [r for r in RULES.values() if r.phase == phase and (group, kind) in r.kinds]
+        _BY_KIND[key] = sorted(matching, key=lambda r: r.order)
     return _BY_KIND[key]
 
 
@@ -89,6 +90,12 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
         target = working
         if phase == "mutate" and mode is not Mode.ENFORCE:
             target = json_copy(working)
+        if rule.reads:
+            problems = view.problems(rule.reads)
+            if problems:
+                out.internal_errors.append(
+                    f"{rule.id}: cluster view not current ({', '.join(problems)})")
+                continue
         try:
             found = rule.fn(subject, target if target is not None else {}, view, policy)
         except QuantityError as exc:

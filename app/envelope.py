@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
 
@@ -22,6 +23,7 @@ __all__ = [
     "is_integer_cpu",
     "move_cpu_limit_to_request",
     "parse_envelope_string",
+    "pod_amount",
 ]
 
 
@@ -119,3 +121,46 @@ def _pairs(text: str) -> Iterator[Pair]:
 def parse_envelope_string(text: str) -> EnvelopeString:
     """Parse ``"cpu=7, memory=29Gi"``; raises :class:`QuantityError` on a bad pair."""
     return EnvelopeString(raw=text, pairs=tuple(_pairs(text)))
+
+
+def _amount(resources: Any, section: str, name: str) -> Decimal | None:
+    """A container's amount of ``name``: for requests, the request or else the limit it
+    defaults from (as Pods do); for limits, the limit."""
+    if not isinstance(resources, dict):
+        return None
+    value = (resources.get(section) or {}).get(name)
+    if value is None and section == "requests":
+        value = (resources.get("limits") or {}).get(name)
+    return None if value is None else parse_quantity(value)
+
+
+def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> Decimal:
+    """What a pod asks of a node (or a quota) for one resource, by Kubernetes' rules.
+
+    Containers add up; restartable init containers (sidecars) add to the total and to
+    every later init container; the pod needs the larger of that sum and its largest
+    init step; pod-level ``spec.resources`` wins where set; overhead is added.
+    (``k8s.io/component-helpers/resource.PodRequests``.)
+    """
+    pod_level = _amount(spec.get("resources"), section, name)
+    if pod_level is None:
+        total = Decimal(0)
+        for c in spec.get("containers") or []:
+            total += _amount(c.get("resources") if isinstance(c, dict) else None,
+                             section, name) or 0
+        sidecars = Decimal(0)
+        init_peak = Decimal(0)
+        for c in spec.get("initContainers") or []:
+            if not isinstance(c, dict):
+                continue
+            amount = _amount(c.get("resources"), section, name) or Decimal(0)
+            if c.get("restartPolicy") == "Always":
+                total += amount
+                sidecars += amount
+                step = sidecars
+            else:
+                step = amount + sidecars
+            init_peak = max(init_peak, step)
+        pod_level = max(total, init_peak)
+    overhead = (spec.get("overhead") or {}).get(name)
+    return pod_level + (parse_quantity(overhead) if overhead is not None else 0)

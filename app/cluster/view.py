@@ -39,6 +39,14 @@ class ClusterView(Protocol):
         """Objects of ``kind`` whose ``index`` function yields ``value``."""
         ...
 
+    def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
+        """Why what the view holds of ``kinds`` cannot be trusted now (empty: it can)."""
+        ...
+
+    def version(self, kind: str) -> int:
+        """Grows on every change to ``kind``: lets a rule cache what it derives."""
+        ...
+
 
 def _key(obj: dict[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
@@ -57,6 +65,7 @@ class Store:
         self._by_kind: dict[str, dict[Key, dict[str, Any]]] = {}
         self._by_ns: dict[str, dict[str, dict[Key, dict[str, Any]]]] = {}
         self._indexes: dict[tuple[str, str], dict[str, dict[Key, dict[str, Any]]]] = {}
+        self._versions: dict[str, int] = {}
         for obj in objects:
             self.add(obj)
 
@@ -81,7 +90,10 @@ class Store:
         with self._lock:
             old = self._by_kind.get(kind, {}).get(key)
             if old is not None:
+                if old == obj:
+                    return  # e.g. a Node heartbeat: nothing a rule reads changed
                 self._unlink(kind, key, old)
+            self._versions[kind] = self._versions.get(kind, 0) + 1
             self._by_kind.setdefault(kind, {})[key] = obj
             self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
             for name, value in self._index_values(kind, obj):
@@ -93,6 +105,7 @@ class Store:
             old = self._by_kind.get(kind, {}).pop(key, None)
             if old is not None:
                 self._unlink(kind, key, old)
+                self._versions[kind] = self._versions.get(kind, 0) + 1
 
     def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
         """Swap every object of ``kind`` (after a re-list)."""
@@ -100,8 +113,15 @@ class Store:
             for key, old in list(self._by_kind.get(kind, {}).items()):
                 self._unlink(kind, key, old)
             self._by_kind[kind] = {}
+            self._versions[kind] = self._versions.get(kind, 0) + 1
         for obj in objects:
             self.add(obj, kind)
+
+    def version(self, kind: str) -> int:
+        return self._versions.get(kind, 0)
+
+    def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
+        return []
 
     def count(self, kind: str) -> int:
         return len(self._by_kind.get(kind, {}))

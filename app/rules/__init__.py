@@ -1,6 +1,11 @@
-"""The rules, one module per object family, and the registry they join."""
+"""The rules, one module per object family, and the registry they join.
 
-from app.rules import workloads as workloads
+Importing a family module registers its rules; this package imports them all.
+"""
+
+from app.rules import namespace, workloads
 from app.rules.base import RULES, Finding, Rule, Subject
 
-__all__ = ["RULES", "Finding", "Rule", "Subject"]
+FAMILIES = (workloads, namespace)
+
+__all__ = ["FAMILIES", "RULES", "Finding", "Rule", "Subject"]

@@ -67,6 +67,11 @@ class Rule:
     fn: RuleFn
     summary: str
     operations: frozenset[str] = frozenset({"CREATE", "UPDATE"})
+    order: int = 100
+    """Rules of a phase run in this order (guards that others consult run first)."""
+    reads: frozenset[str] = frozenset()
+    """Kinds the rule reads from the cluster view; a stale view of them is an
+    internal error, answered per the failure mode."""
 
 
 RULES: dict[str, Rule] = {}

@@ -22,7 +22,12 @@ from app.envelope import (
 from app.quantity import QuantityError, parse_quantity
 from app.rules.base import Finding, Rule, Subject, register
 
-__all__ = ["POD_SPEC_PATHS", "Holder", "holders", "pod_spec"]
+__all__ = ["KEEP_CPU_LIMITS", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder", "containers",
+           "holders", "pod_spec"]
+
+KEEP_CPU_LIMITS = "keep-cpu-limits"
+"""``Subject.extra`` key set by a guard rule (namespace.py) when the namespace needs
+CPU limits: a ResourceQuota on limits.cpu, a LimitRange max.cpu."""
 
 #: Where the pod spec lives in each workload kind, keyed by (API group, kind).
 POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -103,7 +108,9 @@ def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str
 
 
 def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bool:
-    """The opt-out annotation on the object, or on its pod template."""
+    """The opt-out annotation on the object or its pod template, or a guard's word."""
+    if subject.extra.get(KEEP_CPU_LIMITS):
+        return True
     spec_path = POD_SPEC_PATHS[(subject.group, subject.kind)]
     places = [("metadata",), (*spec_path[:-1], "metadata")]
     for place in places:

@@ -1,0 +1,335 @@
+"""The webhook's cluster view, kept current by list + watch.
+
+One thread per resource lists it, then watches from the list's resourceVersion
+(with bookmarks), applying events to a :class:`Store` of trimmed plain dicts —
+only the fields rules read, so 5,000 Nodes cost megabytes, not gigabytes. A 410
+Gone re-lists; a broken connection retries with backoff. Nothing on the admission
+path ever talks to the API server.
+
+Authentication and TLS come from the official client's configuration (in-cluster
+service account, or a kubeconfig); the HTTP is its urllib3 pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes import config as kube_config
+from kubernetes.client import Configuration
+from kubernetes.client.rest import RESTClientObject
+
+from app.cluster.view import Store
+
+__all__ = ["RESOURCES", "Informer", "LiveView", "Resource", "kube_configuration"]
+
+log = logging.getLogger("envelope.cache")
+
+Trim = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def _meta(obj: dict[str, Any], *extra: str) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    out = {k: meta[k] for k in ("name", "namespace", "resourceVersion", *extra) if k in meta}
+    return out
+
+
+def _base(obj: dict[str, Any], kind: str, *extra_meta: str) -> dict[str, Any]:
+    return {"apiVersion": obj.get("apiVersion"), "kind": kind, "metadata": _meta(obj, *extra_meta)}
+
+
+def trim_node(obj: dict[str, Any]) -> dict[str, Any]:
+    out = _base(obj, "Node", "labels")
+    spec = obj.get("spec") or {}
+    out["spec"] = {k: spec[k] for k in ("unschedulable", "taints") if k in spec}
+    status = obj.get("status") or {}
+    out["status"] = {k: status[k] for k in ("allocatable", "capacity") if k in status}
+    return out
+
+
+def _trim_pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    def containers(items: Any, keep: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [{k: c[k] for k in keep if k in c} for c in items or [] if isinstance(c, dict)]
+
+    out: dict[str, Any] = {"containers": containers(spec.get("containers"), ("name", "resources"))}
+    if spec.get("initContainers"):
+        out["initContainers"] = containers(spec["initContainers"],
+                                           ("name", "resources", "restartPolicy"))
+    for key in ("overhead", "resources", "nodeSelector"):
+        if key in spec:
+            out[key] = spec[key]
+    return out
+
+
+def trim_workload(kind: str) -> Trim:
+    """Replica count and pod-template resources: what the namespace memory budget needs."""
+
+    def trim(obj: dict[str, Any]) -> dict[str, Any] | None:
+        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+        if kind == "ReplicaSet" and any(o.get("kind") == "Deployment" for o in owners):
+            return None  # counted through its Deployment
+        out = _base(obj, kind)
+        spec = obj.get("spec") or {}
+        template = (spec.get("template") or {}).get("spec") or {}
+        out["spec"] = {"replicas": spec.get("replicas", 1),
+                       "template": {"spec": _trim_pod_spec(template)}}
+        return out
+
+    return trim
+
+
+def trim_whole(kind: str) -> Trim:
+    """Small objects (LimitRanges, quotas, CRDs): keep all but managedFields and status."""
+
+    def trim(obj: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in obj.items() if k != "status"}
+        out["kind"] = kind
+        meta = dict(out.get("metadata") or {})
+        meta.pop("managedFields", None)
+        out["metadata"] = meta
+        return out
+
+    return trim
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    path: str
+    """Collection URL path, e.g. ``/api/v1/nodes`` or ``/apis/kai.resources/v1alpha1/projects``."""
+    trim: Trim
+    optional: bool = False
+    """A CRD that may not be installed: absent counts as synced and empty."""
+
+
+RESOURCES: tuple[Resource, ...] = (
+    Resource("Namespace", "/api/v1/namespaces", trim_whole("Namespace")),
+    Resource("Node", "/api/v1/nodes", trim_node),
+    Resource("LimitRange", "/api/v1/limitranges", trim_whole("LimitRange")),
+    Resource("ResourceQuota", "/api/v1/resourcequotas", trim_whole("ResourceQuota")),
+    Resource("Deployment", "/apis/apps/v1/deployments", trim_workload("Deployment")),
+    Resource("StatefulSet", "/apis/apps/v1/statefulsets", trim_workload("StatefulSet")),
+    Resource("ReplicaSet", "/apis/apps/v1/replicasets", trim_workload("ReplicaSet")),
+    Resource("NodePool", "/apis/kai.resources/v1alpha1/nodepools", trim_whole("NodePool"), True),
+    Resource("Department", "/apis/kai.resources/v1alpha1/departments", trim_whole("Department"),
+             True),
+    Resource("Project", "/apis/kai.resources/v1alpha1/projects", trim_whole("Project"), True),
+    Resource("Queue", "/apis/scheduling.run.ai/v2/queues", trim_whole("Queue"), True),
+    Resource("WorkerPool", "/apis/ate.dev/v1alpha1/workerpools", trim_whole("WorkerPool"), True),
+    Resource("ActorTemplate", "/apis/ate.dev/v1alpha1/actortemplates",
+             trim_whole("ActorTemplate"), True),
+)
+
+
+def kube_configuration(kubeconfig: str | None = None) -> Configuration:
+    """In-cluster service account when running in a pod, else the kubeconfig."""
+    configuration = Configuration()
+    if kubeconfig is None:
+        try:
+            kube_config.load_incluster_config(client_configuration=configuration)
+            return configuration
+        except kube_config.ConfigException:
+            pass
+    kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return configuration
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text[:300]}")
+        self.status = status
+
+
+class _Client:
+    """GET and streaming GET against the API server, with the client's auth and TLS."""
+
+    def __init__(self, configuration: Configuration) -> None:
+        self.configuration = configuration
+        self.pool = RESTClientObject(configuration).pool_manager
+        self.host = configuration.host.rstrip("/")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "envelope"}
+        auth = self.configuration.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            headers["Authorization"] = auth["value"]
+        return headers
+
+    def get(self, path: str, fields: dict[str, Any], timeout: float,
+            stream: bool = False) -> urllib3.BaseHTTPResponse:
+        response = self.pool.request(
+            "GET", self.host + path, fields=fields, headers=self._headers(),
+            preload_content=not stream,
+            timeout=urllib3.Timeout(connect=5, read=timeout), retries=False)
+        if response.status != 200:
+            text = response.data.decode(errors="replace") if not stream else response.read(
+                4096).decode(errors="replace")
+            response.release_conn()
+            raise ApiError(response.status, text)
+        return response
+
+
+@dataclass
+class Informer:
+    """List + watch of one resource into the store."""
+
+    resource: Resource
+    store: Store
+    client: _Client
+    page_size: int = 500
+    watch_timeout: int = 290
+    synced: bool = False
+    absent: bool = False
+    disconnected_since: float | None = None
+    relists: int = 0
+    events: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def stale_for(self, now: float) -> float:
+        return 0.0 if self.disconnected_since is None else now - self.disconnected_since
+
+    def _apply(self, obj: dict[str, Any]) -> None:
+        trimmed = self.resource.trim(obj)
+        meta = obj.get("metadata") or {}
+        if trimmed is None:
+            self.store.remove(self.resource.kind, meta.get("name", ""), meta.get("namespace"))
+            return
+        self.store.add(trimmed, self.resource.kind)
+
+    def list(self) -> str:
+        items: list[dict[str, Any]] = []
+        fields: dict[str, Any] = {"limit": self.page_size}
+        while True:
+            body = orjson.loads(self.client.get(self.resource.path, fields, 60).data)
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            if not meta.get("continue"):
+                break
+            fields = {"limit": self.page_size, "continue": meta["continue"]}
+        trimmed = [t for t in (self.resource.trim(o) for o in items) if t is not None]
+        self.store.replace(self.resource.kind, trimmed)
+        self.relists += 1
+        return str(meta.get("resourceVersion", ""))
+
+    def watch(self, version: str) -> str | None:
+        """Follow events from ``version``; returns the last version, or None to re-list."""
+        fields = {"watch": "true", "resourceVersion": version, "allowWatchBookmarks": "true",
+                  "timeoutSeconds": self.watch_timeout}
+        response = self.client.get(self.resource.path, fields, self.watch_timeout + 30, True)
+        self.disconnected_since = None
+        try:
+            buffer = b""
+            for chunk in response.stream(65536, decode_content=True):
+                if self._stop.is_set():
+                    return version
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = orjson.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            return None
+                        raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._apply(obj)
+                    elif kind == "DELETED":
+                        meta = obj.get("metadata") or {}
+                        self.store.remove(self.resource.kind, meta.get("name", ""),
+                                          meta.get("namespace"))
+                    self.events += 1
+        finally:
+            response.release_conn()
+        return version
+
+    def run(self) -> None:
+        backoff = 1.0
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self.list()
+                    self.synced, self.absent = True, False
+                    self.disconnected_since = None
+                version = self.watch(version)
+                backoff = 1.0
+            except ApiError as exc:
+                if exc.status == 404 and self.resource.optional:
+                    # CRD not installed: nothing to read; look again later.
+                    self.store.replace(self.resource.kind, [])
+                    self.synced, self.absent, version = True, True, None
+                    self.disconnected_since = None
+                    self._stop.wait(30)
+                    continue
+                if exc.status == 410:
+                    version = None
+                    continue
+                self._failed(exc, backoff)
+                backoff = min(backoff * 2, 30)
+                version = None
+            except Exception as exc:  # connection refused, reset, timeout, bad JSON
+                self._failed(exc, backoff)
+                backoff = min(backoff * 2, 30)
+                version = None
+
+    def _failed(self, exc: Exception, backoff: float) -> None:
+        if self.disconnected_since is None:
+            self.disconnected_since = time.monotonic()
+        log.warning("watch failed", extra={"fields": {
+            "kind": self.resource.kind, "error": f"{type(exc).__name__}: {exc}"[:300],
+            "retryIn": backoff}})
+        self._stop.wait(backoff)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class LiveView(Store):
+    """A :class:`Store` fed by informers; readiness follows their state."""
+
+    def __init__(self, configuration: Configuration,
+                 resources: tuple[Resource, ...] = RESOURCES,
+                 staleness: float = 60.0) -> None:
+        super().__init__()
+        client = _Client(configuration)
+        self.staleness = staleness
+        self.informers = [Informer(r, self, client) for r in resources]
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for informer in self.informers:
+            thread = threading.Thread(target=informer.run, daemon=True,
+                                      name=f"watch-{informer.resource.kind}")
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+
+    def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
+        """Why the view of ``kinds`` (default: all) cannot be trusted now; empty when it can."""
+        now = time.monotonic()
+        wanted = None if kinds is None else set(kinds)
+        out = []
+        for informer in self.informers:
+            kind = informer.resource.kind
+            if wanted is not None and kind not in wanted:
+                continue
+            if not informer.synced:
+                out.append(f"{kind} not synced")
+            elif informer.stale_for(now) > self.staleness:
+                out.append(f"{kind} watch lost {informer.stale_for(now):.0f}s ago")
+        return out
+
+    def ready(self) -> bool:
+        return not self.problems()

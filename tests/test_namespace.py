@@ -1,0 +1,177 @@
+"""Rules that read the namespace and the nodes, over a static view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from app.cluster.view import StaticView
+from app.config import Mode, Policy
+from app.envelope import pod_amount
+from app.quantity import parse_quantity
+from tests.conftest import container, resources_of, run, workload
+
+
+def quota(hard: dict[str, str], name: str = "compute", ns: str = "team-a") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}
+
+
+def limitrange(item: dict[str, Any], name: str = "defaults", ns: str = "team-a") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": name, "namespace": ns},
+            "spec": {"limits": [{"type": "Container", **item}]}}
+
+
+def node(name: str, cpu: str, memory: str, labels: dict[str, str] | None = None,
+         unschedulable: bool = False) -> dict[str, Any]:
+    n: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
+                         "metadata": {"name": name, "labels": labels or {}},
+                         "status": {"allocatable": {"cpu": cpu, "memory": memory}}}
+    if unschedulable:
+        n["spec"] = {"unschedulable": True}
+    return n
+
+
+CPU7 = [container(limits={"cpu": "7", "memory": "29Gi"}, requests={"cpu": "7", "memory": "29Gi"})]
+
+
+@pytest.mark.parametrize(("guard", "rule", "named"), [
+    (quota({"limits.cpu": "20", "limits.memory": "64Gi"}), "quota-needs-cpu-limits",
+     'ResourceQuota "compute" sets limits.cpu'),
+    (limitrange({"max": {"cpu": "8"}}), "limitrange-needs-cpu-limits",
+     'LimitRange "defaults" sets max.cpu=8'),
+    (limitrange({"maxLimitRequestRatio": {"cpu": "2"}}), "limitrange-needs-cpu-limits",
+     "maxLimitRequestRatio.cpu=2"),
+])
+def test_namespace_that_needs_cpu_limits_keeps_them_and_warns(guard: dict, rule: str,
+                                                              named: str) -> None:
+    obj = workload("Deployment", CPU7)
+    result = run(obj, view=StaticView([guard]))
+    assert result.patch == []
+    assert result.errors == []
+    assert any(w.rule == rule and named in w.message and "CPU limits kept" in w.message
+               for w in result.warnings)
+    # enforce: refuse instead
+    enforce = Policy(rules={rule: Mode.ENFORCE})
+    denied = run(obj, enforce, view=StaticView([guard]))
+    assert [e.rule for e in denied.errors] == [rule]
+    # off: strip as usual
+    stripped = run(obj, Policy(rules={rule: Mode.OFF}), view=StaticView([guard]))
+    assert stripped.patch
+
+
+def test_guards_look_only_at_the_objects_namespace_and_relevant_keys() -> None:
+    obj = workload("Deployment", CPU7)
+    view = StaticView([quota({"limits.cpu": "20"}, ns="other"), quota({"requests.cpu": "20"}),
+                       limitrange({"default": {"cpu": "8"}})])
+    assert run(obj, view=view).patch
+
+
+def test_limitrange_default_below_request_warns_on_the_workload() -> None:
+    obj = workload("Deployment", [container(limits={"cpu": "7", "memory": "29Gi"})])
+    view = StaticView([limitrange({"default": {"cpu": "2"}})])
+    result = run(obj, view=view)
+    assert result.patch  # still stripped
+    [warning] = [w for w in result.warnings if w.rule == "limitrange-default-below-request"]
+    assert 'LimitRange "defaults" default cpu limit 2 < request 7' in warning.message
+    assert len(warning.message) < 120
+    pod = workload("Pod", [container(limits={"cpu": "7", "memory": "29Gi"})])
+    assert not [w for w in run(pod, view=view).warnings
+                if w.rule == "limitrange-default-below-request"]
+
+
+def test_pod_that_fits_no_node_is_refused_with_numbers() -> None:
+    view = StaticView([node("n1", "16", "32Gi"), node("n2", "8", "64Gi", unschedulable=True)])
+    obj = workload("Deployment", [container(requests={"memory": "64Gi"}, limits={"memory": "64Gi"})])
+    [error] = run(obj, view=view).errors
+    assert error.rule == "pod-fits-node"
+    assert "needs 64Gi memory; the largest schedulable node (n1) offers 32Gi" in error.message
+    assert "reserve 0" in error.message
+    fits = workload("Deployment", [container(requests={"memory": "32Gi"}, limits={"memory": "32Gi"})])
+    assert run(fits, view=view).errors == []
+
+
+def test_node_selector_narrows_the_nodes_and_reserve_counts() -> None:
+    gpu = {"nvidia.com/gpu.product": "H100"}
+    view = StaticView([node("big", "64", "512Gi"), node("gpu1", "32", "128Gi", gpu)])
+    obj = workload("Pod", [container(requests={"cpu": "40", "memory": "64Gi"},
+                                     limits={"memory": "64Gi"})])
+    obj["spec"]["nodeSelector"] = gpu
+    [error] = run(obj, view=view).errors
+    assert "needs 40 cpu" in error.message and "(gpu1) offers 32" in error.message
+    obj["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "30"
+    assert run(obj, view=view).errors == []
+    reserved = Policy.model_validate({"nodes": {"reserveCpu": "4"}})
+    [error] = run(obj, reserved, view=view).errors
+    assert "offers 28 " in error.message and "reserve 4" in error.message
+    sandbox = Policy.model_validate({"nodes": {"sandboxParentReserveMemory": "80Gi"}})
+    [error] = run(obj, sandbox, view=view).errors
+    assert "offers 48Gi" in error.message
+    obj["spec"]["nodeSelector"] = {"pool": "none"}
+    [error] = run(obj, view=view).errors
+    assert "no node matching nodeSelector {'pool': 'none'} is known" in error.message
+
+
+def test_no_nodes_known_means_no_finding() -> None:
+    obj = workload("Pod", [container(requests={"memory": "1Ti"}, limits={"memory": "1Ti"})])
+    assert run(obj).errors == []
+
+
+def test_pod_amount_follows_kubernetes_rules() -> None:
+    spec = {"containers": [{"resources": {"requests": {"memory": "1Gi"}}},
+                           {"resources": {"limits": {"memory": "2Gi"}}}],
+            "initContainers": [{"resources": {"requests": {"memory": "4Gi"}}},
+                               {"restartPolicy": "Always", "resources": {"requests": {"memory": "512Mi"}}},
+                               {"resources": {"requests": {"memory": "3Gi"}}}],
+            "overhead": {"memory": "100Mi"}}
+    assert pod_amount(spec, "memory") == parse_quantity("4196Mi")
+    spec["resources"] = {"requests": {"memory": "10Gi"}}
+    assert pod_amount(spec, "memory") == parse_quantity("10Gi") + parse_quantity("100Mi")
+    assert pod_amount({"containers": [{"resources": {"limits": {"memory": "1Gi"}}}]}, "memory",
+                      "limits") == parse_quantity("1Gi")
+
+
+def deployment(name: str, replicas: int, memory: str, ns: str = "team-a") -> dict[str, Any]:
+    obj = workload("Deployment", [container(requests={"memory": memory}, limits={"memory": memory})],
+                   name=name, namespace=ns)
+    obj["spec"]["replicas"] = replicas
+    return obj
+
+
+def test_namespace_memory_composition_breaks_the_sum_down() -> None:
+    view = StaticView([quota({"requests.memory": "16Gi"}), deployment("web", 3, "2Gi"),
+                       deployment("api", 1, "1Gi"), deployment("elsewhere", 9, "9Gi", "other")])
+    incoming = deployment("api", 2, "6Gi")  # replaces the cached api (1 x 1Gi)
+    result = run(incoming, view=view)
+    [warning] = [w for w in result.warnings if w.rule == "namespace-memory-composition"]
+    assert warning.message == ("api 2 x 6Gi = 12Gi, web 3 x 2Gi = 6Gi, "
+                               "total 18Gi > quota compute requests.memory 16Gi")
+    assert run(deployment("api", 1, "6Gi"), view=view).warnings == []
+
+
+def test_composition_of_many_workloads_stays_short() -> None:
+    objs: list[dict[str, Any]] = [quota({"limits.memory": "1Gi"})]
+    objs += [deployment(f"service-{i}", 2, "1Gi") for i in range(30)]
+    result = run(deployment("new", 1, "1Gi"), view=StaticView(objs))
+    [warning] = [w for w in result.warnings if w.rule == "namespace-memory-composition"]
+    assert len(warning.message) < 120 and "more" in warning.message and "total 61Gi" in warning.message
+
+
+def test_stale_view_is_answered_per_failure_mode() -> None:
+    class Stale(StaticView):
+        def problems(self, kinds: Any = None) -> list[str]:
+            return ["Node watch lost 90s ago"]
+
+    obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"memory": "1Gi"})])
+    result = run(obj, view=Stale())
+    assert any("pod-fits-node: cluster view not current (Node watch lost 90s ago)" in e
+               for e in result.internal_errors)
+
+
+def test_patch_still_applies_cleanly_with_guards_present() -> None:
+    obj = workload("Deployment", CPU7)
+    result = run(obj, view=StaticView([limitrange({"default": {"cpu": "8"}})]))
+    after = jsonpatch.apply_patch(obj, result.patch)
+    assert "cpu" not in resources_of(after)["limits"]
