@@ -39,6 +39,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="plain-HTTP Prometheus port; 0 disables it")
     serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
     serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"))
+    serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                       help="read the cluster through this kubeconfig (default: in-cluster)")
+    serve.add_argument("--cluster-view", choices=("auto", "live", "none"),
+                       default=os.environ.get("ENVELOPE_CLUSTER_VIEW", "auto"),
+                       help="live: watch the cluster (required in a pod); none: rules see an "
+                            "empty cluster; auto: live when a cluster is reachable by config")
+    serve.add_argument("--staleness", type=float, default=60.0,
+                       help="seconds a lost watch is tolerated before readiness fails and "
+                            "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
     serve.add_argument("--bench-floor", action="store_true", help=argparse.SUPPRESS)
@@ -112,6 +121,30 @@ def _print_human(entries: list[dict[str, Any]]) -> None:
           f"{mutated} would be mutated")
 
 
+def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The live view (started) and its readiness check, or an empty static view."""
+    import logging
+
+    from app.cluster.live import LiveView, kube_configuration
+
+    log = logging.getLogger("envelope")
+    if args.cluster_view == "none":
+        return StaticView(), {}
+    try:
+        configuration = kube_configuration(args.kubeconfig)
+    except Exception as exc:
+        if args.cluster_view == "live":
+            print(f"envelope serve: no cluster configuration: {exc}", file=sys.stderr)
+            return None, {}
+        log.warning("no cluster configuration; rules see an empty cluster",
+                    extra={"fields": {"reason": str(exc)[:200]}})
+        return StaticView(), {}
+    view = LiveView(configuration, staleness=args.staleness)
+    view.start()
+    log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
+    return view, {"cluster view": view.problems}
+
+
 def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     import uvicorn
     from prometheus_client import start_http_server
@@ -137,7 +170,10 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
         print(f"envelope serve: cannot load certificate {cert_file} / {key_file}: {exc}",
               file=sys.stderr)
         return 2
-    app = create_app(policy, floor_route=args.bench_floor)
+    view, checks = _cluster_view(args)
+    if view is None:
+        return 2
+    app = create_app(policy, view, ready_checks=checks, floor_route=args.bench_floor)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
                           registry=app.state.metrics.registry)

@@ -67,11 +67,12 @@ async def _read_body(request: Request) -> bytes | Response:
 def create_app(
     policy: Policy,
     view: ClusterView | None = None,
-    ready_checks: dict[str, Callable[[], bool]] | None = None,
+    ready_checks: dict[str, Callable[[], list[str]]] | None = None,
     metrics: Metrics | None = None,
     floor_route: bool = False,
 ) -> FastAPI:
-    """Build the webhook app. ``ready_checks`` gate ``/readyz`` (caches, certificates)."""
+    """Build the webhook app. ``ready_checks`` gate ``/readyz``: each returns its
+    problems (caches not synced, no certificate), empty when ready."""
     app = FastAPI(title="Envelope", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.policy = policy
     app.state.view = view or StaticView()
@@ -128,9 +129,10 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        failing = [name for name, check in checks.items() if not check()]
+        failing = [f"{name}: {problem}" for name, check in checks.items()
+                   for problem in check()]
         if failing:
-            return Response(("not ready: " + ", ".join(failing)).encode(), status_code=503,
+            return Response(("not ready: " + "; ".join(failing)).encode(), status_code=503,
                             media_type="text/plain")
         return Response(b"ok", media_type="text/plain")
 

@@ -54,7 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--cert-file", str(certs.cert), "--key-file", str(certs.key),
-           "--metrics-port", str(metrics)]
+           "--metrics-port", str(metrics), "--cluster-view", "none"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "ENVELOPE_CONFIG": ""})

@@ -330,6 +330,3 @@ class LiveView(Store):
             elif informer.stale_for(now) > self.staleness:
                 out.append(f"{kind} watch lost {informer.stale_for(now):.0f}s ago")
         return out
-
-    def ready(self) -> bool:
-        return not self.problems()

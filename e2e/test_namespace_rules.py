@@ -1,0 +1,65 @@
+"""Namespace-aware rules on the real control plane: the webhook's live cache follows
+ResourceQuotas, LimitRanges, Nodes and workloads through watches."""
+
+from __future__ import annotations
+
+import json
+
+from harness import Cluster, Webhook
+from test_workloads import SEED, container, deployment, eventually
+
+
+def dry_run_stderr(cluster: Cluster, manifest: dict) -> str:
+    return cluster.apply(manifest, "--dry-run=server", check=False).stderr
+
+
+def test_quota_on_limits_cpu_keeps_cpu_limits_and_warns(cluster: Cluster, webhook: Webhook,
+                                                        namespace: str) -> None:
+    cluster.create_resource_quota(namespace, "compute", {"limits.cpu": "100", "limits.memory": "500Gi"})
+    manifest = deployment("web", namespace, container(**SEED))
+    # the cache follows the new quota within a few seconds
+    eventually(lambda: "CPU limits kept" in dry_run_stderr(cluster, manifest), 10, "quota in cache")
+    out = cluster.apply(manifest)
+    assert 'ResourceQuota "compute" sets limits.cpu' in out.stderr
+    stored = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)
+    assert stored["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "7"
+
+
+def create_node(cluster: Cluster, name: str, cpu: str, memory: str, labels: dict[str, str]) -> None:
+    if cluster.kubectl("get", "node", name, check=False).returncode == 0:
+        return
+    cluster.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}))
+    status = {"status": {"capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
+                         "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}}}
+    cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+                    "-p", json.dumps(status))
+
+
+def test_pods_that_fit_no_node_are_refused(cluster: Cluster, webhook: Webhook, namespace: str) -> None:
+    create_node(cluster, "e2e-cpu-1", "64", "256Gi", {"envelope.test/pool": "cpu"})
+    create_node(cluster, "e2e-gpu-1", "32", "128Gi", {"envelope.test/pool": "gpu"})
+    huge = deployment("huge", namespace, container(requests={"memory": "300Gi"},
+                                                   limits={"memory": "300Gi"}))
+    eventually(lambda: "needs 300Gi memory" in dry_run_stderr(cluster, huge), 10, "nodes in cache")
+    out = cluster.apply(huge, check=False)
+    assert out.returncode != 0
+    assert "each pod needs 300Gi memory; the largest schedulable node (e2e-cpu-1) offers 256Gi" in out.stderr
+    gpu = deployment("gpu", namespace, container(requests={"memory": "200Gi"}, limits={"memory": "200Gi"}))
+    gpu["spec"]["template"]["spec"]["nodeSelector"] = {"envelope.test/pool": "gpu"}
+    out = cluster.apply(gpu, check=False)
+    assert out.returncode != 0 and "(e2e-gpu-1) offers 128Gi" in out.stderr
+    gpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"memory": "100Gi"}, "limits": {"memory": "100Gi"}}
+    cluster.apply(gpu)
+
+
+def test_namespace_memory_composition_warns(cluster: Cluster, webhook: Webhook, namespace: str) -> None:
+    cluster.create_resource_quota(namespace, "mem", {"requests.memory": "4Gi"})
+    one_gi = {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.apply(deployment("web", namespace, container(**one_gi), replicas=3))
+    api = deployment("api", namespace, container(**one_gi), replicas=2)
+    eventually(lambda: "total 5Gi > quota mem requests.memory 4Gi" in dry_run_stderr(cluster, api),
+               10, "composition warning")
+    out = cluster.apply(api)
+    assert "web 3 x 1Gi = 3Gi" in out.stderr and "api 2 x 1Gi = 2Gi" in out.stderr

@@ -1,0 +1,172 @@
+"""Workload envelopes through a real kube-apiserver, real kubectl, and the webhook
+running as a real process (see conftest.py for the fixtures)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness import Cluster, Webhook
+
+
+def container(
+    name: str = "app",
+    requests: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": resources, **extra}
+
+
+def pod_template(*containers: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"labels": labels or {"app": "web"}}, "spec": {"containers": list(containers)}}
+
+
+def deployment(name: str, ns: str, *containers: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": pod_template(*containers, labels={"app": name}),
+        },
+    }
+
+
+def pod(name: str, ns: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"containers": list(containers)},
+    }
+
+
+def cronjob(name: str, ns: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    template = pod_template(*containers)
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template}}},
+    }
+
+
+SEED = {"limits": {"cpu": "7", "memory": "29Gi"}}
+
+
+def stored_resources(cluster: Cluster, kind: str, name: str, ns: str) -> dict[str, Any]:
+    obj = cluster.kubectl_json("get", kind, name, "-n", ns)
+    spec = obj["spec"]
+    if kind == "cronjob":
+        spec = spec["jobTemplate"]["spec"]["template"]["spec"]
+    elif kind != "pod":
+        spec = spec["template"]["spec"]
+    resources: dict[str, Any] = spec["containers"][0]["resources"]
+    return resources
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def test_apply_strips_cpu_limits_and_keeps_the_request(
+    cluster: Cluster, webhook: Webhook, namespace: str
+) -> None:
+    cases = [
+        ("deployment", deployment("web", namespace, container(**SEED))),
+        ("pod", pod("web", namespace, container(**SEED))),
+        ("cronjob", cronjob("web", namespace, container(**SEED))),
+    ]
+    for kind, manifest in cases:
+        cluster.apply(manifest)
+        resources = stored_resources(cluster, kind, "web", namespace)
+        assert "cpu" not in resources["limits"], (kind, resources)
+        assert resources["limits"]["memory"] == "29Gi", (kind, resources)
+        assert resources["requests"]["cpu"] == "7", (kind, resources)
+        if kind == "pod":  # Pods default the memory request from the limit
+            assert resources["requests"]["memory"] == "29Gi"
+
+
+def test_limitrange_default_is_removed_by_reinvocation(
+    cluster: Cluster, webhook: Webhook, namespace: str
+) -> None:
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "LimitRange",
+            "metadata": {"name": "defaults", "namespace": namespace},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "2"}}]},
+        }
+    )
+    manifest = pod(
+        "big", namespace, container(requests={"cpu": "7", "memory": "1Gi"}, limits={"memory": "1Gi"})
+    )
+    cluster.apply(manifest)  # without the webhook: "must be less than or equal to cpu limit"
+    resources = stored_resources(cluster, "pod", "big", namespace)
+    assert "cpu" not in resources.get("limits", {})
+    assert resources["requests"]["cpu"] == "7"
+
+
+def test_dry_run_denied_and_mutated_objects_store_nothing(
+    cluster: Cluster, webhook: Webhook, namespace: str
+) -> None:
+    bad = deployment("bad", namespace, container(requests={"memory": "1Gi"}, limits={"memory": "2Gi"}))
+    out = cluster.apply(bad, "--dry-run=server", check=False)
+    assert out.returncode != 0
+    assert "memory request 1Gi differs from limit 2Gi" in out.stderr
+    assert cluster.kubectl("get", "deployment", "bad", "-n", namespace, check=False).returncode != 0
+
+    good = deployment("good", namespace, container(**SEED))
+    out = cluster.apply(good, "--dry-run=server", "-o", "json")
+    printed = json.loads(out.stdout)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert printed["limits"] == {"memory": "29Gi"} and printed["requests"]["cpu"] == "7"
+    assert cluster.kubectl("get", "deployment", "good", "-n", namespace, check=False).returncode != 0
+
+
+def test_denials_and_warnings_reach_kubectl(cluster: Cluster, webhook: Webhook, namespace: str) -> None:
+    bad = pod("api", namespace, container("api", requests={"memory": "1Gi"}, limits={"memory": "2Gi"}))
+    out = cluster.apply(bad, check=False)
+    assert out.returncode != 0
+    assert 'denied the request: container "api": memory request 1Gi differs from limit 2Gi' in out.stderr
+    # Guaranteed with whole cores -> Burstable: a warning names the opt-out
+    guaranteed = deployment(
+        "pinned",
+        namespace,
+        container(requests={"cpu": "2", "memory": "1Gi"}, limits={"cpu": "2", "memory": "1Gi"}),
+    )
+    out = cluster.apply(guaranteed)
+    assert "Warning:" in out.stderr and "envelope.io/keep-cpu-limit" in out.stderr
+    opted = deployment(
+        "opted",
+        namespace,
+        container(requests={"cpu": "2", "memory": "1Gi"}, limits={"cpu": "2", "memory": "1Gi"}),
+    )
+    opted["spec"]["template"]["metadata"]["annotations"] = {"envelope.io/keep-cpu-limit": "true"}
+    cluster.apply(opted)
+    assert stored_resources(cluster, "deployment", "opted", namespace)["limits"]["cpu"] == "2"
+
+
+def test_string_envelopes_in_env_lose_cpu(cluster: Cluster, webhook: Webhook, namespace: str) -> None:
+    env = [
+        {"name": "RESOURCE_LIMITS", "value": "cpu=7, memory=29Gi,ephemeral-storage=26Gi"},
+        {"name": "RESOURCE_REQUESTS", "value": "cpu=7,memory=29Gi"},
+    ]
+    cluster.apply(deployment("trainer", namespace, container(env=env, **SEED)))
+    stored = cluster.kubectl_json("get", "deployment", "trainer", "-n", namespace)
+    values = [e["value"] for e in stored["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert values == ["memory=29Gi,ephemeral-storage=26Gi", "cpu=7,memory=29Gi"]
