@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,25 @@ def _parser() -> argparse.ArgumentParser:
                        help="plain-HTTP Prometheus port; 0 disables it")
     serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
     serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"))
+    env = os.environ.get
+    serve.add_argument("--tls-mode", choices=("files", "self"), default=env("ENVELOPE_TLS_MODE", "files"),
+                       help="files: --cert-file/--key-file, reloaded on change; self: own CA in a "
+                            "Secret, injected into the webhook configurations")
+    serve.add_argument("--namespace", default=env("POD_NAMESPACE"))
+    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"))
+    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"))
+    serve.add_argument("--tls-extra-san", action="append",
+                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s])
+    serve.add_argument("--mutating-webhook-configuration", dest="mutating_config",
+                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"))
+    serve.add_argument("--validating-webhook-configuration", dest="validating_config",
+                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"))
+    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"))
+    serve.add_argument("--cert-validity-days", type=int, default=365)
+    serve.add_argument("--ca-validity-days", type=int, default=3650)
+    serve.add_argument("--renew-before-days", type=float, default=30)
+    serve.add_argument("--tls-interval", type=float, default=5.0,
+                       help="seconds between certificate checks (self mode)")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                        help="read the cluster through this kubeconfig (default: in-cluster)")
     serve.add_argument("--cluster-view", choices=("auto", "live", "none"),
@@ -125,7 +145,8 @@ def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The live view (started) and its readiness check, or an empty static view."""
     import logging
 
-    from app.cluster.live import LiveView, kube_configuration
+    from app.cluster.kube import kube_configuration
+    from app.cluster.live import LiveView
 
     log = logging.getLogger("envelope")
     if args.cluster_view == "none":
@@ -145,44 +166,90 @@ def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return view, {"cluster view": view.problems}
 
 
+def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The server's TLS state and its readiness check, per ``--tls-mode``."""
+    import datetime as dt
+    import socket
+
+    from app.certs import LeaseElector, SelfManaged
+    from app.cluster.kube import KubeClient, kube_configuration
+    from app.tls import FileWatcher, KeyPair, TlsState, write_self_signed
+
+    state = TlsState(on_load=lambda when: metrics.cert_expiry.set(when.timestamp()))
+    if args.self_signed:
+        paths = write_self_signed(Path(args.self_signed_dir))
+        print(f"CA certificate: {paths.ca}", flush=True)
+        args.cert_file, args.key_file = str(paths.cert), str(paths.key)
+    if args.tls_mode == "files" or args.self_signed:
+        if not (args.cert_file and args.key_file):
+            print("envelope serve: give --cert-file and --key-file, --self-signed, or "
+                  "--tls-mode self (the webhook serves HTTPS only)", file=sys.stderr)
+            return None
+        cert, key = Path(args.cert_file), Path(args.key_file)
+        try:
+            loaded = state.load(KeyPair(cert.read_bytes(), key.read_bytes()))
+        except OSError as exc:
+            loaded = False
+            print(f"envelope serve: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        if not loaded:
+            print(f"envelope serve: cannot load certificate {cert} / {key}", file=sys.stderr)
+            return None
+        watcher = FileWatcher(state, cert, key)
+        watcher.check()
+        watcher.start()
+        return state, {"certificate": state.problems}
+    if not (args.namespace and args.service_name):
+        print("envelope serve: --tls-mode self needs --namespace and --service-name",
+              file=sys.stderr)
+        return None
+    client = KubeClient(kube_configuration(args.kubeconfig))
+    svc, ns = args.service_name, args.namespace
+    names = [f"{svc}.{ns}.svc", svc, f"{svc}.{ns}", f"{svc}.{ns}.svc.cluster.local",
+             *args.tls_extra_san]
+    configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
+                                   ("validatingwebhookconfigurations", args.validating_config))
+               if n]
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    manager = SelfManaged(
+        client, state, ns, args.tls_secret, names, configs,
+        LeaseElector(client, ns, args.lease_name, identity),
+        cert_days=args.cert_validity_days, ca_days=args.ca_validity_days,
+        renew_before=dt.timedelta(days=args.renew_before_days), interval=args.tls_interval)
+    for _ in range(30):  # a certificate before serving, if the API server lets us
+        manager.step()
+        if state.cert_pem is not None:
+            break
+        time.sleep(2)
+    manager.start()
+    return state, {"certificate": manager.problems}
+
+
 def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     import uvicorn
     from prometheus_client import start_http_server
 
     from app.logs import setup_logging
-    from app.server import create_app
-    from app.tls import server_context, write_self_signed
+    from app.server import Metrics, create_app
 
     setup_logging(args.log_level)
-    if args.self_signed:
-        paths = write_self_signed(Path(args.self_signed_dir))
-        cert_file, key_file = paths.cert, paths.key
-        print(f"CA certificate: {paths.ca}", flush=True)
-    elif args.cert_file and args.key_file:
-        cert_file, key_file = Path(args.cert_file), Path(args.key_file)
-    else:
-        print("envelope serve: give --cert-file and --key-file, or --self-signed "
-              "(the webhook serves HTTPS only)", file=sys.stderr)
+    metrics = Metrics()
+    tls = _tls(args, metrics)
+    if tls is None:
         return 2
-    try:
-        context = server_context(cert_file, key_file)
-    except (OSError, ValueError) as exc:
-        print(f"envelope serve: cannot load certificate {cert_file} / {key_file}: {exc}",
-              file=sys.stderr)
-        return 2
-    view, checks = _cluster_view(args)
+    state, checks = tls
+    view, view_checks = _cluster_view(args)
     if view is None:
         return 2
-    app = create_app(policy, view, ready_checks=checks, floor_route=args.bench_floor)
+    app = create_app(policy, view, ready_checks={**checks, **view_checks}, metrics=metrics,
+                     floor_route=args.bench_floor)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
-                          registry=app.state.metrics.registry)
+                          registry=metrics.registry)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
-                            timeout_graceful_shutdown=args.shutdown_timeout,
-                            ssl_certfile=str(cert_file), ssl_keyfile=str(key_file))
+                            timeout_graceful_shutdown=args.shutdown_timeout)
     config.load()
-    config.ssl = context
+    config.ssl = state.context
     uvicorn.Server(config).run()
     return 0
 

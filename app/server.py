@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.admission import BadReview, Decision, decide, parse_review, review_response
 from app.cluster.view import ClusterView, StaticView
@@ -40,6 +40,9 @@ class Metrics:
             "envelope_admission_duration_seconds", "Time to answer an admission review",
             labels, registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.cert_expiry = Gauge("envelope_certificate_expiry_timestamp_seconds",
+                                 "When the serving certificate in use expires (Unix time)",
+                                 registry=self.registry)
 
 
 def _error(status: int, message: str) -> Response:

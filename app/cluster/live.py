@@ -20,14 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import urllib3
-from kubernetes import config as kube_config
 from kubernetes.client import Configuration
-from kubernetes.client.rest import RESTClientObject
 
+from app.cluster.kube import ApiError, KubeClient
 from app.cluster.view import Store
 
-__all__ = ["RESOURCES", "Informer", "LiveView", "Resource", "kube_configuration"]
+__all__ = ["RESOURCES", "Informer", "LiveView", "Resource"]
 
 log = logging.getLogger("envelope.cache")
 
@@ -127,61 +125,13 @@ RESOURCES: tuple[Resource, ...] = (
 )
 
 
-def kube_configuration(kubeconfig: str | None = None) -> Configuration:
-    """In-cluster service account when running in a pod, else the kubeconfig."""
-    configuration = Configuration()
-    if kubeconfig is None:
-        try:
-            kube_config.load_incluster_config(client_configuration=configuration)
-            return configuration
-        except kube_config.ConfigException:
-            pass
-    kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return configuration
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(f"HTTP {status}: {text[:300]}")
-        self.status = status
-
-
-class _Client:
-    """GET and streaming GET against the API server, with the client's auth and TLS."""
-
-    def __init__(self, configuration: Configuration) -> None:
-        self.configuration = configuration
-        self.pool = RESTClientObject(configuration).pool_manager
-        self.host = configuration.host.rstrip("/")
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "envelope"}
-        auth = self.configuration.auth_settings().get("BearerToken")
-        if auth and auth.get("value"):
-            headers["Authorization"] = auth["value"]
-        return headers
-
-    def get(self, path: str, fields: dict[str, Any], timeout: float,
-            stream: bool = False) -> urllib3.BaseHTTPResponse:
-        response = self.pool.request(
-            "GET", self.host + path, fields=fields, headers=self._headers(),
-            preload_content=not stream,
-            timeout=urllib3.Timeout(connect=5, read=timeout), retries=False)
-        if response.status != 200:
-            text = response.data.decode(errors="replace") if not stream else response.read(
-                4096).decode(errors="replace")
-            response.release_conn()
-            raise ApiError(response.status, text)
-        return response
-
-
 @dataclass
 class Informer:
     """List + watch of one resource into the store."""
 
     resource: Resource
     store: Store
-    client: _Client
+    client: KubeClient
     page_size: int = 500
     watch_timeout: int = 290
     synced: bool = False
@@ -300,7 +250,7 @@ class LiveView(Store):
                  resources: tuple[Resource, ...] = RESOURCES,
                  staleness: float = 60.0) -> None:
         super().__init__()
-        client = _Client(configuration)
+        client = KubeClient(configuration)
         self.staleness = staleness
         self.informers = [Informer(r, self, client) for r in resources]
         self._threads: list[threading.Thread] = []

@@ -1,0 +1,81 @@
+"""A small API-server client: the official client's configuration (in-cluster
+service account or kubeconfig: auth, TLS) and its urllib3 pool, with plain dicts in
+and out — no generated models on any path we own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes import config as kube_config
+from kubernetes.client import Configuration
+from kubernetes.client.rest import RESTClientObject
+
+__all__ = ["ApiError", "KubeClient", "kube_configuration"]
+
+
+def kube_configuration(kubeconfig: str | None = None) -> Configuration:
+    """In-cluster service account when running in a pod, else the kubeconfig."""
+    configuration = Configuration()
+    if kubeconfig is None:
+        try:
+            kube_config.load_incluster_config(client_configuration=configuration)
+            return configuration
+        except kube_config.ConfigException:
+            pass
+    kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return configuration
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text[:300]}")
+        self.status = status
+
+
+class KubeClient:
+    """GET and streaming GET against the API server, with the client's auth and TLS."""
+
+    def __init__(self, configuration: Configuration) -> None:
+        self.configuration = configuration
+        self.pool = RESTClientObject(configuration).pool_manager
+        self.host = configuration.host.rstrip("/")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "envelope"}
+        auth = self.configuration.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            headers["Authorization"] = auth["value"]
+        return headers
+
+    def get(self, path: str, fields: dict[str, Any], timeout: float,
+            stream: bool = False) -> urllib3.BaseHTTPResponse:
+        response = self.pool.request(
+            "GET", self.host + path, fields=fields, headers=self._headers(),
+            preload_content=not stream,
+            timeout=urllib3.Timeout(connect=5, read=timeout), retries=False)
+        if response.status != 200:
+            text = response.data.decode(errors="replace") if not stream else response.read(
+                4096).decode(errors="replace")
+            response.release_conn()
+            raise ApiError(response.status, text)
+        return response
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json", timeout: float = 10) -> dict[str, Any]:
+        """A JSON request; raises :class:`ApiError` on any status but 2xx."""
+        headers = self._headers()
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = orjson.dumps(body)
+        response = self.pool.request(method, self.host + path, body=data, headers=headers,
+                                     timeout=urllib3.Timeout(connect=5, read=timeout),
+                                     retries=False)
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, response.data.decode(errors="replace"))
+        return orjson.loads(response.data) if response.data else {}
+
+
+
