@@ -3,9 +3,9 @@
 Importing a family module registers its rules; this package imports them all.
 """
 
-from app.rules import namespace, workloads
+from app.rules import actors, namespace, workloads
 from app.rules.base import RULES, Finding, Rule, Subject
 
-FAMILIES = (workloads, namespace)
+FAMILIES = (workloads, namespace, actors)
 
 __all__ = ["FAMILIES", "RULES", "Finding", "Rule", "Subject"]
