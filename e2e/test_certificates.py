@@ -75,7 +75,7 @@ def ready(port: int) -> bool:
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     try:
-        status, _ = harness._https_get(f"https://127.0.0.1:{port}/readyz", ctx, timeout=2)
+        status, _ = harness.https_get(f"https://127.0.0.1:{port}/readyz", ctx, timeout=2)
     except OSError:
         return False
     return status == 200

@@ -17,7 +17,7 @@ from test_workloads import SEED, container, deployment
 def readyz(webhook: Webhook) -> tuple[int, str]:
     ctx = ssl.create_default_context(cafile=str(webhook.ca_file))
     try:
-        return harness._https_get(f"{webhook.url}/readyz", ctx, timeout=3)
+        return harness.https_get(f"{webhook.url}/readyz", ctx, timeout=3)
     except OSError as exc:
         return 0, str(exc)
 
@@ -37,7 +37,7 @@ def test_webhook_survives_an_apiserver_restart(cluster: Cluster, webhook: Webhoo
     wait_for(lambda: readyz(webhook)[0] == 503, 40, "readiness to report lost watches")
     _, body = readyz(webhook)
     assert "watch lost" in body, body
-    assert webhook.process.alive
+    assert webhook.process.alive()
 
     restarted = harness.start_process(apiserver.cmd, cluster.workdir / "kube-apiserver.restart.log",
                                       name="kube-apiserver")
@@ -45,7 +45,7 @@ def test_webhook_survives_an_apiserver_restart(cluster: Cluster, webhook: Webhoo
     wait_for(lambda: cluster.get_raw("/readyz")[0] == 200 if _reachable(cluster) else False, 120,
              "kube-apiserver back")
     wait_for(lambda: readyz(webhook)[0] == 200, 90, f"webhook ready again: {readyz(webhook)[1]}")
-    assert webhook.process.alive
+    assert webhook.process.alive()
     out = cluster.apply(deployment("after-restart", namespace, container(**SEED)))
     assert out.returncode == 0
     stored = json.loads(cluster.kubectl("get", "deployment", "after-restart", "-n", namespace,

@@ -1,0 +1,105 @@
+"""pytest fixtures for end-to-end tests against a real kube-apiserver.
+
+Fixtures (see e2e/harness.py for the objects they return):
+
+- ``controlplane_bin_dir`` (session) -> Path: etcd, kube-apiserver, kubectl, helm.
+- ``cluster`` (session) -> harness.Cluster: etcd + kube-apiserver running.
+- ``namespace`` (function) -> str: a fresh, uniquely named namespace.
+- ``webhook`` (session) -> harness.Webhook: ``python -m app serve`` running and
+  registered as the cluster's mutating + validating webhook. Only tests that
+  request it start it; once started it stays registered for the rest of the
+  session (every namespace but kube-system).
+
+A control plane that cannot be built or started fails the tests; it is never
+skipped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness
+from harness import Cluster, HarnessError, Webhook
+
+E2E_DIR = Path(__file__).resolve().parent
+T = TypeVar("T")
+
+
+def _or_fail(fn: Callable[[], T]) -> T:
+    """Run ``fn``; turn a HarnessError into a plain test failure (never a skip)."""
+    try:
+        return fn()
+    except HarnessError as err:
+        message = str(err)
+    # Outside the except block, so the report is not a chained traceback.
+    pytest.fail(message, pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "e2e: end-to-end test against a real etcd + kube-apiserver (built by e2e/controlplane/build.sh)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def controlplane_bin_dir(request: pytest.FixtureRequest) -> Path:
+    """Directory with the control-plane binaries ($ENVELOPE_CONTROLPLANE_BIN or
+    built/cached by e2e/controlplane/build.sh). Fails, never skips."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        return _or_fail(harness.locate_bin_dir)
+    # Let build.sh's progress through: a cold build takes several minutes.
+    with capman.global_and_fixture_disabled():
+        return _or_fail(harness.locate_bin_dir)
+
+
+@pytest.fixture(scope="session")
+def cluster(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A running etcd + kube-apiserver for the whole session."""
+    workdir = tmp_path_factory.mktemp("controlplane")
+    running = _or_fail(lambda: harness.start_control_plane(workdir, controlplane_bin_dir))
+    try:
+        harness.install_crds(running)
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace named after the test. It is not deleted afterwards:
+    without controllers a namespace never finishes terminating."""
+    name = harness.unique_name(f"e2e-{request.node.name}", max_length=50)
+    cluster.create_namespace(name, labels={"envelope.test/e2e": "true"})
+    return name
+
+
+@pytest.fixture(scope="session")
+def webhook(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """The Envelope webhook (``python -m app serve``) running on 127.0.0.1 and
+    registered as Mutating/ValidatingWebhookConfiguration ``envelope-e2e``.
+    Ready once the API server has had an HTTP 200 from both webhooks."""
+    workdir = tmp_path_factory.mktemp("webhook")
+    # A short staleness bound, so a lost watch shows in readiness within seconds.
+    running = _or_fail(lambda: harness.start_webhook(workdir, kubeconfig=cluster.kubeconfig,
+                                                     extra_args=["--staleness", "5"]))
+    try:
+        _or_fail(lambda: harness.register_webhook(cluster, running))
+        yield running
+    finally:
+        harness.unregister_webhook(cluster)
+        running.stop()

@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Build the e2e control plane (kube-apiserver, etcd, kubectl, helm) from the
+# upstream Go modules pinned in versions.env.
+#
+# Binaries go to a cache directory outside the clone:
+#   ${ENVELOPE_CONTROLPLANE_DIR:-$HOME/.cache/envelope/controlplane}/<key>/bin/
+# where <key> encodes the pinned versions. A binary that already exists there
+# and reports the expected version is not rebuilt, so a warm run takes about a
+# second. All progress goes to stderr; the only line on stdout is the bin
+# directory, so `BIN=$(e2e/controlplane/build.sh | tail -1)` works.
+#
+# Environment:
+#   ENVELOPE_CONTROLPLANE_DIR   cache root (default ~/.cache/envelope/controlplane)
+#   ENVELOPE_CONTROLPLANE_FORCE=1  rebuild every binary even if it is cached
+#   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
+#
+# Only the Go toolchain and the Go module proxy are needed: no Docker, no
+# prebuilt release downloads.
+set -euo pipefail
+shopt -s inherit_errexit
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=SCRIPTDIR/versions.env
+source "${HERE}/versions.env"
+
+: "${KUBERNETES_VERSION:?versions.env must set KUBERNETES_VERSION}"
+: "${ETCD_VERSION:?versions.env must set ETCD_VERSION}"
+: "${HELM_VERSION:?versions.env must set HELM_VERSION}"
+: "${CONTROLPLANE_RECIPE:?versions.env must set CONTROLPLANE_RECIPE}"
+
+log() { printf '[controlplane/build.sh] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+if ! command -v go >/dev/null 2>&1; then
+    die "the Go toolchain ('go') is not on PATH; it is needed to build the e2e control plane (see docs/testing.md)"
+fi
+
+# vMAJOR.MINOR.PATCH -> parts; staging modules are published as v0.MINOR.PATCH.
+k8s_ver="${KUBERNETES_VERSION#v}"
+if [[ ! "${k8s_ver}" =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)$ ]]; then
+    die "KUBERNETES_VERSION must look like v1.34.2, got '${KUBERNETES_VERSION}'"
+fi
+K8S_MAJOR="${BASH_REMATCH[1]}"
+K8S_MINOR="${BASH_REMATCH[2]}"
+K8S_PATCH="${BASH_REMATCH[3]}"
+STAGING_VERSION="v0.${K8S_MINOR}.${K8S_PATCH}"
+
+KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_r${CONTROLPLANE_RECIPE}"
+ROOT="${ENVELOPE_CONTROLPLANE_DIR:-${HOME}/.cache/envelope/controlplane}"
+DIR="${ROOT}/${KEY}"
+BIN="${DIR}/bin"
+WORK="${DIR}/work"
+LOGS="${DIR}/logs"
+mkdir -p "${BIN}" "${WORK}" "${LOGS}"
+
+# Serialise concurrent invocations (parallel test runs) on the same cache key.
+exec 9>"${DIR}/.lock"
+if command -v flock >/dev/null 2>&1; then
+    flock 9
+fi
+
+export CGO_ENABLED=0
+export GOFLAGS="-trimpath -buildvcs=false"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+# GOPATH, GOMODCACHE and GOCACHE stay at their defaults (outside the clone).
+
+TIMES="${DIR}/build-times.log"
+
+# reports_version BINARY EXPECTED ARGS... : the binary exists, runs, and prints EXPECTED.
+reports_version() {
+    local bin="$1" expected="$2"
+    shift 2
+    [[ -x "${bin}" ]] || return 1
+    local out
+    out="$("${bin}" "$@" 2>&1)" || return 1
+    [[ "${out}" == *"${expected}"* ]]
+}
+
+# is_built BINARY EXPECTED ARGS... : cached and usable (unless a rebuild is forced).
+is_built() {
+    [[ "${ENVELOPE_CONTROLPLANE_FORCE:-0}" == "1" ]] && return 1
+    reports_version "$@"
+}
+
+# timed NAME FUNCTION : run FUNCTION, log the wall-clock time.
+timed() {
+    local name="$1" fn="$2" start end
+    start=$(date +%s)
+    log "building ${name} (log: ${LOGS}/${name}.log) ..."
+    # Not in an `if`: errexit must stay in force inside the build function.
+    local rc=0
+    set +e
+    (set -e; "${fn}") >"${LOGS}/${name}.log" 2>&1
+    rc=$?
+    set -e
+    if [[ "${rc}" != 0 ]]; then
+        tail -n 40 "${LOGS}/${name}.log" >&2 || true
+        die "building ${name} failed (exit ${rc}); full log: ${LOGS}/${name}.log"
+    fi
+    end=$(date +%s)
+    log "built ${name} in $((end - start))s"
+    printf '%s\t%s\t%ss\tgo=%s\tnproc=%s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${name}" \
+        "$((end - start))" "$(go env GOVERSION)" "$(nproc 2>/dev/null || echo '?')" >>"${TIMES}"
+}
+
+# k8s_ldflags : version ldflags as set by upstream hack/lib/version.sh.
+k8s_ldflags() {
+    local flags="-s -w" pkg
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+        flags+=" -X ${pkg}.gitVersion=${KUBERNETES_VERSION}"
+        flags+=" -X ${pkg}.gitMajor=${K8S_MAJOR}"
+        flags+=" -X ${pkg}.gitMinor=${K8S_MINOR}"
+        flags+=" -X ${pkg}.gitTreeState=clean"
+    done
+    printf '%s' "${flags}"
+}
+
+# module_gomod MODULE@VERSION : download the module, print the path of its go.mod.
+module_gomod() {
+    local json gomod
+    if ! json="$(go mod download -json "$1" 2>&1)"; then
+        die "could not download $1: $(printf '%s' "${json}" | sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p')"
+    fi
+    gomod="$(printf '%s' "${json}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [[ -n "${gomod}" && -f "${gomod}" ]] || die "could not find the go.mod of $1 in: ${json}"
+    printf '%s' "${gomod}"
+}
+
+# fresh_workdir NAME : an empty work dir holding our main.go for NAME.
+fresh_workdir() {
+    local w="${WORK}/$1"
+    rm -rf "${w}"
+    mkdir -p "${w}"
+    cp "${HERE}/$1/main.go" "${w}/main.go"
+    printf '%s' "${w}"
+}
+
+install_bin() { # install_bin TMPFILE NAME
+    chmod 0755 "$1"
+    mv -f "$1" "${BIN}/$2"
+}
+
+# ---------------------------------------------------------------- kube-apiserver
+build_kube_apiserver() {
+    local w upstream
+    w="$(fresh_workdir kube-apiserver)"
+    upstream="$(module_gomod "k8s.io/kubernetes@${KUBERNETES_VERSION}")"
+    echo "upstream go.mod: ${upstream}"
+    # k8s.io/kubernetes cannot be required as is: its go.mod replaces every
+    # k8s.io/* staging module with ./staging/src/... Generate a go.mod that
+    # requires it and replaces each staging module with its published version.
+    {
+        echo "// Code generated by e2e/controlplane/build.sh from the go.mod of"
+        echo "// k8s.io/kubernetes@${KUBERNETES_VERSION}. DO NOT EDIT."
+        echo
+        echo "module envelope.local/e2e/controlplane/kube-apiserver"
+        echo
+        awk '$1 == "go" { print; exit }' "${upstream}"
+        awk 'inb { print; if ($0 ~ /^\)/) inb = 0; next }
+             /^godebug[ \t]*\(/ { print; inb = 1; next }
+             /^godebug[ \t]/ { print }' "${upstream}"
+        echo
+        echo "require k8s.io/kubernetes ${KUBERNETES_VERSION}"
+        echo
+        echo "replace ("
+        awk -v v="${STAGING_VERSION}" \
+            '$2 == "=>" && $3 ~ /^\.\/staging\// { printf "\t%s => %s %s\n", $1, $1, v }' "${upstream}"
+        echo ")"
+    } >"${w}/go.mod"
+    grep -q "=> k8s.io/api ${STAGING_VERSION}" "${w}/go.mod" \
+        || die "no staging replace directives found in ${upstream}"
+    cat "${w}/go.mod"
+    (cd "${w}" && go mod tidy && go build -ldflags "$(k8s_ldflags)" -o "${BIN}/.kube-apiserver.tmp" .)
+    install_bin "${BIN}/.kube-apiserver.tmp" kube-apiserver
+}
+
+# ---------------------------------------------------------------------- etcd
+build_etcd() {
+    local w
+    w="$(fresh_workdir etcd)"
+    (
+        cd "${w}"
+        go mod init envelope.local/e2e/controlplane/etcd
+        go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+        go mod tidy
+        go build -ldflags "-s -w" -o "${BIN}/.etcd.tmp" .
+    )
+    install_bin "${BIN}/.etcd.tmp" etcd
+}
+
+# ------------------------------------------------------------------- kubectl
+build_kubectl() {
+    local w
+    w="$(fresh_workdir kubectl)"
+    (
+        cd "${w}"
+        go mod init envelope.local/e2e/controlplane/kubectl
+        go get "k8s.io/kubectl@${STAGING_VERSION}"
+        go mod tidy
+        go build -ldflags "$(k8s_ldflags)" -o "${BIN}/.kubectl.tmp" .
+    )
+    install_bin "${BIN}/.kubectl.tmp" kubectl
+}
+
+# ---------------------------------------------------------------------- helm
+build_helm() {
+    local gomod client_go major minor flags tmp
+    gomod="$(module_gomod "helm.sh/helm/v3@${HELM_VERSION}")"
+    # As helm's Makefile: the Kubernetes version helm assumes offline (lint,
+    # template's .Capabilities) is derived from its k8s.io/client-go version.
+    client_go="$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "${gomod}")"
+    [[ "${client_go}" =~ ^v0\.([0-9]+)\. ]] || die "cannot find k8s.io/client-go in ${gomod}"
+    major=1
+    minor="${BASH_REMATCH[1]}"
+    echo "helm ${HELM_VERSION} uses k8s.io/client-go ${client_go} -> Kubernetes ${major}.${minor}"
+    flags="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+    flags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    flags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=${major}"
+    flags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor}"
+    flags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major}"
+    flags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}"
+    tmp="$(mktemp -d "${WORK}/helm-gobin.XXXXXX")"
+    # helm's go.mod has no replace directives, so `go install pkg@version`
+    # builds it with exactly its own pinned dependencies.
+    GOBIN="${tmp}" go install -ldflags "${flags}" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+    install_bin "${tmp}/helm" helm
+    rm -rf "${tmp}"
+}
+
+total_start=$(date +%s)
+built_any=0
+
+# Slowest first, so a failure there shows early. One at a time (2 cores).
+if is_built "${BIN}/kube-apiserver" "Kubernetes ${KUBERNETES_VERSION}" --version; then
+    log "kube-apiserver ${KUBERNETES_VERSION}: cached"
+else
+    timed kube-apiserver build_kube_apiserver
+    built_any=1
+    reports_version "${BIN}/kube-apiserver" "Kubernetes ${KUBERNETES_VERSION}" --version \
+        || die "kube-apiserver --version does not report ${KUBERNETES_VERSION}"
+fi
+
+if is_built "${BIN}/etcd" "etcd Version: ${ETCD_VERSION#v}" --version; then
+    log "etcd ${ETCD_VERSION}: cached"
+else
+    timed etcd build_etcd
+    built_any=1
+    reports_version "${BIN}/etcd" "etcd Version: ${ETCD_VERSION#v}" --version \
+        || die "etcd --version does not report ${ETCD_VERSION}"
+fi
+
+if is_built "${BIN}/kubectl" "${KUBERNETES_VERSION}" version --client; then
+    log "kubectl ${KUBERNETES_VERSION}: cached"
+else
+    timed kubectl build_kubectl
+    built_any=1
+    reports_version "${BIN}/kubectl" "${KUBERNETES_VERSION}" version --client \
+        || die "kubectl version --client does not report ${KUBERNETES_VERSION}"
+fi
+
+if is_built "${BIN}/helm" "${HELM_VERSION}" version --short; then
+    log "helm ${HELM_VERSION}: cached"
+else
+    timed helm build_helm
+    built_any=1
+    reports_version "${BIN}/helm" "${HELM_VERSION}" version --short \
+        || die "helm version --short does not report ${HELM_VERSION}"
+fi
+
+if [[ "${built_any}" == "1" ]]; then
+    log "control plane built in $(($(date +%s) - total_start))s (times: ${TIMES})"
+fi
+
+echo "${BIN}"
