@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.tls import write_self_signed  # noqa: E402
+from app.tls import write_self_signed
 
 
 def free_port() -> int:
