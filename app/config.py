@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -103,9 +104,19 @@ class Policy(BaseModel):
         return value
 
     def mode(self, rule_id: str) -> Mode:
+        try:
+            return self._modes[rule_id]
+        except KeyError:  # a rule registered after the first call (tests import families late)
+            from app.rules.base import RULES
+
+            return self.rules.get(rule_id, RULES[rule_id].default_mode)
+
+    @cached_property
+    def _modes(self) -> dict[str, Mode]:
+        """Every registered rule's mode, computed once: ``mode()`` is on the hot path."""
         from app.rules import RULES
 
-        return self.rules.get(rule_id, RULES[rule_id].default_mode)
+        return {rid: self.rules.get(rid, rule.default_mode) for rid, rule in RULES.items()}
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
