@@ -116,7 +116,11 @@ def test_node_selector_narrows_the_nodes_and_reserve_counts() -> None:
 
 def test_no_nodes_known_means_no_finding() -> None:
     obj = workload("Pod", [container(requests={"memory": "1Ti"}, limits={"memory": "1Ti"})])
+    obj["spec"]["nodeSelector"] = {"pool": "gpu"}
     assert run(obj).errors == []
+    view = StaticView()
+    view.replace("Node", [])  # a synced, empty Node cache
+    assert run(obj, view=view).errors == []
 
 
 def test_pod_amount_follows_kubernetes_rules() -> None:

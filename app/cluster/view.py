@@ -47,6 +47,10 @@ class ClusterView(Protocol):
         """Grows on every change to ``kind``: lets a rule cache what it derives."""
         ...
 
+    def count(self, kind: str) -> int:
+        """How many objects of ``kind`` the view holds."""
+        ...
+
 
 def _key(obj: dict[str, Any]) -> Key:
     meta = obj.get("metadata") or {}

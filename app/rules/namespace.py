@@ -170,7 +170,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return []
     selector = spec.get("nodeSelector") or {}
     selector = {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
-    if view.version("Node") == 0 and not view.list("Node"):
+    if view.count("Node") == 0:
         return []  # no nodes known: nothing to judge against
     capacity = node_capacity(view, selector)
     which = f"node matching nodeSelector {selector}" if selector else "schedulable node"
