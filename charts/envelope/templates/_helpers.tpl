@@ -1,0 +1,258 @@
+{{/* Chart name, truncated to 63 characters. */}}
+{{- define "envelope.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: the prefix of every object name. */}}
+{{- define "envelope.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "envelope.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "envelope.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "envelope.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "envelope.labels" -}}
+helm.sh/chart: {{ include "envelope.chart" . }}
+{{ include "envelope.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: admission-webhook
+app.kubernetes.io/part-of: envelope
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "envelope.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "envelope.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "envelope.configMapName" -}}
+{{- printf "%s-config" (include "envelope.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The two webhook configurations share the full name (they are different kinds). */}}
+{{- define "envelope.webhookConfigurationName" -}}
+{{- include "envelope.fullname" . -}}
+{{- end -}}
+
+{{/* Secret the pods serve from: made by the webhook (self), by cert-manager, or by you. */}}
+{{- define "envelope.tlsSecretName" -}}
+{{- if eq .Values.certificates.mode "provided" -}}
+{{- required "certificates.provided.secretName is required when certificates.mode=provided" .Values.certificates.provided.secretName -}}
+{{- else -}}
+{{- default (printf "%s-tls" (include "envelope.fullname" .)) .Values.certificates.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "envelope.leaseName" -}}
+{{- default (printf "%s-leader" (include "envelope.fullname" .)) .Values.certificates.self.leaseName -}}
+{{- end -}}
+
+{{- define "envelope.certManagerCertificateName" -}}
+{{- printf "%s-serving" (include "envelope.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "envelope.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Service DNS names the serving certificate must carry. */}}
+{{- define "envelope.serviceDNSNames" -}}
+{{- $svc := include "envelope.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+- {{ $svc }}
+- {{ $svc }}.{{ $ns }}
+- {{ $svc }}.{{ $ns }}.svc
+- {{ $svc }}.{{ $ns }}.svc.cluster.local
+{{- end -}}
+
+{{/*
+Resources of our own container: no CPU limit, memory request == memory limit.
+limits.memory is copied into requests.memory (or the other way when only the request is
+set); a CPU limit or two different memory values fail the render.
+*/}}
+{{- define "envelope.resources" -}}
+{{- $requests := deepCopy (default (dict) .Values.resources.requests) -}}
+{{- $limits := deepCopy (default (dict) .Values.resources.limits) -}}
+{{- if hasKey $limits "cpu" -}}
+{{- fail "resources.limits.cpu must not be set: Envelope's own container follows its own rule (CPU requests only, no CPU limits)" -}}
+{{- end -}}
+{{- $reqMem := toString (default "" (get $requests "memory")) -}}
+{{- $limMem := toString (default "" (get $limits "memory")) -}}
+{{- if and $reqMem $limMem (ne $reqMem $limMem) -}}
+{{- fail (printf "resources: memory request (%s) must equal the memory limit (%s): set resources.limits.memory only (the request follows it), or write both the same way" $reqMem $limMem) -}}
+{{- end -}}
+{{- $mem := default $limMem $reqMem -}}
+{{- if not $mem -}}
+{{- fail "resources: set resources.limits.memory (the memory request is set equal to it)" -}}
+{{- end -}}
+{{- $_ := set $requests "memory" $mem -}}
+{{- $_ := set $limits "memory" $mem -}}
+requests:
+  {{- toYaml $requests | nindent 2 }}
+limits:
+  {{- toYaml $limits | nindent 2 }}
+{{- end -}}
+
+{{/*
+namespaceSelector for the namespaced webhooks: never kube-system, never our own
+namespace (so Envelope can always be repaired), never the user's extra list.
+Selects on kubernetes.io/metadata.name, which the API server sets and nobody can change.
+*/}}
+{{- define "envelope.namespaceSelector" -}}
+{{- $excluded := concat (list "kube-system" .Release.Namespace) .Values.webhooks.excludeNamespaces | uniq -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values:
+      {{- toYaml $excluded | nindent 6 }}
+{{- with .Values.webhooks.namespaceSelectorExpressions }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+clientConfig for one webhook. Args: dict "root" $ "path" "/mutate" "kind" KIND "webhook" NAME.
+caBundle:
+  provided    -> the value you gave;
+  certManager -> none here, cert-manager's cainjector writes it (inject-ca-from annotation);
+  self        -> the one already in the cluster (lookup), so `helm upgrade` never blanks
+                 what the webhook injected; none on first install / `helm template`.
+*/}}
+{{- define "envelope.clientConfig" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- if $v.webhooks.url -}}
+url: {{ printf "%s%s" (trimSuffix "/" $v.webhooks.url) .path | quote }}
+{{- else -}}
+service:
+  name: {{ include "envelope.fullname" $root }}
+  namespace: {{ $root.Release.Namespace }}
+  path: {{ .path }}
+  port: {{ $v.service.port }}
+{{- end }}
+{{- if eq $v.certificates.mode "provided" }}
+caBundle: {{ required "certificates.provided.caBundle is required when certificates.mode=provided" $v.certificates.provided.caBundle | quote }}
+{{- else if eq $v.certificates.mode "self" }}
+{{- $ca := include "envelope.existingCaBundle" (dict "root" $root "kind" .kind "webhook" .webhook) }}
+{{- if $ca }}
+caBundle: {{ $ca | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The caBundle the cluster already has for this webhook: the same entry of the same
+configuration first, then any entry of either configuration (they share one CA), then
+the trust bundle (ca-bundle.crt, else ca.crt) of the webhook's own Secret. Empty when nothing exists (first install, or
+`helm template`, where lookup returns nothing).
+*/}}
+{{- define "envelope.existingCaBundle" -}}
+{{- $root := .root -}}
+{{- $name := include "envelope.webhookConfigurationName" $root -}}
+{{- $found := "" -}}
+{{- $same := lookup "admissionregistration.k8s.io/v1" .kind "" $name -}}
+{{- range (default (list) (dig "webhooks" (list) $same)) -}}
+{{- if and (not $found) (eq .name $.webhook) -}}
+{{- $found = dig "clientConfig" "caBundle" "" . -}}
+{{- end -}}
+{{- end -}}
+{{- if not $found -}}
+{{- range $kind := list "MutatingWebhookConfiguration" "ValidatingWebhookConfiguration" -}}
+{{- $cfg := lookup "admissionregistration.k8s.io/v1" $kind "" $name -}}
+{{- range (default (list) (dig "webhooks" (list) $cfg)) -}}
+{{- if not $found -}}
+{{- $found = dig "clientConfig" "caBundle" "" . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $found -}}
+{{- $secret := lookup "v1" "Secret" $root.Release.Namespace (include "envelope.tlsSecretName" $root) -}}
+{{- $found = dig "data" "ca-bundle.crt" (dig "data" "ca.crt" "" $secret) $secret -}}
+{{- end -}}
+{{- $found -}}
+{{- end -}}
+
+{{/* certManager mode: cert-manager's cainjector writes caBundle from the Certificate. */}}
+{{- define "envelope.webhookAnnotations" -}}
+{{- if eq .Values.certificates.mode "certManager" -}}
+cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "envelope.certManagerCertificateName" .) }}
+{{- end -}}
+{{- end -}}
+
+{{/* Settings every webhook entry shares. */}}
+{{- define "envelope.webhookCommon" -}}
+admissionReviewVersions: ["v1"]
+sideEffects: None
+matchPolicy: {{ .Values.webhooks.matchPolicy }}
+timeoutSeconds: {{ .Values.webhooks.timeoutSeconds }}
+{{- end -}}
+
+{{/* Pods and the workload kinds that carry pod templates. */}}
+{{- define "envelope.rules.workloads" -}}
+- apiGroups: [""]
+  apiVersions: ["v1"]
+  resources: ["pods"]
+  operations: ["CREATE", "UPDATE"]
+  scope: Namespaced
+- apiGroups: ["apps"]
+  apiVersions: ["v1"]
+  resources: ["deployments", "replicasets", "statefulsets", "daemonsets"]
+  operations: ["CREATE", "UPDATE"]
+  scope: Namespaced
+- apiGroups: ["batch"]
+  apiVersions: ["v1"]
+  resources: ["jobs", "cronjobs"]
+  operations: ["CREATE", "UPDATE"]
+  scope: Namespaced
+{{- end -}}
+
+{{/* Quota trees. DELETE too: removing a NodePool or a parent changes what the rest
+guarantees. */}}
+{{- define "envelope.rules.quotas" -}}
+- apiGroups: ["kai.resources"]
+  apiVersions: ["v1alpha1"]
+  resources: ["nodepools", "departments", "projects"]
+  operations: ["CREATE", "UPDATE", "DELETE"]
+  scope: Cluster
+- apiGroups: ["scheduling.run.ai"]
+  apiVersions: ["v2"]
+  resources: ["queues"]
+  operations: ["CREATE", "UPDATE", "DELETE"]
+  scope: Cluster
+{{- end -}}
+
+{{/* Actor sandboxes. */}}
+{{- define "envelope.rules.actors" -}}
+- apiGroups: ["ate.dev"]
+  apiVersions: ["v1alpha1"]
+  resources: ["actortemplates", "workerpools"]
+  operations: ["CREATE", "UPDATE"]
+  scope: Namespaced
+{{- end -}}
