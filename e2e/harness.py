@@ -56,8 +56,8 @@ READY_TIMEOUT = 120.0
 """Seconds to wait for kube-apiserver's /readyz."""
 
 # Names used by the webhook registration (see register_webhook).
-MUTATING_WEBHOOK_NAME = "mutate.envelope.test"
-VALIDATING_WEBHOOK_NAME = "validate.envelope.test"
+MUTATING_WEBHOOK_NAME = "workloads.mutate.envelope.io"
+VALIDATING_WEBHOOK_NAME = "workloads.validate.envelope.io"
 WEBHOOK_CONFIGURATION_NAME = "envelope-e2e"
 PROBE_NAMESPACE = "envelope-e2e-probe"
 ISOLATED_NAMESPACE_LABEL = "envelope.test/isolated"
@@ -988,43 +988,9 @@ def start_webhook(
     )
 
 
-WEBHOOK_RULES: list[dict[str, Any]] = [
-    {
-        "apiGroups": [""],
-        "apiVersions": ["v1"],
-        "resources": ["pods"],
-        "operations": ["CREATE", "UPDATE"],
-        "scope": "Namespaced",
-    },
-    {
-        "apiGroups": ["apps"],
-        "apiVersions": ["v1"],
-        "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
-        "operations": ["CREATE", "UPDATE"],
-        "scope": "Namespaced",
-    },
-    {
-        "apiGroups": ["batch"],
-        "apiVersions": ["v1"],
-        "resources": ["jobs", "cronjobs"],
-        "operations": ["CREATE", "UPDATE"],
-        "scope": "Namespaced",
-    },
-]
-
-
-CRD_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["kai.resources"], "apiVersions": ["v1alpha1"],
-     "resources": ["nodepools", "departments", "projects"],
-     "operations": ["CREATE", "UPDATE", "DELETE"], "scope": "Cluster"},
-    {"apiGroups": ["scheduling.run.ai"], "apiVersions": ["v2"], "resources": ["queues"],
-     "operations": ["CREATE", "UPDATE", "DELETE"], "scope": "Cluster"},
-    {"apiGroups": ["ate.dev"], "apiVersions": ["v1alpha1"],
-     "resources": ["actortemplates", "workerpools"],
-     "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"},
-]
-
+CHART_DIR = REPO_ROOT / "charts" / "envelope"
 CRD_DIR = Path(__file__).resolve().parent / "crds"
+RELEASE_NAMESPACE = "envelope-e2e-system"
 
 
 def install_crds(cluster: Cluster, directory: Path = CRD_DIR, timeout: float = 60.0) -> list[str]:
@@ -1040,61 +1006,26 @@ def install_crds(cluster: Cluster, directory: Path = CRD_DIR, timeout: float = 6
     return names
 
 
-def webhook_configurations(base_url: str, ca_file: Path) -> list[dict[str, Any]]:
-    """Mutating + Validating WebhookConfiguration manifests for the webhook at
-    ``base_url`` (``/mutate`` and ``/validate``)."""
+def webhook_configurations(cluster: Cluster, base_url: str, ca_file: Path) -> str:
+    """The chart's Mutating + ValidatingWebhookConfiguration, rendered by the real
+    ``helm template`` in URL mode (``clientConfig.url`` = ``base_url``/mutate, /validate),
+    with the test CA as a provided bundle. Namespaces labelled
+    ``envelope.test/isolated`` are left to tests that run a webhook of their own."""
     ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
-    common: dict[str, Any] = {
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Fail",
-        "matchPolicy": "Equivalent",
-        "timeoutSeconds": 10,
-        "namespaceSelector": {
-            "matchExpressions": [
-                {
-                    "key": "kubernetes.io/metadata.name",
-                    "operator": "NotIn",
-                    "values": ["kube-system"],
-                },
-                {"key": ISOLATED_NAMESPACE_LABEL, "operator": "DoesNotExist"},
-            ]
-        },
-        "rules": WEBHOOK_RULES,
-    }
-    mutating = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIGURATION_NAME},
-        "webhooks": [
-            {
-                "name": MUTATING_WEBHOOK_NAME,
-                "clientConfig": {"url": f"{base_url}/mutate", "caBundle": ca_bundle},
-                "reinvocationPolicy": "IfNeeded",
-                **common,
-            }
-        ],
-    }
-    validating = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIGURATION_NAME},
-        "webhooks": [
-            {
-                "name": VALIDATING_WEBHOOK_NAME,
-                "clientConfig": {"url": f"{base_url}/validate", "caBundle": ca_bundle},
-                **common,
-            },
-            {
-                # Our CRD kinds. Cluster-scoped objects are not filtered by a
-                # namespaceSelector, so these get an entry of their own.
-                "name": "crds." + VALIDATING_WEBHOOK_NAME,
-                "clientConfig": {"url": f"{base_url}/validate", "caBundle": ca_bundle},
-                **{**common, "rules": CRD_RULES},
-            },
-        ],
-    }
-    return [mutating, validating]
+    selector = json.dumps([{"key": ISOLATED_NAMESPACE_LABEL, "operator": "DoesNotExist"}])
+    result = cluster.helm(
+        "template", WEBHOOK_CONFIGURATION_NAME, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
+        "--set", f"webhooks.url={base_url}",
+        "--set", "webhooks.timeoutSeconds=10",
+        # Fail rather than Ignore: a webhook that cannot be reached must fail the test.
+        "--set", "webhooks.workloads.mutate.failurePolicy=Fail",
+        "--set", "certificates.mode=provided",
+        "--set", "certificates.provided.secretName=unused-in-url-mode",
+        "--set", f"certificates.provided.caBundle={ca_bundle}",
+        "--set-json", f"webhooks.namespaceSelectorExpressions={selector}",
+        "--show-only", "templates/webhooks.yaml",
+    )
+    return result.stdout
 
 
 def _webhook_requests_answered(cluster: Cluster) -> set[str]:
@@ -1147,8 +1078,7 @@ def register_webhook(cluster: Cluster, webhook: Webhook, timeout: float = 60.0) 
     the mutating and the validating webhook. This does not depend on what the
     webhook does to the Pod.
     """
-    for manifest in webhook_configurations(webhook.url, webhook.ca_file):
-        cluster.apply(manifest)
+    cluster.apply(webhook_configurations(cluster, webhook.url, webhook.ca_file))
     if cluster.kubectl("get", "namespace", PROBE_NAMESPACE, check=False).returncode != 0:
         cluster.create_namespace(PROBE_NAMESPACE)
     probe = json.dumps(probe_pod())
