@@ -11,7 +11,7 @@ METRICS_PORT ?= 9090
 ENVELOPE_CONTROLPLANE_DIR ?= $(HOME)/.cache/envelope/controlplane
 export ENVELOPE_CONTROLPLANE_DIR
 
-.PHONY: run test unit e2e lint fmt bench controlplane clean
+.PHONY: run test unit e2e lint fmt bench bench-apiserver bench-cache bench-quotas install controlplane clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,8 +42,20 @@ lint: $(STAMP)
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix app tests e2e bench
 
+install: $(STAMP)
+
+# Benchmarks are run by hand and recorded in docs/benchmarks.md; never in `make test`.
 bench: $(STAMP)
 	$(PY) bench/webhook.py
+
+bench-apiserver: $(STAMP) controlplane
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/apiserver.py
+
+bench-cache: $(STAMP)
+	$(PY) bench/cache.py
+
+bench-quotas: $(STAMP)
+	$(PY) bench/quotas.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

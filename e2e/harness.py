@@ -728,6 +728,21 @@ class Cluster:
         self.stop()
 
 
+def external_cluster(kubeconfig: Path, workdir: Path) -> Cluster:
+    """A Cluster for an existing API server (kind, for users with Docker), driven by
+    the kubectl and helm on PATH. No processes are ours to stop."""
+    tools = [shutil.which(t) for t in ("kubectl", "helm")]
+    if not all(tools):
+        raise HarnessError("ENVELOPE_E2E_KUBECONFIG needs kubectl and helm on PATH")
+    bin_dir = Path(str(tools[0])).parent
+    api_url = subprocess.run(
+        [str(tools[0]), f"--kubeconfig={kubeconfig}", "config", "view", "--minify",
+         "-o", "jsonpath={.clusters[0].cluster.server}"],
+        capture_output=True, text=True, check=True).stdout
+    return Cluster(bin_dir=bin_dir, workdir=workdir, kubeconfig=kubeconfig, api_url=api_url,
+                   pki=None, etcd_url="")  # type: ignore[arg-type]
+
+
 def _kubeconfig_yaml(api_url: str, pki: ControlPlanePKI) -> str:
     return f"""apiVersion: v1
 kind: Config
