@@ -79,7 +79,7 @@ def test_errors_exit_1_over_a_directory_and_stdin(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("kind: [unclosed", "line 1"),
+        ("kind: [unclosed", "not valid YAML"),
         ("- a\n- b\n", "document 1: expected a Kubernetes object"),
         ("apiVersion: v1\nkind: Pod\n---\nmetadata: {}\n", "document 2: apiVersion is missing"),
     ],

@@ -13,6 +13,8 @@ import yaml
 __all__ = ["LoadError", "Manifest", "load_manifests"]
 
 SUFFIXES = (".yaml", ".yml", ".json")
+#: libyaml's safe loader when PyYAML was built with it (the wheels are): 4x faster.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class LoadError(ValueError):
@@ -61,7 +63,7 @@ def load_manifests(paths: list[str]) -> list[Manifest]:
     out: list[Manifest] = []
     for source, text in (f for path in paths for f in _files(path)):
         try:
-            docs = list(yaml.safe_load_all(text))
+            docs = list(yaml.load_all(text, Loader=_LOADER))
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""

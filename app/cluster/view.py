@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["INDEXES", "ClusterView", "StaticView", "Store", "register_index"]
+__all__ = ["INDEXES", "NODE_LABEL", "ClusterView", "StaticView", "Store", "register_index"]
 
 Indexer = Callable[[dict[str, Any]], Iterable[str]]
 Key = tuple[str, str]
@@ -25,6 +25,17 @@ INDEXES: dict[tuple[str, str], Indexer] = {}
 def register_index(kind: str, name: str, fn: Indexer) -> None:
     """Declare an index; rule modules call this at import time."""
     INDEXES[(kind, name)] = fn
+
+
+def _node_labels(node: dict[str, Any]) -> list[str]:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return [f"{k}={v}" for k, v in labels.items()] if isinstance(labels, dict) else []
+
+
+#: Nodes by ``key=value`` label pair: shared by node-fit (nodeSelector) and KAI node
+#: pools (labelKey/labelValue), so the pairs are indexed once.
+NODE_LABEL = "label"
+register_index("Node", NODE_LABEL, _node_labels)
 
 
 class ClusterView(Protocol):

@@ -3,9 +3,9 @@
 Importing a family module registers its rules; this package imports them all.
 """
 
-from app.rules import actors, namespace, workloads
+from app.rules import actors, namespace, quotas, workloads
 from app.rules.base import RULES, Finding, Rule, Subject
 
-FAMILIES = (workloads, namespace, actors)
+FAMILIES = (workloads, namespace, quotas, actors)
 
 __all__ = ["FAMILIES", "RULES", "Finding", "Rule", "Subject"]

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
-from app.cluster.view import ClusterView, register_index
+from app.cluster.view import NODE_LABEL, ClusterView
 from app.config import Mode, Policy
 from app.envelope import pod_amount
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
@@ -112,8 +112,6 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 
 # --- pod fits a node --------------------------------------------------------------
 
-register_index("Node", "label", lambda n: [
-    f"{k}={v}" for k, v in ((n.get("metadata") or {}).get("labels") or {}).items()])
 
 _CAPACITY_CACHE: OrderedDict[tuple[int, int, tuple[tuple[str, str], ...]], dict[str, Any]] = (
     OrderedDict())
@@ -143,7 +141,7 @@ def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]
     if cached is not None:
         return cached
     if pairs:
-        candidates = min((view.by_index("Node", "label", f"{k}={v}") for k, v in pairs), key=len)
+        candidates = min((view.by_index("Node", NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
     else:
         candidates = view.list("Node")
     best: dict[str, Any] = {"nodes": 0, "cpu": (Decimal(0), ""), "memory": (Decimal(0), "")}

@@ -1,0 +1,198 @@
+"""Cost of the KAI quota rules: admission latency against cluster size, and `envelope check`.
+
+Run by hand (``.venv/bin/python bench/quotas.py``), not in the test suite.
+
+1. Admission: ``engine.evaluate(..., "validate")`` in-process for a Project UPDATE that
+   grows a guarantee (so every rule runs its full path), in a view of 10,000 Projects,
+   1,000 Departments, 50 NodePools and 5,000 Nodes, against the same update in a
+   10-project cluster. Every request carries a new spec, as real requests do (the
+   siblings it reads are the cluster's, parsed once). Targets: p99 ratio <= 1.5x,
+   p99 <= 5 ms. Two Department UPDATEs are measured too: one on a labelled pool (pool
+   capacity, shrink, limits) and one on the default pool, whose capacity is the one
+   answer that reads every Node.
+2. ``envelope check -f DIR`` wall time, as a fresh process, over a generated
+   10,000-project tenancy. Target: < 5 s. The time of loading the YAML alone is
+   printed beside it, because it is most of the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import app.rules.quotas  # noqa: E402, F401  (registers the rules and their indexes)
+from app.cluster.view import StaticView  # noqa: E402
+from app.config import Policy  # noqa: E402
+from app.engine import evaluate  # noqa: E402
+from app.rules import Subject  # noqa: E402
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_tenancy", ROOT / "examples" / "make_tenancy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_tenancy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TENANCY = _generator()
+
+
+def cluster(departments: int, pools: int) -> list[dict[str, Any]]:
+    """The generated tenancy, plus 4 unlabelled 8-card nodes (the default pool) and a
+    department "shared" guaranteed 20 of their 32 cards."""
+    files = TENANCY.scaled(departments, projects_per_department=10, pools=pools, nodes_per_department=5)
+    objects = [obj for text in files.values() for obj in TENANCY.load(text)]
+    objects += [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"shared-{i}", "labels": {}},
+                 "status": {"allocatable": {"nvidia.com/gpu": "8"}}} for i in range(4)]
+    objects.append({"apiVersion": "kai.resources/v1alpha1", "kind": "Department",
+                    "metadata": {"name": "shared"},
+                    "spec": {"queues": [{"name": "shared", "nodepool": "default",
+                                         "resources": {"gpu": {"deserved": 20, "limit": -1}}}]}})
+    return objects
+
+
+def _named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def _update(old: dict[str, Any], gpu: float) -> Callable[[int], Subject]:
+    """Subjects for UPDATEs of ``old``: gpu deserved set to ``gpu``, cpu different each time."""
+
+    def make(i: int) -> Subject:
+        new = copy.deepcopy(old)
+        resources = new["spec"]["queues"][0]["resources"]
+        resources["gpu"]["deserved"] = gpu
+        resources["cpu"] = {"deserved": 0, "limit": 1000 + i, "overQuotaWeight": 1}
+        return Subject("kai.resources", "v1alpha1", old["kind"], "UPDATE", "",
+                       old["metadata"]["name"], new, old)
+
+    return make
+
+
+def latencies(view: StaticView, subjects: list[Subject]) -> list[float]:
+    policy = Policy()
+    out = []
+    for subject in subjects:
+        start = time.perf_counter_ns()
+        result = evaluate(subject, view, policy, "validate")
+        out.append((time.perf_counter_ns() - start) / 1e6)
+        assert not result.errors and not result.internal_errors, (result.findings, result.internal_errors)
+    return sorted(out)
+
+
+def _p(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def admission(n: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Both views are built first and frozen out of the garbage collector
+    (``gc.freeze``, as a long-lived cache would be); then rounds of ``n`` requests
+    alternate between them, so noise from the machine lands on both alike. A case's
+    p99 is the median of its rounds' p99s; p50 and mean are over every request."""
+    views = {}
+    for label, departments, pools in (("small", 1, 2), ("large", 1000, 50)):
+        objects = cluster(departments, pools)
+        counts = {k: sum(o["kind"] == k for o in objects)
+                  for k in ("Project", "Department", "NodePool", "Node")}
+        print(f"{label} view: {counts}")
+        project = _named(objects, "Project", "dept-0000-p09")  # 3 of the department's 39 cards
+        department = _named(objects, "Department", "dept-0000")
+        views[label] = (StaticView(objects), {
+            "project": _update(project, 4), "department": _update(department, 40),
+            "default-pool": _update(_named(objects, "Department", "shared"), 21)})
+    gc.collect()
+    gc.freeze()
+    seen: dict[str, list[float]] = {}
+    p99s: dict[str, list[float]] = {}
+    for r in range(rounds + 1):
+        for label, (view, makers) in views.items():
+            for what, make in makers.items():
+                values = latencies(view, [make(r * n + i) for i in range(n)])
+                if r == 0:
+                    continue  # warm-up round
+                seen.setdefault(f"{what}/{label}", []).extend(values)
+                p99s.setdefault(f"{what}/{label}", []).append(_p(values, 0.99))
+    gc.unfreeze()
+    return {case: {"p50": statistics.median(values), "p99": statistics.median(p99s[case]),
+                   "mean": statistics.fmean(values)} for case, values in seen.items()}
+
+
+_CHECK = "import sys, app.rules.quotas; from app.cli import main; sys.exit(main(['check', '-f', {dir!r}]))"
+# The two changes this benchmark suggests outside the quota rules: libyaml's loader in
+# app/cluster/static.py, and gc.freeze() once the view is built in app/cli.py (the view
+# is long-lived; without it every collection walks a million loaded objects).
+_LIBYAML = ("import gc, yaml, app.cli as c, app.cluster.static as s; "
+            "s.yaml.safe_load_all = lambda t: yaml.load_all(t, Loader=yaml.CSafeLoader); "
+            "V = c.StaticView; c.StaticView = lambda o: (V(o), gc.freeze())[0]; ")
+_LOAD = ("import time; from app.cluster.static import load_manifests; t = time.perf_counter(); "
+         "load_manifests([{dir!r}]); print(time.perf_counter() - t)")
+
+
+def _timed(code: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    return time.perf_counter() - start, done
+
+
+def check_wall_time(departments: int) -> dict[str, float]:
+    """``envelope check`` as a fresh process; then the YAML loading alone; then the
+    check again with libyaml's CSafeLoader in place of PyYAML's pure-Python loader
+    (what ``app/cluster/static.py`` uses today) and the view frozen out of the garbage
+    collector, to show where the time goes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        target = str(Path(tmp) / "tenancy")
+        TENANCY.write(TENANCY.scaled(departments), Path(target))
+        wall, done = _timed(_CHECK.format(dir=target))
+        summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+        print(f"envelope check: exit {done.returncode}; {summary}")
+        _, loaded = _timed(_LOAD.format(dir=target))
+        fast, _ = _timed(_LIBYAML + _CHECK.format(dir=target))
+        return {"wall": wall, "load": float(loaded.stdout.strip() or "nan"), "libyaml": fast,
+                "exit": done.returncode}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=1000, help="requests per case and round")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--skip-check", action="store_true")
+    args = parser.parse_args(argv)
+
+    results = admission(args.n, args.rounds)
+    print(f"\n{'case':<22}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
+    for case, r in results.items():
+        print(f"{case:<22}{r['p50']:>9.3f}{r['p99']:>9.3f}{r['mean']:>9.3f}")
+    ok = True
+    for what in ("project", "department", "default-pool"):
+        ratio = results[f"{what}/large"]["p99"] / results[f"{what}/small"]["p99"]
+        p99 = results[f"{what}/large"]["p99"]
+        print(f"{what + ' update:':<21} p99 large/small = {ratio:.2f}x (target <= 1.5x), "
+              f"p99 large = {p99:.3f} ms (target <= 5 ms)")
+        ok = ok and (what != "project" or (ratio <= 1.5 and p99 <= 5))
+    if not args.skip_check:
+        check = check_wall_time(1000)
+        print(f"envelope check over 10,000 projects: {check['wall']:.2f} s wall (target < 5 s), "
+              f"of which loading the YAML {check['load']:.2f} s; with libyaml's CSafeLoader and "
+              f"gc.freeze() {check['libyaml']:.2f} s")
+        ok = ok and check["wall"] < 5 and check["exit"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
