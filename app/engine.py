@@ -83,13 +83,16 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
     if not rules:
         return out
     original = subject.obj
-    working = json_copy(original) if phase == "mutate" and original is not None else original
+    working, copied = original, False
     for rule in rules:
         mode = policy.mode(rule.id)
-        # A mutation in warn mode runs on a scratch copy and is then dropped.
         target = working
-        if phase == "mutate" and mode is not Mode.ENFORCE:
-            target = json_copy(working)
+        if phase == "mutate" and rule.mutates and original is not None:
+            if mode is not Mode.ENFORCE:  # warn: run on a scratch copy, then drop it
+                target = json_copy(working)
+            elif not copied:
+                working = target = json_copy(original)
+                copied = True
         if rule.reads:
             problems = view.problems(rule.reads)
             if problems:
@@ -106,7 +109,7 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
             continue
         _apply_mode(found, mode, out)
     out.obj = working
-    if phase == "mutate" and original is not None and working is not None:
+    if copied:
         out.patch = diff(original, working)
     return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["diff", "pointer"]
+__all__ = ["diff"]
 
 
 def _escape(token: object) -> str:
@@ -17,11 +17,6 @@ def _escape(token: object) -> str:
     if "~" in text or "/" in text:
         return text.replace("~", "~0").replace("/", "~1")
     return text
-
-
-def pointer(*tokens: object) -> str:
-    """A JSON pointer: ``pointer("metadata", "annotations", "a/b")`` -> ``/metadata/annotations/a~1b``."""
-    return "".join("/" + _escape(t) for t in tokens)
 
 
 def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
@@ -34,11 +29,10 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             if key not in new:
                 ops.append({"op": "remove", "path": path + "/" + _escape(key)})
         for key, value in new.items():
-            sub = path + "/" + _escape(key)
             if key not in old:
-                ops.append({"op": "add", "path": sub, "value": value})
+                ops.append({"op": "add", "path": path + "/" + _escape(key), "value": value})
             elif old[key] != value:  # C-speed equality prunes unchanged subtrees
-                ops.extend(diff(old[key], value, sub))
+                ops.extend(diff(old[key], value, path + "/" + _escape(key)))
         return ops
     if isinstance(old, list):
         if len(old) != len(new):

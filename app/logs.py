@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from typing import Any
 
 import orjson
 
-__all__ = ["setup_logging"]
+__all__ = ["admission_log", "setup_logging"]
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,6 +33,32 @@ def setup_logging(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    admission_log.enabled = root.isEnabledFor(logging.INFO)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
+
+class AdmissionLog:
+    """One JSON line per review, written straight to stderr.
+
+    The same shape as the formatter's lines, without the logging machinery, which
+    cost a fifth of a review's time on the hot path.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = True
+
+    def write(self, fields: dict[str, Any]) -> None:
+        line = orjson.dumps({"ts": round(time.time(), 3), "level": "info",
+                             "logger": "envelope.admission", "msg": "admission", **fields},
+                            default=str)
+        stream = sys.stderr
+        try:
+            stream.buffer.write(line + b"\n")
+            stream.buffer.flush()
+        except (AttributeError, ValueError):  # no binary buffer (captured) or closed
+            stream.write(line.decode() + "\n")
+
+
+admission_log = AdmissionLog()

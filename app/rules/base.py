@@ -67,6 +67,8 @@ class Rule:
     fn: RuleFn
     summary: str
     operations: frozenset[str] = frozenset({"CREATE", "UPDATE"})
+    mutates: bool = True
+    """A mutate-phase rule that only reads (a guard) says False: no copy is made for it."""
     order: int = 100
     """Rules of a phase run in this order (guards that others consult run first)."""
     reads: frozenset[str] = frozenset()

@@ -259,11 +259,11 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
 for _rule in (
     Rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN, quota_needs_cpu_limits,
          "a ResourceQuota on limits.cpu: keep CPU limits (warn) or refuse (enforce)",
-         order=10, reads=frozenset({"ResourceQuota"})),
+         mutates=False, order=10, reads=frozenset({"ResourceQuota"})),
     Rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
          limitrange_needs_cpu_limits,
          "a LimitRange with max.cpu or maxLimitRequestRatio.cpu: keep CPU limits or refuse",
-         order=10, reads=frozenset({"LimitRange"})),
+         mutates=False, order=10, reads=frozenset({"LimitRange"})),
     Rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
          limitrange_default_below_request,
          "a LimitRange default CPU limit below a container's CPU request",
