@@ -9,6 +9,7 @@ Department d" without scanning every Project.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -17,6 +18,10 @@ __all__ = ["INDEXES", "NODE_LABEL", "ClusterView", "StaticView", "Store", "regis
 
 Indexer = Callable[[dict[str, Any]], Iterable[str]]
 Key = tuple[str, str]
+
+#: Versions come from one counter for every Store, so a version names one state of one
+#: kind in one store: caches may key on it alone (an id() of a view can be reused).
+_CHANGES = itertools.count(1)
 
 #: (kind, index name) -> function giving the index values of an object.
 INDEXES: dict[tuple[str, str], Indexer] = {}
@@ -55,7 +60,8 @@ class ClusterView(Protocol):
         ...
 
     def version(self, kind: str) -> int:
-        """Grows on every change to ``kind``: lets a rule cache what it derives."""
+        """Changes on every change to ``kind``, unique across views (0: never had any):
+        lets a rule cache what it derives, keyed by the version alone."""
         ...
 
     def count(self, kind: str) -> int:
@@ -108,7 +114,7 @@ class Store:
                 if old == obj:
                     return  # e.g. a Node heartbeat: nothing a rule reads changed
                 self._unlink(kind, key, old)
-            self._versions[kind] = self._versions.get(kind, 0) + 1
+            self._versions[kind] = next(_CHANGES)
             self._by_kind.setdefault(kind, {})[key] = obj
             self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
             for name, value in self._index_values(kind, obj):
@@ -120,7 +126,7 @@ class Store:
             old = self._by_kind.get(kind, {}).pop(key, None)
             if old is not None:
                 self._unlink(kind, key, old)
-                self._versions[kind] = self._versions.get(kind, 0) + 1
+                self._versions[kind] = next(_CHANGES)
 
     def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
         """Swap every object of ``kind`` (after a re-list)."""
@@ -128,7 +134,7 @@ class Store:
             for key, old in list(self._by_kind.get(kind, {}).items()):
                 self._unlink(kind, key, old)
             self._by_kind[kind] = {}
-            self._versions[kind] = self._versions.get(kind, 0) + 1
+            self._versions[kind] = next(_CHANGES)
         for obj in objects:
             self.add(obj, kind)
 

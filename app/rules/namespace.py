@@ -113,8 +113,7 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 # --- pod fits a node --------------------------------------------------------------
 
 
-_CAPACITY_CACHE: OrderedDict[tuple[int, int, tuple[tuple[str, str], ...]], dict[str, Any]] = (
-    OrderedDict())
+_CAPACITY_CACHE: OrderedDict[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = OrderedDict()
 
 
 def _allocatable(node: dict[str, Any], name: str) -> Decimal:
@@ -131,12 +130,12 @@ def _allocatable(node: dict[str, Any], name: str) -> Decimal:
 def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]:
     """The largest schedulable node's cpu and memory among nodes matching ``selector``.
 
-    Cached per (view, Node version, selector): recomputed only when a Node changes in
+    Cached per (Node version, selector): recomputed only when a Node changes in
     a way rules can see (heartbeats do not count), so admission cost does not grow
     with the number of nodes.
     """
     pairs = tuple(sorted(selector.items()))
-    key = (id(view), view.version("Node"), pairs)
+    key = (view.version("Node"), pairs)
     cached = _CAPACITY_CACHE.get(key)
     if cached is not None:
         return cached

@@ -22,7 +22,6 @@ everything, once per object involved.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -316,19 +315,19 @@ class Capacity:
     cards: Decimal
 
 
-_capacity: Memo[Hashable, tuple[list[dict[str, Any]], Capacity]] = Memo(1024)
+_capacity: Memo[Hashable, Capacity] = Memo(1024)
 
 
-def _cards(key: Hashable, nodes: list[dict[str, Any]],
+def _cards(after: After, key: Hashable, nodes: Callable[[], list[dict[str, Any]]],
            select: Callable[[dict[str, Any]], bool] | None = None) -> Capacity:
-    """Nodes and cards among ``nodes`` (those ``select`` keeps), remembered while the
-    same node objects are there (the Store replaces an object on every change, never
-    edits it in place, so identity means "unchanged")."""
-    found = _capacity.get(key)
-    if found is not None and len(found[0]) == len(nodes) and all(map(operator.is_, found[0], nodes)):
-        return found[1]
-    mine = [n for n in nodes if select(n)] if select else nodes
-    return _capacity.put(key, (nodes, Capacity(len(mine), sum((node_cards(n) for n in mine), ZERO))))[1]
+    """Nodes and cards among ``nodes()`` (those ``select`` keeps), remembered until a
+    Node changes in the view (its Node version moves), so no request recounts them."""
+    full_key = (key, after.view.version("Node"))
+    found = _capacity.get(full_key)
+    if found is not None:
+        return found
+    mine = [n for n in nodes() if select(n)] if select else nodes()
+    return _capacity.put(full_key, Capacity(len(mine), sum((node_cards(n) for n in mine), ZERO)))
 
 
 def _label_pairs(after: After) -> frozenset[tuple[str, str]]:
@@ -354,12 +353,12 @@ def pool_capacity(after: After, pool: str) -> Capacity:
     is every node no labelled pool selects, the one answer that needs every Node."""
     if pool == DEFAULT_POOL:
         pairs = _label_pairs(after)
-        return _cards((DEFAULT_POOL, pairs), after.view.list("Node"), _outside(pairs))
+        return _cards(after, (DEFAULT_POOL, pairs), lambda: after.view.list("Node"), _outside(pairs))
     spec = typed_spec("NodePool", after.get("NodePool", pool))
     if not isinstance(spec, NodePoolSpec) or not spec.label_key:
         return Capacity(0, ZERO)
     pair = f"{spec.label_key}={spec.label_value or ''}"
-    return _cards(pair, after.by_index("Node", NODE_LABEL, pair))
+    return _cards(after, pair, lambda: after.by_index("Node", NODE_LABEL, pair))
 
 
 # --- messages -------------------------------------------------------------------------
