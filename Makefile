@@ -26,12 +26,15 @@ run: $(STAMP)
 
 test: lint unit e2e
 
+# Unit and HTTP tests: no control plane needed.
 unit: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not e2e"
 
+# Everything on a real kube-apiserver + etcd: the scenarios in e2e/ and the chart's
+# install tests in tests/test_chart.py.
 e2e: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) \
-		$(PY) -m pytest e2e
+		$(PY) -m pytest e2e tests -m e2e
 
 controlplane:
 	@bash e2e/controlplane/build.sh >/dev/null
