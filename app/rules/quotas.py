@@ -637,6 +637,13 @@ def _raised(prev: Slot | None, slot: Slot, resource: Resource) -> bool:
     return prev is None or grew(prev.guarantee(resource), mine)
 
 
+def _overflow(children: list[Slot], parent: Slot, r: Resource) -> tuple[Decimal, Decimal] | None:
+    """(children's summed guarantee, parent's) when the children do not fit, else None:
+    the one comparison behind rules 1 and 8 for departments and KAI queues alike."""
+    demand, cap = total(s.guarantee(r) for s in children), parent.guarantee(r)
+    return (demand, cap) if exceeds(demand, cap) else None
+
+
 def _project_sum(subject: Subject, obj: dict[str, Any], after: After) -> list[Finding]:
     spec = typed_spec("Project", obj)
     mine = slots("Project", obj)
@@ -655,8 +662,9 @@ def _project_sum(subject: Subject, obj: dict[str, Any], after: After) -> list[Fi
             if siblings is None:
                 siblings = _all_slots("Project", after.by_index("Project", PARENT, spec.parent))
             on_pool = [s for s in siblings if s.pool == slot.pool]
-            demand, cap = total(s.guarantee(r) for s in on_pool), cap_slot.guarantee(r)
-            if exceeds(demand, cap):
+            over = _overflow(on_pool, cap_slot, r)
+            if over:
+                demand, cap = over
                 findings.append(Finding(
                     "error", "kai-guarantee-sum", slot.field_path(r, "deserved"),
                     f"{cap_slot.where}: projects are guaranteed {describe(r, demand)} in total but "
@@ -684,8 +692,9 @@ def _queue_sum(subject: Subject, obj: dict[str, Any], after: After) -> list[Find
         if not _raised(prev, slot, r):
             continue
         children = _all_slots("Queue", after.by_index("Queue", PARENT, spec.parent_queue))
-        demand, cap = total(s.guarantee(r) for s in children), cap_slot.guarantee(r)
-        if exceeds(demand, cap):
+        over = _overflow(children, cap_slot, r)
+        if over:
+            demand, cap = over
             findings.append(Finding(
                 "error", "kai-guarantee-sum", slot.field_path(r, "quota"),
                 f"{cap_slot.queue}: child queues are guaranteed {describe(r, demand)} in total but "
@@ -725,8 +734,9 @@ def _department_shrink(subject: Subject, obj: dict[str, Any], after: After) -> l
         for r in RESOURCES:
             if not on_pool or not _lowered(before.get(slot.pool), slot, r):
                 continue
-            demand, cap = total(s.guarantee(r) for s in on_pool), slot.guarantee(r)
-            if exceeds(demand, cap):
+            over = _overflow(on_pool, slot, r)
+            if over:
+                demand, cap = over
                 findings.append(Finding(
                     "error", "kai-shrink", slot.field_path(r, "deserved"),
                     f"{slot.where}: projects already hold {describe(r, demand)} of guarantees but "
@@ -755,8 +765,9 @@ def _queue_shrink(subject: Subject, obj: dict[str, Any], after: After) -> list[F
     for r in RESOURCES:
         if not children or not _lowered(prev, slot, r):
             continue
-        demand, cap = total(s.guarantee(r) for s in children), slot.guarantee(r)
-        if exceeds(demand, cap):
+        over = _overflow(children, slot, r)
+        if over:
+            demand, cap = over
             findings.append(Finding(
                 "error", "kai-shrink", slot.field_path(r, "quota"),
                 f"{slot.queue}: child queues already hold {describe(r, demand)} of quota but the "
