@@ -70,8 +70,12 @@ class ClusterView(Protocol):
 
 
 def _key(obj: dict[str, Any]) -> Key:
-    meta = obj.get("metadata") or {}
-    return (meta.get("namespace") or "", meta.get("name") or "")
+    """(namespace, name); malformed metadata (from a hand-written file) keys as ("", "")."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return ("", "")
+    namespace, name = meta.get("namespace"), meta.get("name")
+    return (namespace if isinstance(namespace, str) else "", name if isinstance(name, str) else "")
 
 
 class Store:
