@@ -194,3 +194,11 @@ def test_unsupported_kinds_untouched() -> None:
            "data": {"limits": "cpu=1"}}
     result = run(obj)
     assert result.patch == [] and result.findings == []
+
+
+def test_unparsable_cpu_limit_is_reported_where_it_was_written() -> None:
+    obj = workload("Deployment", [container(limits={"cpu": "lots", "memory": "1Gi"})])
+    result = run(obj)
+    assert result.patch == []
+    [error] = result.errors
+    assert error.path.endswith("limits.cpu") and "'lots' is not a quantity" in error.message

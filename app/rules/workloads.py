@@ -122,6 +122,14 @@ def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bo
     return False
 
 
+def _parses(value: object) -> bool:
+    try:
+        parse_quantity(value)
+    except QuantityError:
+        return False
+    return True
+
+
 def _frozen_pod(subject: Subject) -> bool:
     """Pod resources are immutable after creation (bar in-place resize): never
     mutate a Pod UPDATE, and do not re-judge an update that leaves resources alone."""
@@ -167,6 +175,10 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
     qos_lost = _guaranteed_with_whole_cores(subject, obj)
     findings = []
     for holder in holders(subject, obj):
+        limits = holder.resources.get("limits")
+        limit = limits.get("cpu") if isinstance(limits, dict) else None
+        if limit is not None and not _parses(limit):
+            continue  # left where it was written; the quantities rule names it
         moved = move_cpu_limit_to_request(holder.resources)
         if moved is None:
             continue
