@@ -106,6 +106,11 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
             out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
+            if target is working and copied:
+                # It may have half-changed the object: patch nothing at all, and let
+                # the failure mode decide (allow then means "unmodified", like Ignore).
+                working, copied = original, False
+                break
             continue
         _apply_mode(found, mode, out)
     out.obj = working

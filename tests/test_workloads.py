@@ -202,3 +202,21 @@ def test_unparsable_cpu_limit_is_reported_where_it_was_written() -> None:
     assert result.patch == []
     [error] = result.errors
     assert error.path.endswith("limits.cpu") and "'lots' is not a quantity" in error.message
+
+
+def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from app.rules import RULES
+    from app.rules.workloads import fill_memory_limit
+
+    def half_then_crash(subject, obj, view, policy):  # type: ignore[no-untyped-def]
+        fill_memory_limit(subject, obj, view, policy)
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(RULES, "memory-limit", replace(RULES["memory-limit"], fn=half_then_crash))
+    monkeypatch.setattr("app.engine._BY_KIND", {})
+    obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"cpu": "2"})])
+    result = mutate(obj)
+    assert result.patch == [] and result.obj is obj
+    assert result.internal_errors == ["memory-limit: RuntimeError: boom"]
