@@ -22,7 +22,7 @@ from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
 from app.engine import evaluate
 from app.logs import admission_log
-from app.rules.base import Phase
+from app.rules.base import RULES, Phase
 
 __all__ = ["MAX_BODY", "Metrics", "create_app"]
 
@@ -83,6 +83,7 @@ def create_app(
     app.state.view = view or StaticView()
     app.state.metrics = metrics or Metrics()
     checks = ready_checks if ready_checks is not None else {}
+    known_kinds = {kind for rule in RULES.values() for _, kind in rule.kinds}
 
     async def review(request: Request, phase: Phase) -> Response:
         started = time.perf_counter()
@@ -105,8 +106,10 @@ def create_app(
                                 500)
         elapsed = time.perf_counter() - started
         m: Metrics = app.state.metrics
-        m.requests.labels(phase, subject.kind, decision.word).inc()
-        m.latency.labels(phase, subject.kind, decision.word).observe(elapsed)
+        # Bounded label values: whoever reaches the port must not grow our series.
+        kind = subject.kind if subject.kind in known_kinds else "other"
+        m.requests.labels(phase, kind, decision.word).inc()
+        m.latency.labels(phase, kind, decision.word).observe(elapsed)
         if admission_log.enabled:
             record: dict[str, Any] = {
                 "uid": uid, "kind": subject.kind, "namespace": subject.namespace,
