@@ -16,7 +16,7 @@ from app.config import Mode, Policy
 from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules import RULES, Finding, Rule, Subject
-from app.rules.base import Phase
+from app.rules.base import COPIERS, Phase
 
 __all__ = ["Evaluation", "check_object", "evaluate", "json_copy", "rules_for"]
 
@@ -84,6 +84,7 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
         return out
     original = subject.obj
     working, copied = original, False
+    copier = COPIERS.get((subject.group, subject.kind))
     for rule in rules:
         mode = policy.mode(rule.id)
         target = working
@@ -91,7 +92,7 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
             if mode is not Mode.ENFORCE:  # warn: run on a scratch copy, then drop it
                 target = json_copy(working)
             elif not copied:
-                working = target = json_copy(original)
+                working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
         if rule.reads:
             problems = view.problems(rule.reads)

@@ -31,7 +31,8 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
         for key, value in new.items():
             if key not in old:
                 ops.append({"op": "add", "path": path + "/" + _escape(key), "value": value})
-            elif old[key] != value:  # C-speed equality prunes unchanged subtrees
+            elif old[key] is not value and old[key] != value:
+                # identity first (parts a copier shared), then C-speed equality
                 ops.extend(diff(old[key], value, path + "/" + _escape(key)))
         return ops
     if isinstance(old, list):
@@ -39,7 +40,7 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             return [{"op": "replace", "path": path, "value": new}]
         ops = []
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            if a != b:
+            if a is not b and a != b:
                 ops.extend(diff(a, b, f"{path}/{i}"))
         return ops
     if old != new:

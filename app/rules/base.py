@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from app.cluster.view import ClusterView
     from app.config import Mode, Policy
 
-__all__ = ["RULES", "Finding", "Phase", "Rule", "Subject", "register"]
+__all__ = ["COPIERS", "RULES", "Finding", "Phase", "Rule", "Subject", "register"]
 
 Severity = Literal["error", "warning", "change"]
 Phase = Literal["mutate", "validate"]
@@ -77,6 +77,14 @@ class Rule:
 
 
 RULES: dict[str, Rule] = {}
+
+Copier = Callable[["Subject", dict[str, Any]], dict[str, Any]]
+
+#: (API group, kind) -> how to copy an object before mutating rules change it: a family
+#: that knows which parts its rules touch copies only those and shares the rest, which
+#: also lets the patch diff skip shared parts by identity. Kinds without one get a
+#: full copy.
+COPIERS: dict[tuple[str, str], Copier] = {}
 
 
 def register(rule: Rule) -> Rule:

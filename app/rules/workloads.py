@@ -20,7 +20,7 @@ from app.envelope import (
     parse_envelope_string,
 )
 from app.quantity import QuantityError, parse_quantity
-from app.rules.base import Finding, Rule, Subject, register
+from app.rules.base import COPIERS, Finding, Rule, Subject, register
 
 __all__ = ["KEEP_CPU_LIMITS", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder", "containers",
            "holders", "pod_spec"]
@@ -343,6 +343,42 @@ def _check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clus
                                             f"{holder.label}: {section}.{key}: {exc}"))
     return findings
 
+
+def _copy_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in resources.items()}
+
+
+def _copy_container(container: dict[str, Any]) -> dict[str, Any]:
+    out = dict(container)
+    if isinstance(out.get("resources"), dict):
+        out["resources"] = _copy_resources(out["resources"])
+    if isinstance(out.get("env"), list):
+        out["env"] = [dict(e) if isinstance(e, dict) else e for e in out["env"]]
+    return out
+
+
+def copy_for_mutation(subject: Subject, obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of what the mutating rules here change — the path to the pod spec, the
+    container lists, each container's ``resources`` and ``env`` and the pod-level
+    ``resources`` — sharing everything else with ``obj`` (metadata, volumes, probes…).
+    The property tests check that ``obj`` is never changed through it."""
+    root = dict(obj)
+    node = root
+    for key in POD_SPEC_PATHS[(subject.group, subject.kind)]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            return root
+        node[key] = node = dict(child)
+    for field in ("initContainers", "containers"):
+        items = node.get(field)
+        if isinstance(items, list):
+            node[field] = [_copy_container(c) if isinstance(c, dict) else c for c in items]
+    if isinstance(node.get("resources"), dict):
+        node["resources"] = _copy_resources(node["resources"])
+    return root
+
+
+COPIERS.update(dict.fromkeys(WORKLOAD_KINDS, copy_for_mutation))
 
 for _rule in (
     Rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, _check_resource_quantities,
