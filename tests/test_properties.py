@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import jsonpatch
@@ -81,7 +82,9 @@ def effective_cpu_request(res: dict[str, Any]) -> Any:
 @given(kind=st.sampled_from(KINDS), main=containers("c"), init=containers("init"))
 def test_mutation_loses_nothing(kind: str, main: list, init: list) -> None:
     obj = workload(kind, main, init=init or None)
+    before = copy.deepcopy(obj)
     result = run(obj)
+    assert obj == before  # the admitted object itself is never changed
     assert result.internal_errors == []
     after = jsonpatch.apply_patch(obj, result.patch)
     assert after == result.obj  # the patch is exactly the change
