@@ -75,6 +75,20 @@ def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
             out.findings.append(Finding("warning", f.rule, f.path, f.message))
 
 
+def _grandfathered(rule: Rule, subject: Subject, found: list[Finding], view: ClusterView,
+                   policy: Policy) -> list[Finding]:
+    """Errors the old object already had, as warnings (see ``Rule.grandfather``)."""
+    before = Subject(subject.group, subject.version, subject.kind, "CREATE", subject.namespace,
+                     subject.name, subject.old, None, subject.dry_run)
+    try:
+        had = {(f.path, f.message) for f in rule.fn(before, subject.old or {}, view, policy)
+               if f.severity == "error"}
+    except Exception:  # the old object is judged only to forgive; never fail on it
+        return found
+    return [Finding("warning", f.rule, f.path, f"already so before this update: {f.message}")
+            if f.severity == "error" and (f.path, f.message) in had else f for f in found]
+
+
 def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) -> Evaluation:
     """Run the ``phase`` rules for the subject's kind and operation."""
     out = Evaluation(obj=subject.obj)
@@ -113,6 +127,8 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
                 working, copied = original, False
                 break
             continue
+        if rule.grandfather and found and subject.operation == "UPDATE" and subject.old:
+            found = _grandfathered(rule, subject, found, view, policy)
         _apply_mode(found, mode, out)
     out.obj = working
     if copied:

@@ -179,3 +179,24 @@ def test_patch_still_applies_cleanly_with_guards_present() -> None:
     result = run(obj, view=StaticView([limitrange({"default": {"cpu": "8"}})]))
     after = jsonpatch.apply_patch(obj, result.patch)
     assert "cpu" not in resources_of(after)["limits"]
+
+
+def test_updates_are_not_blocked_for_what_they_did_not_change() -> None:
+    """A cluster that shrank, or an object older than the policy: `kubectl rollout
+    restart` (an annotation) warns but passes; changing the envelope is judged."""
+    view = StaticView([node("n1", "16", "32Gi")])
+    old = deployment("web", 2, "64Gi")
+    old["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "48Gi"
+    restarted = deployment("web", 2, "64Gi")
+    restarted["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "48Gi"
+    restarted["spec"]["template"]["metadata"] = {"annotations": {"kubectl.kubernetes.io/restartedAt": "now"}}
+    result = run(restarted, operation="UPDATE", old=old, view=view)
+    assert result.errors == []
+    warned = {w.rule for w in result.warnings if w.message.startswith("already so before this update")}
+    assert warned == {"pod-fits-node", "memory-request-equals-limit"}
+    # growing the envelope further is a change this write makes: refused
+    grown = deployment("web", 2, "128Gi")
+    assert {e.rule for e in run(grown, operation="UPDATE", old=old, view=view).errors} == {"pod-fits-node"}
+    # the same object as a CREATE is refused as before
+    assert {e.rule for e in run(restarted, view=view).errors} == {"pod-fits-node",
+                                                                  "memory-request-equals-limit"}

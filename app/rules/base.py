@@ -71,6 +71,10 @@ class Rule:
     """A mutate-phase rule that only reads (a guard) says False: no copy is made for it."""
     order: int = 100
     """Rules of a phase run in this order (guards that others consult run first)."""
+    grandfather: bool = False
+    """On UPDATE, an error the old object already had is only a warning: an unrelated
+    write (``kubectl rollout restart``, a label) to an object that predates the policy,
+    or that a shrunken cluster no longer fits, is not blocked for what it did not change."""
     reads: frozenset[str] = frozenset()
     """Kinds the rule reads from the cluster view; a stale view of them is an
     internal error, answered per the failure mode."""

@@ -266,13 +266,13 @@ for _rule in (
     Rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
          limitrange_default_below_request,
          "a LimitRange default CPU limit below a container's CPU request",
-         reads=frozenset({"LimitRange"})),
+         reads=frozenset({"LimitRange"}), grandfather=True),
     Rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE, pod_fits_node,
          "each pod's CPU and memory fit the largest matching schedulable node",
-         reads=frozenset({"Node"})),
+         reads=frozenset({"Node"}), grandfather=True),
     Rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
          namespace_memory_composition,
          "replicas x pod memory over the namespace's workloads fits its memory quota",
-         reads=frozenset({"ResourceQuota", *COUNTED_KINDS})),
+         reads=frozenset({"ResourceQuota", *COUNTED_KINDS}), grandfather=True),
 ):
     register(_rule)

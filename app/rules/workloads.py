@@ -382,7 +382,7 @@ COPIERS.update(dict.fromkeys(WORKLOAD_KINDS, copy_for_mutation))
 
 for _rule in (
     Rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, _check_resource_quantities,
-         "resource quantities parse"),
+         "resource quantities parse", grandfather=True),
     Rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, strip_cpu_limits,
          "remove CPU limits; keep the CPU request they implied"),
     Rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, fill_memory_limit,
@@ -390,8 +390,9 @@ for _rule in (
     Rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
          strip_cpu_from_env_envelope, "remove cpu pairs from string limits envelopes"),
     Rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-         memory_request_equals_limit, "memory request equals memory limit"),
+         memory_request_equals_limit, "memory request equals memory limit", grandfather=True),
     Rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-         env_envelope_consistency, "string envelopes agree on memory; CPU limit >= request"),
+         env_envelope_consistency, "string envelopes agree on memory; CPU limit >= request",
+         grandfather=True),
 ):
     register(_rule)
