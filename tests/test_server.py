@@ -189,3 +189,9 @@ def test_plain_http_and_old_tls_are_refused(server: Server) -> None:
         context.maximum_version = ssl.TLSVersion.TLSv1_1
     with pytest.raises((httpx.TransportError, ssl.SSLError)):
         httpx.get(server.url + "/healthz", verify=context, timeout=3)
+
+
+def test_wrong_method_and_unknown_path(server: Server) -> None:
+    response = server.client.get("/mutate")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert server.client.post("/nope", content=b"{}").status_code == 404
