@@ -6,6 +6,7 @@ wrong; nothing here lets an exception become a 500.
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import time
@@ -191,6 +192,19 @@ def create_app(
             return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
                          b'"response":{"uid":"' + uid + b'","allowed":true}}')
 
+        patch = base64.b64encode(orjson.dumps(
+            [{"op": "add", "path": "/metadata/annotations", "value": {"envelope.io/floor": "1"}}]))
+
+        async def floor_patch(body: bytes) -> tuple[int, bytes]:
+            """The floor, answering with a one-op JSON patch: what a mutating answer costs
+            the API server, apart from any rule."""
+            found = uid_pattern.search(body)
+            uid = found.group(1) if found else b""
+            return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
+                         b'"response":{"uid":"' + uid + b'","allowed":true,'
+                         b'"patchType":"JSONPatch","patch":"' + patch + b'"}}')
+
         handlers["/floor"] = floor
+        handlers["/floor-patch"] = floor_patch
 
     return Envelope(app, handlers)
