@@ -195,3 +195,25 @@ def test_wrong_method_and_unknown_path(server: Server) -> None:
     response = server.client.get("/mutate")
     assert response.status_code == 405 and response.headers["allow"] == "POST"
     assert server.client.post("/nope", content=b"{}").status_code == 404
+
+
+def test_benchmark_floor_routes_echo_the_uid() -> None:
+    import asyncio
+
+    from app.config import Policy
+    from app.server import create_app
+
+    app = create_app(Policy(), floor_route=True)
+    body = b'{"kind":"AdmissionReview","request":{"uid":"abc-1","object":{}}}'
+
+    async def call(path: str) -> dict[str, Any]:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            response = await client.post(path, content=body)
+        assert response.status_code == 200
+        return dict(response.json()["response"])
+
+    assert asyncio.run(call("/floor")) == {"uid": "abc-1", "allowed": True}
+    patched = asyncio.run(call("/floor-patch"))
+    assert patched["uid"] == "abc-1" and patched["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(patched["patch"]))[0]["path"] == "/metadata/annotations"
