@@ -63,7 +63,6 @@ class Envelope:
 
     def __init__(self, app: FastAPI, handlers: dict[str, Handler]) -> None:
         self.app = app
-        self.state = app.state
         self.handlers = handlers
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
