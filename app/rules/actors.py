@@ -593,7 +593,7 @@ def pool_resources(subject: Subject, obj: dict[str, Any], view: ClusterView,
     return findings
 
 
-for _rule in (
+register(
     Rule("actor-no-requests", "validate", TEMPLATE_KINDS, Mode.ENFORCE, refuse_requests_and_claims,
          "ActorTemplate: spec.resources.requests and claims are refused (sized by limits only)"),
     Rule("actor-limits", "validate", TEMPLATE_KINDS, Mode.ENFORCE, check_limits,
@@ -614,5 +614,4 @@ for _rule in (
          operations=frozenset({"UPDATE"})),
     Rule("actor-pool-resources", "validate", POOL_KINDS, Mode.ENFORCE, pool_resources,
          "WorkerPool: quantities parse; nvidia.com/gpu only on gvisor, request == limit"),
-):
-    register(_rule)
+)

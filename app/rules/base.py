@@ -91,8 +91,9 @@ Copier = Callable[["Subject", dict[str, Any]], dict[str, Any]]
 COPIERS: dict[tuple[str, str], Copier] = {}
 
 
-def register(rule: Rule) -> Rule:
-    if rule.id in RULES:
-        raise ValueError(f"rule id {rule.id!r} registered twice")
-    RULES[rule.id] = rule
-    return rule
+def register(*rules: Rule) -> None:
+    """Add a family's rules to the registry, in the order they should run."""
+    for rule in rules:
+        if rule.id in RULES:
+            raise ValueError(f"rule id {rule.id!r} registered twice")
+        RULES[rule.id] = rule

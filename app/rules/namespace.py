@@ -255,7 +255,7 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
     return findings
 
 
-for _rule in (
+register(
     Rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN, quota_needs_cpu_limits,
          "a ResourceQuota on limits.cpu: keep CPU limits (warn) or refuse (enforce)",
          mutates=False, order=10, reads=frozenset({"ResourceQuota"})),
@@ -274,5 +274,4 @@ for _rule in (
          namespace_memory_composition,
          "replicas x pod memory over the namespace's workloads fits its memory quota",
          reads=frozenset({"ResourceQuota", *COUNTED_KINDS}), grandfather=True),
-):
-    register(_rule)
+)

@@ -1055,7 +1055,7 @@ def check_delete(subject: Subject, obj: dict[str, Any], view: ClusterView,
 KINDS = frozenset({DEPARTMENT, PROJECT, NODEPOOL, QUEUE})
 TREES = frozenset({DEPARTMENT, PROJECT, QUEUE})
 
-for _rule in (
+register(
     Rule("kai-schema", "validate", KINDS, Mode.ENFORCE, check_schema,
          "quota objects have the CRD's types (numbers are numbers)"),
     Rule("kai-structure", "validate", KINDS, Mode.ENFORCE, check_structure,
@@ -1079,5 +1079,4 @@ for _rule in (
     Rule("kai-delete-in-use", "validate", KINDS - {PROJECT}, Mode.WARN, check_delete,
          "deleting a parent, pool or queue that others still use",
          operations=frozenset({"DELETE"})),
-):
-    register(_rule)
+)

@@ -380,7 +380,7 @@ def copy_for_mutation(subject: Subject, obj: dict[str, Any]) -> dict[str, Any]:
 
 COPIERS.update(dict.fromkeys(WORKLOAD_KINDS, copy_for_mutation))
 
-for _rule in (
+register(
     Rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, _check_resource_quantities,
          "resource quantities parse", grandfather=True),
     Rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, strip_cpu_limits,
@@ -394,5 +394,4 @@ for _rule in (
     Rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
          env_envelope_consistency, "string envelopes agree on memory; CPU limit >= request",
          grandfather=True),
-):
-    register(_rule)
+)

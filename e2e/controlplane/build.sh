@@ -174,32 +174,28 @@ build_kube_apiserver() {
     install_bin "${BIN}/.kube-apiserver.tmp" kube-apiserver
 }
 
-# ---------------------------------------------------------------------- etcd
-build_etcd() {
-    local w
-    w="$(fresh_workdir etcd)"
+# ------------------------------------------------------------- etcd, kubectl
+# A module of our own (its main.go is copied in by fresh_workdir) that requires one
+# upstream module: go.mod is made here, not committed.
+build_small_module() {
+    local name="$1" requirement="$2" ldflags="$3" w
+    w="$(fresh_workdir "${name}")"
     (
         cd "${w}"
-        go mod init envelope.local/e2e/controlplane/etcd
-        go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+        go mod init "envelope.local/e2e/controlplane/${name}"
+        go get "${requirement}"
         go mod tidy
-        go build -ldflags "-s -w" -o "${BIN}/.etcd.tmp" .
+        go build -ldflags "${ldflags}" -o "${BIN}/.${name}.tmp" .
     )
-    install_bin "${BIN}/.etcd.tmp" etcd
+    install_bin "${BIN}/.${name}.tmp" "${name}"
 }
 
-# ------------------------------------------------------------------- kubectl
+build_etcd() {
+    build_small_module etcd "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" "-s -w"
+}
+
 build_kubectl() {
-    local w
-    w="$(fresh_workdir kubectl)"
-    (
-        cd "${w}"
-        go mod init envelope.local/e2e/controlplane/kubectl
-        go get "k8s.io/kubectl@${STAGING_VERSION}"
-        go mod tidy
-        go build -ldflags "$(k8s_ldflags)" -o "${BIN}/.kubectl.tmp" .
-    )
-    install_bin "${BIN}/.kubectl.tmp" kubectl
+    build_small_module kubectl "k8s.io/kubectl@${STAGING_VERSION}" "$(k8s_ldflags)"
 }
 
 # ---------------------------------------------------------------------- helm
