@@ -1066,8 +1066,8 @@ def probe_pod(name: str = "envelope-e2e-probe") -> dict[str, Any]:
 
 
 def register_webhook(cluster: Cluster, webhook: Webhook, timeout: float = 60.0) -> None:
-    """Register the webhook configurations and wait until the API server calls
-    both webhooks and gets HTTP 200 back.
+    """Wait until the webhook is ready, register the webhook configurations and wait
+    until the API server calls both webhooks and gets HTTP 200 back.
 
     The API server loads webhook configurations asynchronously, so this sends
     dry-run probe Pods (``kubectl create --dry-run=server``) in the
@@ -1076,6 +1076,11 @@ def register_webhook(cluster: Cluster, webhook: Webhook, timeout: float = 60.0) 
     the mutating and the validating webhook. This does not depend on what the
     webhook does to the Pod.
     """
+    # As a Service would: no traffic before /readyz (caches synced) says so.
+    ctx = _tls_context(webhook.ca_file)
+    _wait_until(f"webhook /readyz on port {webhook.port}",
+                lambda: _https_get(f"{webhook.url}/readyz", ctx, timeout=2)[0] == 200,
+                webhook.process, timeout)
     cluster.apply(webhook_configurations(cluster, webhook.url, webhook.ca_file))
     if cluster.kubectl("get", "namespace", PROBE_NAMESPACE, check=False).returncode != 0:
         cluster.create_namespace(PROBE_NAMESPACE)
