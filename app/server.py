@@ -203,7 +203,17 @@ def create_app(
                          b'"response":{"uid":"' + uid + b'","allowed":true,'
                          b'"patchType":"JSONPatch","patch":"' + patch + b'"}}')
 
+        async def floor_decode(body: bytes) -> tuple[int, bytes]:
+            """The floor plus what every review does before its rules: the body decoded and
+            checked as an AdmissionReview, an allow encoded as a review does it."""
+            try:
+                uid, _ = parse_review(body)
+            except BadReview as exc:
+                return _error(400, f"not an AdmissionReview: {exc}")
+            return 200, review_response(uid, Decision(True))
+
         handlers["/floor"] = floor
         handlers["/floor-patch"] = floor_patch
+        handlers["/floor-decode"] = floor_decode
 
     return Envelope(app, handlers)

@@ -3,7 +3,9 @@
 Run by hand (`make bench`), not in the test suite. Needs `wrk` (Debian: apt-get install
 wrk). Starts one `envelope serve` process, drives it with wrk at concurrency 16 on one
 wrk thread, first /floor (reads the body, answers a canned allow: the cost of
-uvicorn + TLS + HTTP alone), then /mutate with a realistic 3-container Deployment.
+uvicorn + TLS + HTTP alone), then /floor-decode (the floor plus decoding the review and
+encoding an allow, as every review does before its rules), then /mutate with a
+realistic 3-container Deployment.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def main() -> int:
         base = f"https://127.0.0.1:{port}"
         wrk(base + "/mutate", script, 3, args.connections)  # warm up
         floor = wrk(base + "/floor", script, args.seconds, args.connections)
+        decode = wrk(base + "/floor-decode", script, args.seconds, args.connections)
         mutate = wrk(base + "/mutate", script, args.seconds, args.connections)
     finally:
         server.terminate()
@@ -162,8 +165,9 @@ def main() -> int:
           f"server log level {args.log_level}")
     print("| route | reviews/s | p50 ms | p99 ms | non-2xx |")
     print("|---|---|---|---|---|")
-    for name, r in (("/floor", floor), ("/mutate", mutate)):
+    for name, r in (("/floor", floor), ("/floor-decode", decode), ("/mutate", mutate)):
         print(f"| {name} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} |")
+    print(f"floor-decode / floor throughput: {decode['rps'] / floor['rps']:.2f}x")
     print(f"mutate / floor throughput: {mutate['rps'] / floor['rps']:.2f}x")
     return 0
 

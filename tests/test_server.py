@@ -204,7 +204,8 @@ def test_benchmark_floor_routes_echo_the_uid() -> None:
     from app.server import create_app
 
     app = create_app(Policy(), floor_route=True)
-    body = b'{"kind":"AdmissionReview","request":{"uid":"abc-1","object":{}}}'
+    body = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"abc-1",'
+            b'"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","object":{}}}')
 
     async def call(path: str) -> dict[str, Any]:
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
@@ -214,6 +215,7 @@ def test_benchmark_floor_routes_echo_the_uid() -> None:
         return dict(response.json()["response"])
 
     assert asyncio.run(call("/floor")) == {"uid": "abc-1", "allowed": True}
+    assert asyncio.run(call("/floor-decode")) == {"uid": "abc-1", "allowed": True}
     patched = asyncio.run(call("/floor-patch"))
     assert patched["uid"] == "abc-1" and patched["patchType"] == "JSONPatch"
     assert json.loads(base64.b64decode(patched["patch"]))[0]["path"] == "/metadata/annotations"

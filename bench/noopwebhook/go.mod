@@ -1,0 +1,3 @@
+module envelope.bench/noopwebhook
+
+go 1.24
