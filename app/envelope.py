@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
@@ -118,8 +119,12 @@ def _pairs(text: str) -> Iterator[Pair]:
         yield Pair(text=item, key=key.strip(), value=value.strip())
 
 
+@lru_cache(maxsize=4096)
 def parse_envelope_string(text: str) -> EnvelopeString:
-    """Parse ``"cpu=7, memory=29Gi"``; raises :class:`QuantityError` on a bad pair."""
+    """Parse ``"cpu=7, memory=29Gi"``; raises :class:`QuantityError` on a bad pair.
+
+    Cached (the result is immutable): every review parses each envelope twice or more,
+    and a cluster's pod templates repeat a few strings."""
     return EnvelopeString(raw=text, pairs=tuple(_pairs(text)))
 
 

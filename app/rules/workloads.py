@@ -273,7 +273,10 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             continue  # left as written; env-envelope-consistency denies it
         stripped = envelope.without_cpu()
         if stripped != text:
-            container["env"][i]["value"] = stripped
+            # copy-on-write: the copier shares env lists with the admitted object
+            env = list(container["env"])
+            env[i] = {**env[i], "value": stripped}
+            container["env"] = env
             findings.append(Finding("change", "env-envelope-cpu", f"{path}.env[{i}].value",
                                     f"{label}: {name} {text!r} -> {stripped!r}"))
     return findings
@@ -352,15 +355,14 @@ def _copy_container(container: dict[str, Any]) -> dict[str, Any]:
     out = dict(container)
     if isinstance(out.get("resources"), dict):
         out["resources"] = _copy_resources(out["resources"])
-    if isinstance(out.get("env"), list):
-        out["env"] = [dict(e) if isinstance(e, dict) else e for e in out["env"]]
-    return out
+    return out  # env stays shared: the env rule replaces the list it changes
 
 
 def copy_for_mutation(subject: Subject, obj: dict[str, Any]) -> dict[str, Any]:
     """A copy of what the mutating rules here change — the path to the pod spec, the
-    container lists, each container's ``resources`` and ``env`` and the pod-level
-    ``resources`` — sharing everything else with ``obj`` (metadata, volumes, probes…).
+    container lists, each container's ``resources`` and the pod-level ``resources`` —
+    sharing everything else with ``obj`` (metadata, volumes, probes, ``env``: the env
+    rule replaces a list rather than change it).
     The property tests check that ``obj`` is never changed through it."""
     root = dict(obj)
     node = root
