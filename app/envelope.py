@@ -119,13 +119,20 @@ def _pairs(text: str) -> Iterator[Pair]:
         yield Pair(text=item, key=key.strip(), value=value.strip())
 
 
-@lru_cache(maxsize=4096)
 def parse_envelope_string(text: str) -> EnvelopeString:
     """Parse ``"cpu=7, memory=29Gi"``; raises :class:`QuantityError` on a bad pair.
 
-    Cached (the result is immutable): every review parses each envelope twice or more,
-    and a cluster's pod templates repeat a few strings."""
+    Short strings are cached (the result is immutable): every review parses each
+    envelope twice or more, and a cluster's pod templates repeat a few strings. Long
+    ones are not, so a caller cannot make the cache hold megabytes."""
+    return _parse_cached(text) if len(text) <= 256 else _parse_envelope(text)
+
+
+def _parse_envelope(text: str) -> EnvelopeString:
     return EnvelopeString(raw=text, pairs=tuple(_pairs(text)))
+
+
+_parse_cached = lru_cache(maxsize=4096)(_parse_envelope)
 
 
 def _amount(resources: Any, section: str, name: str) -> Decimal | None:

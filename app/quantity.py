@@ -48,12 +48,12 @@ def parse_quantity(value: object) -> Decimal:
         return Decimal(repr(value))
     if not isinstance(value, str):
         raise QuantityError(f"expected a quantity, got {type(value).__name__} {value!r}")
-    return _parse_text(value)
+    # Cached: a cluster uses few distinct quantity strings, and Decimals are immutable;
+    # long strings are not, so a caller cannot make the cache hold megabytes.
+    return _parse_cached(value) if len(value) <= 64 else _parse_text(value)
 
 
-@lru_cache(maxsize=4096)
 def _parse_text(value: str) -> Decimal:
-    """Cached: a cluster uses few distinct quantity strings, and Decimals are immutable."""
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise QuantityError(f"{value!r} is not a quantity (examples: 500m, 2, 1.5Gi, 29G, 1e3)")
@@ -66,6 +66,9 @@ def _parse_text(value: str) -> Decimal:
     if match["exp"]:
         return number.scaleb(int(match["exp"][1:]))
     return number * _DECIMAL[match["dec"] or ""]
+
+
+_parse_cached = lru_cache(maxsize=4096)(_parse_text)
 
 
 def _trim(value: Decimal) -> str:

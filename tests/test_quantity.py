@@ -58,3 +58,11 @@ def test_format() -> None:
     assert format_bytes(parse_quantity("1536Mi")) == "1536Mi"
     assert format_cpu(parse_quantity("7")) == "7"
     assert format_cpu(parse_quantity("250m")) == "250m"
+
+
+def test_long_quantity_strings_are_not_cached() -> None:
+    from app import quantity as module
+
+    before = module._parse_cached.cache_info().currsize
+    assert parse_quantity("0" * 100 + "1Gi") == 1024**3
+    assert module._parse_cached.cache_info().currsize == before

@@ -104,3 +104,16 @@ def test_opt_out_keeps_cpu_in_string_envelope() -> None:
     obj = workload("Deployment", [container(env=env("cpu=7,memory=1Gi", "cpu=7,memory=1Gi"))],
                    template_annotations={"envelope.io/keep-cpu-limit": "true"})
     assert run(obj).patch == []
+
+
+def test_long_strings_parse_the_same_but_are_not_cached() -> None:
+    from app import envelope as module
+
+    long_text = "cpu=7," + ",".join(f"k{i}=v{i}" for i in range(60)) + ",memory=29Gi"
+    assert len(long_text) > 256
+    before = module._parse_cached.cache_info().currsize
+    parsed = parse_envelope_string(long_text)
+    assert parsed.get("memory") == "29Gi" and parsed.without_cpu() == long_text[len("cpu=7,"):]
+    assert module._parse_cached.cache_info().currsize == before  # a caller cannot fill memory
+    parse_envelope_string("cpu=3,memory=1Gi")
+    assert parse_envelope_string("cpu=3,memory=1Gi") is parse_envelope_string("cpu=3,memory=1Gi")
