@@ -200,7 +200,7 @@ build_kubectl() {
 
 # ---------------------------------------------------------------------- helm
 build_helm() {
-    local gomod client_go major minor flags tmp
+    local gomod client_go major minor flags gobin
     gomod="$(module_gomod "helm.sh/helm/v3@${HELM_VERSION}")"
     # As helm's Makefile: the Kubernetes version helm assumes offline (lint,
     # template's .Capabilities) is derived from its k8s.io/client-go version.
@@ -215,53 +215,40 @@ build_helm() {
     flags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor}"
     flags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major}"
     flags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}"
-    tmp="$(mktemp -d "${WORK}/helm-gobin.XXXXXX")"
+    # Builds of one cache key are serialised by the lock above, so a fixed dir is safe.
+    gobin="${WORK}/helm-gobin"
+    rm -rf "${gobin}"
+    mkdir -p "${gobin}"
     # helm's go.mod has no replace directives, so `go install pkg@version`
     # builds it with exactly its own pinned dependencies.
-    GOBIN="${tmp}" go install -ldflags "${flags}" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
-    install_bin "${tmp}/helm" helm
-    rm -rf "${tmp}"
+    GOBIN="${gobin}" go install -ldflags "${flags}" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+    install_bin "${gobin}/helm" helm
+    rm -rf "${gobin}"
 }
 
 total_start=$(date +%s)
 built_any=0
 
+# ensure NAME BUILD_FUNCTION VERSION EXPECTED ARGS... : keep ${BIN}/NAME when `NAME ARGS`
+# prints EXPECTED; otherwise build it with BUILD_FUNCTION and check that it now does.
+ensure() {
+    local name="$1" fn="$2" version="$3" expected="$4"
+    shift 4
+    if is_built "${BIN}/${name}" "${expected}" "$@"; then
+        log "${name} ${version}: cached"
+        return
+    fi
+    timed "${name}" "${fn}"
+    built_any=1
+    reports_version "${BIN}/${name}" "${expected}" "$@" \
+        || die "${name} $* does not report ${version}"
+}
+
 # Slowest first, so a failure there shows early. One at a time (2 cores).
-if is_built "${BIN}/kube-apiserver" "Kubernetes ${KUBERNETES_VERSION}" --version; then
-    log "kube-apiserver ${KUBERNETES_VERSION}: cached"
-else
-    timed kube-apiserver build_kube_apiserver
-    built_any=1
-    reports_version "${BIN}/kube-apiserver" "Kubernetes ${KUBERNETES_VERSION}" --version \
-        || die "kube-apiserver --version does not report ${KUBERNETES_VERSION}"
-fi
-
-if is_built "${BIN}/etcd" "etcd Version: ${ETCD_VERSION#v}" --version; then
-    log "etcd ${ETCD_VERSION}: cached"
-else
-    timed etcd build_etcd
-    built_any=1
-    reports_version "${BIN}/etcd" "etcd Version: ${ETCD_VERSION#v}" --version \
-        || die "etcd --version does not report ${ETCD_VERSION}"
-fi
-
-if is_built "${BIN}/kubectl" "${KUBERNETES_VERSION}" version --client; then
-    log "kubectl ${KUBERNETES_VERSION}: cached"
-else
-    timed kubectl build_kubectl
-    built_any=1
-    reports_version "${BIN}/kubectl" "${KUBERNETES_VERSION}" version --client \
-        || die "kubectl version --client does not report ${KUBERNETES_VERSION}"
-fi
-
-if is_built "${BIN}/helm" "${HELM_VERSION}" version --short; then
-    log "helm ${HELM_VERSION}: cached"
-else
-    timed helm build_helm
-    built_any=1
-    reports_version "${BIN}/helm" "${HELM_VERSION}" version --short \
-        || die "helm version --short does not report ${HELM_VERSION}"
-fi
+ensure kube-apiserver build_kube_apiserver "${KUBERNETES_VERSION}" "Kubernetes ${KUBERNETES_VERSION}" --version
+ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
+ensure kubectl build_kubectl "${KUBERNETES_VERSION}" "${KUBERNETES_VERSION}" version --client
+ensure helm build_helm "${HELM_VERSION}" "${HELM_VERSION}" version --short
 
 if [[ "${built_any}" == "1" ]]; then
     log "control plane built in $(($(date +%s) - total_start))s (times: ${TIMES})"
