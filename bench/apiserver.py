@@ -141,17 +141,13 @@ def start_noop(workdir: Path, binary: Path, *, http1: bool) -> tuple[harness.Man
         cmd.append("-http1")
     proc = harness.start_process(cmd, workdir / "noop.log", name="noopwebhook")
     ctx = harness.tls_context(ca_file)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if harness.https_get(f"https://127.0.0.1:{port}/healthz", ctx, timeout=2)[0] == 200:
-                break
-        except OSError:
-            pass  # not listening yet
-        if time.monotonic() > deadline or not proc.alive():
-            proc.stop(timeout=5)
-            raise RuntimeError(f"no-op webhook did not start:\n{proc.log_tail()}")
-        time.sleep(0.1)
+    try:
+        harness.wait_until(f"no-op webhook on port {port}",
+                           lambda: harness.https_get(f"https://127.0.0.1:{port}/healthz", ctx,
+                                                     timeout=2)[0] == 200, proc, timeout=20)
+    except BaseException:
+        proc.stop(timeout=5)
+        raise
     return proc, f"https://127.0.0.1:{port}", ca_file
 
 

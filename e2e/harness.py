@@ -750,13 +750,16 @@ preferences: {{}}
 """
 
 
-def _wait_until(
+def wait_until(
     what: str,
     check: Callable[[], bool],
     proc: ManagedProcess,
     timeout: float,
     interval: float = 0.25,
 ) -> None:
+    """Poll ``check`` until it returns true; raise HarnessError (with the log tail of
+    ``proc``) when ``proc`` exits or ``timeout`` passes. Exceptions from ``check`` count
+    as "not yet"."""
     deadline = time.monotonic() + timeout
     last_error = ""
     while True:
@@ -784,9 +787,9 @@ class _PortConflict(HarnessError):
 
 
 def _wait_started(what: str, check: Callable[[], bool], proc: ManagedProcess, timeout: float) -> None:
-    """_wait_until, but stop ``proc`` on failure and tell a port conflict apart."""
+    """wait_until, but stop ``proc`` on failure and tell a port conflict apart."""
     try:
-        _wait_until(what, check, proc, timeout)
+        wait_until(what, check, proc, timeout)
     except BaseException as err:
         proc.stop(timeout=5)
         if isinstance(err, HarnessError) and "address already in use" in proc.log_tail(200):
@@ -972,7 +975,7 @@ def start_webhook(
         return status == 200
 
     try:
-        _wait_until(f"webhook /healthz on port {port}", healthy, proc, timeout=timeout)
+        wait_until(f"webhook /healthz on port {port}", healthy, proc, timeout=timeout)
     except BaseException:
         proc.stop(timeout=5)
         raise
@@ -1078,7 +1081,7 @@ def register_webhook(cluster: Cluster, webhook: Webhook, timeout: float = 60.0) 
     """
     # As a Service would: no traffic before /readyz (caches synced) says so.
     ctx = _tls_context(webhook.ca_file)
-    _wait_until(f"webhook /readyz on port {webhook.port}",
+    wait_until(f"webhook /readyz on port {webhook.port}",
                 lambda: _https_get(f"{webhook.url}/readyz", ctx, timeout=2)[0] == 200,
                 webhook.process, timeout)
     cluster.apply(webhook_configurations(cluster, webhook.url, webhook.ca_file))
@@ -1097,7 +1100,7 @@ def register_webhook(cluster: Cluster, webhook: Webhook, timeout: float = 60.0) 
         return wanted <= _webhook_requests_answered(cluster)
 
     try:
-        _wait_until("the API server to call the webhooks", answered, webhook.process, timeout, interval=0.5)
+        wait_until("the API server to call the webhooks", answered, webhook.process, timeout, interval=0.5)
     except HarnessError as err:
         raise HarnessError(f"{err}\nlast probe stderr: {last or '(none)'}") from None
 
