@@ -852,13 +852,15 @@ def _policy_of(rendered: Rendered) -> str:
 
 def test_policy_configmap_is_a_valid_policy(tmp_path: Path) -> None:
     from app.config import load_policy
+    from app.ruleset import default_ruleset
 
     for case in ("self", "customised"):
         path = tmp_path / f"{case}.yaml"
         path.write_text(_policy_of(render(CASES[case])))
-        policy = load_policy(path, environ={})
+        rules = default_ruleset()
+        policy = load_policy(path, {}, rules)
         if case == "customised":
-            assert policy.mode("cpu-limits") == "warn" and policy.failure_mode == "allow"
+            assert rules.modes(policy)["cpu-limits"] == "warn" and policy.failure_mode == "allow"
     rendered = render()
     [volume] = [v for v in rendered.pod_spec["volumes"] if v["name"] == "config"]
     [source] = [s["configMap"] for s in volume["projected"]["sources"] if "configMap" in s]

@@ -1,6 +1,8 @@
 """Quota trees: KAI Resource Management (NodePool, Department, Project) and KAI Queues.
 
-Rules 1-8 of ``shared/design/krm-kai.md`` plus KRM's own structural checks, so that
+The arithmetic of a quota tree (children's guarantees fit their parent's, a guarantee
+is not above its own limit, -1 means unlimited, node pools hold the cards promised on
+them, names are cluster-wide) plus KRM's own structural checks, so that
 ``envelope check`` catches offline what the cluster would refuse. Every rule is a pure
 function of the write and of :class:`After` — the view as the write would leave it,
 with the subject's cached copy replaced by the admitted object. Nothing lists a whole
@@ -9,12 +11,14 @@ registered below, so a request costs the same in a cluster of 10 Projects or 10,
 
 A write is judged on what it changes:
 
-- an UPDATE that leaves ``spec`` alone (finalizers, labels, status) is not judged;
+- an UPDATE that leaves ``spec`` alone (finalizers, labels, status) is not judged
+  (every rule declares ``judges=spec``);
 - the sums (rules 1, 3, 8) deny only a write that grows a guarantee (or shrinks a cap)
   into an excess: a project that shrinks while its department is still over-promised
   is let through, because refusing it would block the very fix;
 - the per-object rules drop, on UPDATE, findings the old object already had, as the
-  API server ratchets CRD validation (a finding whose numbers changed is new).
+  API server ratchets CRD validation (``ratchet=Ratchet.DROP``; a finding whose
+  numbers changed is new).
 
 ``envelope check`` and a later audit judge every object as a CREATE, so they report
 everything, once per object involved.
@@ -23,14 +27,14 @@ everything, once per object involved.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal
-from functools import lru_cache, wraps
+from functools import lru_cache
 from typing import Any
 
 import orjson
 
-from app.cluster.view import INDEXES, NODE_LABEL, ClusterView, register_index
+from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
 from app.kai import (
     DEFAULT_POOL,
@@ -43,7 +47,6 @@ from app.kai import (
     ZERO,
     Amounts,
     KaiQueueSpec,
-    Memo,
     NodePoolSpec,
     ProjectSpec,
     Resource,
@@ -60,18 +63,19 @@ from app.kai import (
     total,
     unknown_fields,
 )
-from app.rules.base import Finding, Rule, Subject, register
+from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
+from app.util import Memo, brief
 
-__all__ = ["After", "Capacity", "Slot", "pool_capacity", "slots"]
+__all__ = ["INDEXES", "After", "Capacity", "Slot", "pool_capacity", "slots"]
 
 DEPARTMENT = (KRM_GROUP, "Department")
 PROJECT = (KRM_GROUP, "Project")
 NODEPOOL = (KRM_GROUP, "NodePool")
 QUEUE = (KAI_GROUP, "Queue")
+KINDS = frozenset({DEPARTMENT, PROJECT, NODEPOOL, QUEUE})
+TREES = frozenset({DEPARTMENT, PROJECT, QUEUE})
 GROUP_OF = {"Department": KRM_GROUP, "Project": KRM_GROUP, "NodePool": KRM_GROUP,
             "Queue": KAI_GROUP, "Node": ""}
-WARNING_LIMIT = 120
-"""Warnings travel as HTTP ``Warning`` headers; kubectl shows them whole below this."""
 
 
 # --- raw objects ----------------------------------------------------------------------
@@ -158,16 +162,15 @@ def _index_queue_parent(obj: dict[str, Any]) -> Iterator[str]:
         yield _raw_spec(obj)["parentQueue"]
 
 
-PARENT, NAMESPACE, QUEUE_NAME, POOL, LABEL = (
-    "kai-parent", "kai-namespace", "kai-queue-name", "kai-nodepool", "kai-label")
-register_index("Project", PARENT, _index_parent)
-register_index("Project", NAMESPACE, _index_namespace)
-register_index("Project", QUEUE_NAME, _index_queue_names("Project"))
-register_index("Department", QUEUE_NAME, _index_queue_names("Department"))
-register_index("Project", POOL, _index_pools("Project"))
-register_index("Department", POOL, _index_pools("Department"))
-register_index("NodePool", LABEL, _index_pool_label)
-register_index("Queue", PARENT, _index_queue_parent)
+PROJECT_PARENT = Index("Project", "kai-parent", _index_parent)
+QUEUE_PARENT = Index("Queue", "kai-parent", _index_queue_parent)
+PROJECT_NAMESPACE = Index("Project", "kai-namespace", _index_namespace)
+QUEUE_NAME = {kind: Index(kind, "kai-queue-name", _index_queue_names(kind))
+              for kind in ("Department", "Project")}
+POOL = {kind: Index(kind, "kai-nodepool", _index_pools(kind)) for kind in ("Department", "Project")}
+NODEPOOL_LABEL = Index("NodePool", "kai-label", _index_pool_label)
+INDEXES = (PROJECT_PARENT, QUEUE_PARENT, PROJECT_NAMESPACE, *QUEUE_NAME.values(), *POOL.values(),
+           NODEPOOL_LABEL, NODE_LABEL)
 
 
 class After:
@@ -193,12 +196,13 @@ class After:
         found = self.view.get(kind, name)
         return found if _ours(kind, found) else None
 
-    def by_index(self, kind: str, index: str, value: str) -> list[dict[str, Any]]:
-        found = self.view.by_index(kind, index, value)  # our indexes hold only our group
+    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+        found = self.view.by_index(index, value)  # our indexes hold only our group
+        kind = index.kind
         if kind != self.kind:
             return found
         found = [o for o in found if not self._is_subject(kind, o)]
-        if self.obj is not None and value in INDEXES[(kind, index)](self.obj):
+        if self.obj is not None and value in index.values(self.obj):
             found.append(self.obj)
         return found
 
@@ -358,19 +362,10 @@ def pool_capacity(after: After, pool: str) -> Capacity:
     if not isinstance(spec, NodePoolSpec) or not spec.label_key:
         return Capacity(0, ZERO)
     pair = f"{spec.label_key}={spec.label_value or ''}"
-    return _cards(after, pair, lambda: after.by_index("Node", NODE_LABEL, pair))
+    return _cards(after, pair, lambda: after.by_index(NODE_LABEL, pair))
 
 
 # --- messages -------------------------------------------------------------------------
-
-def _brief(text: str) -> str:
-    """Warnings become HTTP Warning headers: keep them under the limit, cutting the advice
-    (what follows the last ". " or "; " that fits) before cutting words."""
-    if len(text) < WARNING_LIMIT:
-        return text
-    cut = max(text.rfind(". ", 0, WARNING_LIMIT + 1), text.rfind("; ", 0, WARNING_LIMIT + 1))
-    return text[:cut] if cut > 0 else text[: WARNING_LIMIT - 4] + "..."
-
 
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
@@ -396,39 +391,33 @@ def _holders(resource: Resource, found: list[Slot]) -> str:
 
 # --- plumbing -------------------------------------------------------------------------
 
+def spec(subject: Subject, obj: dict[str, Any]) -> Any:
+    """What the quota rules judge: an UPDATE that leaves ``spec`` alone is not judged."""
+    return obj.get("spec")
+
+
+def _not_ours(subject: Subject, obj: dict[str, Any] | None) -> bool:
+    """A KAI Queue that KRM generates: its Department or Project was judged instead."""
+    return subject.kind == "Queue" and _krm_owned(obj or subject.old or {})
+
+
 RuleFn = Callable[[Subject, dict[str, Any], ClusterView, Policy], list[Finding]]
+Check = Callable[["After", dict[str, Any]], list[Finding]]
 
 
-def _judged(fn: RuleFn) -> RuleFn:
-    """Skip what is not ours to judge: an UPDATE that leaves ``spec`` alone, and KAI
-    Queues that KRM generates (their Department or Project was judged instead)."""
+def _skip_generated(fn: RuleFn) -> RuleFn:
+    """Skip KAI Queues that KRM generates."""
 
-    @wraps(fn)
-    def rule(subject: Subject, obj: dict[str, Any], view: ClusterView, policy: Policy) -> list[Finding]:
-        old = subject.old if isinstance(subject.old, dict) else None
-        if subject.operation == "UPDATE" and old is not None and old.get("spec") == obj.get("spec"):
-            return []
-        if subject.kind == "Queue" and _krm_owned(obj or old or {}):
-            return []
-        found = fn(subject, obj, view, policy)
-        if found and policy.mode(found[0].rule) is Mode.WARN:
-            found = [replace(f, message=_brief(f.message)) for f in found]
-        return found
+    def judged(subject: Subject, obj: dict[str, Any], view: ClusterView, policy: Policy) -> list[Finding]:
+        return [] if _not_ours(subject, obj) else fn(subject, obj, view, policy)
 
-    return rule
+    judged.__name__, judged.__doc__ = fn.__name__, fn.__doc__
+    return judged
 
 
-Check = Callable[[After, dict[str, Any]], list[Finding]]
-
-
-def _new_findings(subject: Subject, obj: dict[str, Any], view: ClusterView,
-                  check: Check) -> list[Finding]:
-    """Findings of ``check`` the old object did not already have (UPDATE ratchet)."""
-    found = check(After(view, subject, obj), obj)
-    if not found or subject.operation != "UPDATE" or not isinstance(subject.old, dict):
-        return found
-    before = set(check(After(view, subject, subject.old), subject.old))
-    return [f for f in found if f not in before]
+def _error(path: str, text: str) -> Finding:
+    """An error whose warn-mode form fits a Warning header."""
+    return error(path, text, as_warning=brief(text))
 
 
 def _first(found: tuple[Slot, ...] | None) -> Slot | None:
@@ -446,20 +435,22 @@ def _old_slots(subject: Subject) -> tuple[Slot, ...] | None:
 _NUMBER_HINT = " (KAI quotas are plain numbers: gpu in cards, cpu in mCPU, memory in MB)"
 
 
-@_judged
+@rule("kai-schema", "validate", KINDS, Mode.ENFORCE,
+      "quota objects have the CRD's types (numbers are numbers)", judges=spec)
+@_skip_generated
 def check_schema(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
     """The object as the CRD types it; a type error is a finding, never an exception."""
     spec = _spec_input(subject.kind, obj)
     model, errors = parse(SPEC_MODELS[(subject.group, subject.kind)], spec)
     findings = []
-    for error in errors:
-        text = str(error)
+    for problem in errors:
+        text = str(problem)
         if "expected a number, got '" in text:
             text += _NUMBER_HINT
-        findings.append(Finding("error", "kai-schema", error.path, text))
+        findings.append(_error(problem.path, text))
     for path in unknown_fields(model) if model is not None else ():
-        findings.append(Finding("warning", "kai-schema", path, _brief(
+        findings.append(warning(path, brief(
             f"{path}: unknown field; kubectl apply refuses it, other clients' writes lose it")))
     return findings
 
@@ -471,15 +462,15 @@ def _structure_of_queues(after: After, kind: str, entries: tuple[Slot, ...]) -> 
     for slot in entries:
         path = f"{slot.path}.nodepool"
         if not slot.pool:
-            yield Finding("error", "kai-structure", path,
+            yield _error(path,
                           f"queue {slot.queue}: nodepool is empty; name a node pool "
                           f"(the built-in one is {DEFAULT_POOL})")
         elif slot.pool in first:
-            yield Finding("error", "kai-structure", path,
+            yield _error(path,
                           f"{slot.where}: a second queue on pool {slot.pool} in this {kind} "
                           f"(the first is {first[slot.pool]}); KRM allows one queue per node pool")
         elif not _pool_exists(after, slot.pool):
-            yield Finding("error", "kai-structure", path,
+            yield _error(path,
                           f"{slot.where}: node pool {slot.pool} does not exist; create the "
                           f"NodePool first or use an existing pool")
         first.setdefault(slot.pool, slot.path)
@@ -493,15 +484,13 @@ def _structure_krm(after: After, obj: dict[str, Any]) -> list[Finding]:
     findings = list(_structure_of_queues(after, after.kind, entries))
     if isinstance(spec, ProjectSpec):
         if spec.parent and after.get("Department", spec.parent) is None:
-            findings.append(Finding(
-                "error", "kai-structure", "spec.parent",
+            findings.append(_error("spec.parent",
                 f"parent department {spec.parent} does not exist; create it first, or leave "
                 f"spec.parent empty for a project with no department"))
         pools = {s.pool for s in entries}
         for i, pool in enumerate(spec.default_node_pools or []):
             if pool not in pools:
-                findings.append(Finding(
-                    "error", "kai-structure", f"spec.defaultNodePools[{i}]",
+                findings.append(_error(f"spec.defaultNodePools[{i}]",
                     f"default node pool {pool} has no queue in spec.queues; add a queue on "
                     f"{pool} or drop it from defaultNodePools"))
     return findings
@@ -512,10 +501,10 @@ def _structure_nodepool(after: After, obj: dict[str, Any]) -> list[Finding]:
     if not isinstance(spec, NodePoolSpec) or not spec.label_key:
         return []
     pair = f"{spec.label_key}={spec.label_value or ''}"
-    others = [_name(o) for o in after.by_index("NodePool", LABEL, pair) if o is not obj]
+    others = [_name(o) for o in after.by_index(NODEPOOL_LABEL, pair) if o is not obj]
     if not others:
         return []
-    return [Finding("error", "kai-structure", "spec.labelKey",
+    return [_error("spec.labelKey",
                     f"node pool {after.name}: label {pair} already selects the nodes of pool "
                     f"{others[0]}; every pool needs its own label pair")]
 
@@ -526,21 +515,24 @@ def _structure_queue(after: After, obj: dict[str, Any]) -> list[Finding]:
         return []
     findings = []
     if spec.resources is None:
-        findings.append(Finding("error", "kai-structure", "spec.resources",
+        findings.append(_error("spec.resources",
                                 f"queue {after.name}: spec.resources is required (KAI's queue "
                                 f"webhook refuses a queue without it)"))
     parent = spec.parent_queue
     if parent == after.name:
-        findings.append(Finding("error", "kai-structure", "spec.parentQueue",
+        findings.append(_error("spec.parentQueue",
                                 f"queue {after.name} cannot be its own parent"))
     elif parent and after.get("Queue", parent) is None:
-        findings.append(Finding("warning", "kai-structure", "spec.parentQueue",
-                                _brief(f"queue {after.name}: parent queue {parent} not found, "
+        findings.append(warning("spec.parentQueue",
+                                brief(f"queue {after.name}: parent queue {parent} not found, "
                                        f"so its quotas cannot be checked against it")))
     return findings
 
 
-@_judged
+@rule("kai-structure", "validate", KINDS, Mode.ENFORCE,
+      "known pools and parents, one queue per pool, one NodePool per label pair",
+      reads={"NodePool", "Department", "Queue"}, judges=spec)
+@_skip_generated
 def check_structure(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     policy: Policy) -> list[Finding]:
     """Unknown pool or parent, two queues on one pool, a default pool without a queue,
@@ -566,13 +558,11 @@ def _values(after: After, obj: dict[str, Any]) -> list[Finding]:
             a = slot.amounts[r]
             for field, value in ((slot.guarantee_field, a.guarantee), ("limit", a.limit)):
                 if _invalid_negative(value):
-                    findings.append(Finding(
-                        "error", "kai-values", slot.field_path(r, field),
+                    findings.append(_error(slot.field_path(r, field),
                         f"{slot.where}: {r} {field} {describe(r, value)} is negative; use -1 for "
                         f"unlimited, or a value of 0 or more"))
             if a.weight < 0:
-                findings.append(Finding(
-                    "error", "kai-values", slot.field_path(r, "overQuotaWeight"),
+                findings.append(_error(slot.field_path(r, "overQuotaWeight"),
                     f"{slot.where}: {r} overQuotaWeight {a.weight.normalize():f} is negative; "
                     f"weights are 0 or more"))
         findings.extend(_priority(slot))
@@ -584,19 +574,22 @@ def _priority(slot: Slot) -> list[Finding]:
         return []
     path = f"{slot.path}.priority"
     if slot.priority != int(slot.priority):
-        return [Finding("error", "kai-values", path,
+        return [_error(path,
                         f"{slot.where}: priority {slot.priority} must be a whole number")]
     if slot.kind != "Queue" and not INT32[0] <= slot.priority <= INT32[1]:
-        return [Finding("error", "kai-values", path,
+        return [_error(path,
                         f"{slot.where}: priority {int(slot.priority)} does not fit in 32 bits")]
     return []
 
 
-@_judged
+@rule("kai-values", "validate", TREES, Mode.ENFORCE,
+      "no negative quota but -1; overQuotaWeight >= 0; priority a whole number",
+      judges=spec, ratchet=Ratchet.DROP)
+@_skip_generated
 def check_values(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
     """No value below 0 but -1; overQuotaWeight never negative; priority a whole number."""
-    return _new_findings(subject, obj, view, _values)
+    return _values(After(view, subject, obj), obj)
 
 
 # --- kai-deserved-limit (rule 2) ------------------------------------------------------
@@ -612,19 +605,20 @@ def _deserved_limit(after: After, obj: dict[str, Any]) -> list[Finding]:
                 continue
             unset = "" if a.limit_set else " (a limit left out is 0)"
             field = slot.guarantee_field
-            findings.append(Finding(
-                "error", "kai-deserved-limit", slot.field_path(r, field),
+            findings.append(_error(slot.field_path(r, field),
                 f"{slot.where}: {r} {field} {describe(r, a.guarantee)} is above its limit "
                 f"{describe(r, a.limit)}{unset}, so the queue can never use its guarantee; raise "
                 f"the limit (-1 = unlimited) or lower {field}"))
     return findings
 
 
-@_judged
+@rule("kai-deserved-limit", "validate", TREES, Mode.ENFORCE,
+      "a queue's guarantee is not above its own limit", judges=spec, ratchet=Ratchet.DROP)
+@_skip_generated
 def check_deserved_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                          policy: Policy) -> list[Finding]:
     """A guarantee never above its own queue's limit (-1 = unlimited)."""
-    return _new_findings(subject, obj, view, _deserved_limit)
+    return _deserved_limit(After(view, subject, obj), obj)
 
 
 # --- kai-guarantee-sum (rule 1) -------------------------------------------------------
@@ -660,13 +654,12 @@ def _project_sum(subject: Subject, obj: dict[str, Any], after: After) -> list[Fi
             if cap_slot is None or not _raised(before.get(slot.pool), slot, r):
                 continue
             if siblings is None:
-                siblings = _all_slots("Project", after.by_index("Project", PARENT, spec.parent))
+                siblings = _all_slots("Project", after.by_index(PROJECT_PARENT, spec.parent))
             on_pool = [s for s in siblings if s.pool == slot.pool]
             over = _overflow(on_pool, cap_slot, r)
             if over:
                 demand, cap = over
-                findings.append(Finding(
-                    "error", "kai-guarantee-sum", slot.field_path(r, "deserved"),
+                findings.append(_error(slot.field_path(r, "deserved"),
                     f"{cap_slot.where}: projects are guaranteed {describe(r, demand)} in total but "
                     f"the department has {describe(r, cap)} - {_excess(r, demand, cap)}. This write "
                     f"gives {slot.queue} {describe(r, slot.guarantee(r))}: first lower another "
@@ -691,12 +684,11 @@ def _queue_sum(subject: Subject, obj: dict[str, Any], after: After) -> list[Find
     for r in RESOURCES:
         if not _raised(prev, slot, r):
             continue
-        children = _all_slots("Queue", after.by_index("Queue", PARENT, spec.parent_queue))
+        children = _all_slots("Queue", after.by_index(QUEUE_PARENT, spec.parent_queue))
         over = _overflow(children, cap_slot, r)
         if over:
             demand, cap = over
-            findings.append(Finding(
-                "error", "kai-guarantee-sum", slot.field_path(r, "quota"),
+            findings.append(_error(slot.field_path(r, "quota"),
                 f"{cap_slot.queue}: child queues are guaranteed {describe(r, demand)} in total but "
                 f"the parent queue has {describe(r, cap)} - {_excess(r, demand, cap)}. This write "
                 f"gives {slot.queue} {describe(r, slot.guarantee(r))}: first lower a sibling's "
@@ -704,7 +696,10 @@ def _queue_sum(subject: Subject, obj: dict[str, Any], after: After) -> list[Find
     return findings
 
 
-@_judged
+@rule("kai-guarantee-sum", "validate", {PROJECT, QUEUE}, Mode.ENFORCE,
+      "children's guarantees fit in their parent's",
+      reads={"Department", "Project", "Queue"}, judges=spec)
+@_skip_generated
 def check_guarantee_sum(subject: Subject, obj: dict[str, Any], view: ClusterView,
                         policy: Policy) -> list[Finding]:
     """Children's guarantees on a pool fit in their parent's (projects in their
@@ -727,7 +722,7 @@ def _department_shrink(subject: Subject, obj: dict[str, Any], after: After) -> l
     if mine is None:
         return []
     before = _by_pool(_old_slots(subject))
-    children = _all_slots("Project", after.by_index("Project", PARENT, after.name))
+    children = _all_slots("Project", after.by_index(PROJECT_PARENT, after.name))
     findings = []
     for slot in mine:
         on_pool = [s for s in children if s.pool == slot.pool]
@@ -737,8 +732,7 @@ def _department_shrink(subject: Subject, obj: dict[str, Any], after: After) -> l
             over = _overflow(on_pool, slot, r)
             if over:
                 demand, cap = over
-                findings.append(Finding(
-                    "error", "kai-shrink", slot.field_path(r, "deserved"),
+                findings.append(_error(slot.field_path(r, "deserved"),
                     f"{slot.where}: projects already hold {describe(r, demand)} of guarantees but "
                     f"the department would have {describe(r, cap)} - {_excess(r, demand, cap)}. "
                     f"Lower the projects first ({_holders(r, on_pool)}), then the department"))
@@ -746,8 +740,7 @@ def _department_shrink(subject: Subject, obj: dict[str, Any], after: After) -> l
     for pool, prev in before.items():
         orphans = sorted({s.owner for s in children if s.pool == pool})
         if pool not in kept and orphans:
-            findings.append(Finding(
-                "error", "kai-shrink", "spec.queues",
+            findings.append(_error("spec.queues",
                 f"{prev.where}: projects {_names(orphans)} still have queues on pool {pool}; "
                 f"without the department's queue they become roots no department caps. Move or "
                 f"remove those project queues first, then drop this one"))
@@ -760,7 +753,7 @@ def _queue_shrink(subject: Subject, obj: dict[str, Any], after: After) -> list[F
     if not mine:
         return []
     slot = mine[0]
-    children = _all_slots("Queue", after.by_index("Queue", PARENT, after.name))
+    children = _all_slots("Queue", after.by_index(QUEUE_PARENT, after.name))
     findings = []
     for r in RESOURCES:
         if not children or not _lowered(prev, slot, r):
@@ -768,15 +761,17 @@ def _queue_shrink(subject: Subject, obj: dict[str, Any], after: After) -> list[F
         over = _overflow(children, slot, r)
         if over:
             demand, cap = over
-            findings.append(Finding(
-                "error", "kai-shrink", slot.field_path(r, "quota"),
+            findings.append(_error(slot.field_path(r, "quota"),
                 f"{slot.queue}: child queues already hold {describe(r, demand)} of quota but the "
                 f"queue would have {describe(r, cap)} - {_excess(r, demand, cap)}. Lower the "
                 f"children first ({_holders(r, children)}), then this queue"))
     return findings
 
 
-@_judged
+@rule("kai-shrink", "validate", {DEPARTMENT, QUEUE}, Mode.ENFORCE,
+      "a parent is not cut below what its children hold", operations={"UPDATE"},
+      reads={"Project", "Queue"}, judges=spec)
+@_skip_generated
 def check_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
     """A parent's UPDATE may not cut below what its children already hold, nor drop a
@@ -790,7 +785,7 @@ def check_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
 # --- kai-pool-capacity (rule 3) -------------------------------------------------------
 
 def _pool_demand(after: After, pool: str) -> Decimal:
-    on_pool = [s for s in _all_slots("Department", after.by_index("Department", POOL, pool))
+    on_pool = [s for s in _all_slots("Department", after.by_index(POOL["Department"], pool))
                if s.pool == pool]
     return total(s.guarantee("gpu") for s in on_pool)
 
@@ -800,13 +795,12 @@ def _department_fit(after: After, slot: Slot) -> list[Finding]:
     demand = _pool_demand(after, slot.pool)
     capacity = pool_capacity(after, slot.pool)
     if capacity.cards == 0:
-        return [Finding("warning", "kai-pool-capacity", path, _brief(
+        return [warning(path, brief(
             f"{slot.where}: the pool has no GPU nodes in view, so its {describe('gpu', demand)} "
             f"of guarantees cannot be checked"))]
     if not exceeds(demand, capacity.cards):
         return []
-    return [Finding(
-        "error", "kai-pool-capacity", path,
+    return [_error(path,
         f"{slot.where}: departments are guaranteed {describe('gpu', demand)} in total (this one "
         f"{describe('gpu', slot.guarantee('gpu'))}) but the pool's {_plural(capacity.nodes, 'node')} have "
         f"{describe('gpu', capacity.cards)} - {_excess('gpu', demand, capacity.cards)}. Lower a "
@@ -835,15 +829,17 @@ def _nodepool_capacity(obj: dict[str, Any], after: After) -> list[Finding]:
     if not exceeds(demand, remaining.cards):
         return []
     moved = pool_capacity(after, after.name)
-    return [Finding(
-        "error", "kai-pool-capacity", "spec.labelKey",
+    return [_error("spec.labelKey",
         f"node pool {after.name} takes {_plural(moved.nodes, 'node')} ({describe('gpu', moved.cards)}) "
         f"out of pool {DEFAULT_POOL}, where departments are guaranteed {describe('gpu', demand)} but "
         f"{describe('gpu', remaining.cards)} would remain - {_excess('gpu', demand, remaining.cards)}. "
         f"Lower those guarantees first")]
 
 
-@_judged
+@rule("kai-pool-capacity", "validate", {DEPARTMENT, NODEPOOL}, Mode.ENFORCE,
+      "departments' GPU guarantees fit in the pool's cards",
+      reads={"Department", "NodePool", "Node"}, judges=spec)
+@_skip_generated
 def check_pool_capacity(subject: Subject, obj: dict[str, Any], view: ClusterView,
                         policy: Policy) -> list[Finding]:
     """Departments' GPU guarantees on a pool fit in the cards its nodes have."""
@@ -858,7 +854,7 @@ def check_pool_capacity(subject: Subject, obj: dict[str, Any], view: ClusterView
 def _claimed_by(after: After, name: str, mine: dict[str, Any] | None) -> str | None:
     """Who else holds a queue name: a Department, a Project or a KAI Queue KRM does not own."""
     for kind in ("Department", "Project"):
-        for other in after.by_index(kind, QUEUE_NAME, name):
+        for other in after.by_index(QUEUE_NAME[kind], name):
             if other is not mine:
                 return f"{kind.lower()} {_name(other)}"
     if after.kind != "Queue":
@@ -878,7 +874,7 @@ def _krm_queue_names(subject: Subject, obj: dict[str, Any], after: After) -> lis
     for slot in mine:
         path = f"{slot.path}.name"
         if slot.queue in first:
-            findings.append(Finding("error", "kai-queue-name-unique", path,
+            findings.append(_error(path,
                                     f"{slot.where}: queue name {slot.queue} is used twice in this "
                                     f"{subject.kind} (also {first[slot.queue]}); queue names are "
                                     f"cluster-wide"))
@@ -886,14 +882,16 @@ def _krm_queue_names(subject: Subject, obj: dict[str, Any], after: After) -> lis
         first[slot.queue] = slot.path
         other = None if slot.queue in had else _claimed_by(after, slot.queue, obj)
         if other:
-            findings.append(Finding(
-                "error", "kai-queue-name-unique", path,
+            findings.append(_error(path,
                 f"{slot.where}: queue name {slot.queue} is already used by {other}; queue names "
                 f"are cluster-wide and KRM would silently rename this queue. Pick another name"))
     return findings
 
 
-@_judged
+@rule("kai-queue-name-unique", "validate", TREES, Mode.ENFORCE,
+      "a queue name is used once across Departments, Projects and KAI Queues",
+      reads={"Department", "Project", "Queue"}, judges=spec)
+@_skip_generated
 def check_queue_names(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """A queue name belongs to one Department or Project (or one unmanaged KAI Queue)."""
@@ -905,14 +903,16 @@ def check_queue_names(subject: Subject, obj: dict[str, Any], view: ClusterView,
     other = _claimed_by(after, after.name, obj)
     if other is None:
         return []
-    return [Finding("error", "kai-queue-name-unique", "metadata.name",
+    return [_error("metadata.name",
                     f"queue name {after.name} is already used by {other}; KRM manages that queue. "
                     f"Pick another name")]
 
 
 # --- kai-namespace-unique (rule 6) ----------------------------------------------------
 
-@_judged
+@rule("kai-namespace-unique", "validate", {PROJECT}, Mode.ENFORCE, "one Project per namespace",
+      reads={"Project"}, judges=spec)
+@_skip_generated
 def check_namespace(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     policy: Policy) -> list[Finding]:
     """One Project per namespace (``spec.namespace``, else ``kai-<name>``)."""
@@ -924,11 +924,11 @@ def check_namespace(subject: Subject, obj: dict[str, Any], view: ClusterView,
     old = typed_spec("Project", subject.old) if subject.operation == "UPDATE" else None
     if isinstance(old, ProjectSpec) and project_namespace(after.name, old.namespace) == namespace:
         return []
-    others = sorted(_name(o) for o in after.by_index("Project", NAMESPACE, namespace) if o is not obj)
+    others = sorted(_name(o) for o in after.by_index(PROJECT_NAMESPACE, namespace) if o is not obj)
     if not others:
         return []
     implicit = "" if spec.namespace else f" (the default for a project named {after.name})"
-    return [Finding("error", "kai-namespace-unique", "spec.namespace",
+    return [_error("spec.namespace",
                     f"namespace {namespace}{implicit} is already claimed by project {others[0]}; "
                     f"KRM would mark this project not ready. Set spec.namespace to a namespace no "
                     f"project uses")]
@@ -938,7 +938,7 @@ def check_namespace(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 def _warn(path: str, text: str) -> Finding:
     # "error" so that enforce mode can deny it; the rule's default mode (warn) shows it.
-    return Finding("error", "kai-tree-warnings", path, _brief(text))
+    return error(path, brief(text))
 
 
 def _limits_above(child: Slot, cap: Slot, label: str) -> Iterator[Finding]:
@@ -971,7 +971,7 @@ def _project_tree(after: After, obj: dict[str, Any]) -> list[Finding]:
 
 
 def _department_tree(after: After, obj: dict[str, Any]) -> list[Finding]:
-    children = _all_slots("Project", after.by_index("Project", PARENT, after.name))
+    children = _all_slots("Project", after.by_index(PROJECT_PARENT, after.name))
     findings = []
     for slot in slots("Department", obj) or []:
         for r in RESOURCES:
@@ -1001,7 +1001,7 @@ def _queue_tree(after: After, obj: dict[str, Any]) -> list[Finding]:
     parent = slots("Queue", after.get("Queue", spec.parent_queue)) if spec.parent_queue else None
     if parent:
         findings.extend(_limits_above(mine[0], parent[0], "parent queue"))
-    children = _all_slots("Queue", after.by_index("Queue", PARENT, after.name))
+    children = _all_slots("Queue", after.by_index(QUEUE_PARENT, after.name))
     for r in RESOURCES:
         above = [c for c in children if exceeds(c.limit(r), mine[0].limit(r))]
         if above:
@@ -1015,16 +1015,23 @@ _TREES: dict[str, Check] = {"Project": _project_tree, "Department": _department_
                             "Queue": _queue_tree}
 
 
-@_judged
+@rule("kai-tree-warnings", "validate", TREES, Mode.WARN,
+      "uncapped project queues, child limits above the parent's, limits above the pool",
+      reads={"Department", "Project", "Queue", "NodePool", "Node"}, judges=spec,
+      ratchet=Ratchet.DROP)
+@_skip_generated
 def check_tree(subject: Subject, obj: dict[str, Any], view: ClusterView,
                policy: Policy) -> list[Finding]:
     """Legal but almost always a mistake: a project queue with no department queue
     above it, a child limit above its parent's, a department limit above the pool."""
-    return _new_findings(subject, obj, view, _TREES[subject.kind])
+    return _TREES[subject.kind](After(view, subject, obj), obj)
 
 
 # --- kai-delete-in-use ----------------------------------------------------------------
 
+@rule("kai-delete-in-use", "validate", KINDS - {PROJECT}, Mode.WARN,
+      "deleting a parent, pool or queue that others still use", operations={"DELETE"},
+      reads={"Department", "Project", "Queue"})
 def check_delete(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
     """Deleting what others still point at: a parent department, a pool with queues,
@@ -1035,48 +1042,18 @@ def check_delete(subject: Subject, obj: dict[str, Any], view: ClusterView,
     after = After(view, subject, None)
     name = after.name
     if subject.kind == "Department":
-        users = sorted(_name(o) for o in after.by_index("Project", PARENT, name))
+        users = sorted(_name(o) for o in after.by_index(PROJECT_PARENT, name))
         text = (f"department {name} is still the parent of {_plural(len(users), 'project')} "
                 f"({_names(users)}); move them first")
     elif subject.kind == "NodePool":
-        departments = after.by_index("Department", POOL, name)
-        projects = after.by_index("Project", POOL, name)
+        departments = after.by_index(POOL["Department"], name)
+        projects = after.by_index(POOL["Project"], name)
         users = [_name(o) for o in departments + projects]
         text = (f"node pool {name} still has queues of {_plural(len(departments), 'department')} and "
                 f"{_plural(len(projects), 'project')}; KRM keeps the pool until they move")
     else:
-        users = sorted(_name(o) for o in after.by_index("Queue", PARENT, name))
+        users = sorted(_name(o) for o in after.by_index(QUEUE_PARENT, name))
         text = f"queue {name} still has {_plural(len(users), 'child queue')} ({_names(users)})"
     if not users:
         return []
-    return [Finding("error", "kai-delete-in-use", "metadata.name", _brief(text))]
-
-
-KINDS = frozenset({DEPARTMENT, PROJECT, NODEPOOL, QUEUE})
-TREES = frozenset({DEPARTMENT, PROJECT, QUEUE})
-
-register(
-    Rule("kai-schema", "validate", KINDS, Mode.ENFORCE, check_schema,
-         "quota objects have the CRD's types (numbers are numbers)"),
-    Rule("kai-structure", "validate", KINDS, Mode.ENFORCE, check_structure,
-         "known pools and parents, one queue per pool, one NodePool per label pair"),
-    Rule("kai-values", "validate", TREES, Mode.ENFORCE, check_values,
-         "no negative quota but -1; overQuotaWeight >= 0; priority a whole number"),
-    Rule("kai-deserved-limit", "validate", TREES, Mode.ENFORCE, check_deserved_limit,
-         "a queue's guarantee is not above its own limit"),
-    Rule("kai-guarantee-sum", "validate", frozenset({PROJECT, QUEUE}), Mode.ENFORCE,
-         check_guarantee_sum, "children's guarantees fit in their parent's"),
-    Rule("kai-pool-capacity", "validate", frozenset({DEPARTMENT, NODEPOOL}), Mode.ENFORCE,
-         check_pool_capacity, "departments' GPU guarantees fit in the pool's cards"),
-    Rule("kai-queue-name-unique", "validate", TREES, Mode.ENFORCE, check_queue_names,
-         "a queue name is used once across Departments, Projects and KAI Queues"),
-    Rule("kai-namespace-unique", "validate", frozenset({PROJECT}), Mode.ENFORCE, check_namespace,
-         "one Project per namespace"),
-    Rule("kai-tree-warnings", "validate", TREES, Mode.WARN, check_tree,
-         "uncapped project queues, child limits above the parent's, limits above the pool"),
-    Rule("kai-shrink", "validate", frozenset({DEPARTMENT, QUEUE}), Mode.ENFORCE, check_shrink,
-         "a parent is not cut below what its children hold", operations=frozenset({"UPDATE"})),
-    Rule("kai-delete-in-use", "validate", KINDS - {PROJECT}, Mode.WARN, check_delete,
-         "deleting a parent, pool or queue that others still use",
-         operations=frozenset({"DELETE"})),
-)
+    return [_error("metadata.name", brief(text))]
