@@ -15,8 +15,10 @@ from typing import Any
 
 from app.cluster.view import Index
 from app.config import Mode, Policy
-from app.rules import actors, namespace, quotas, workloads
+from app.rules import actors, namespace, workloads
 from app.rules.base import Phase, Rule, Subject, rules_of
+from app.rules.quotas import objects as quota_objects
+from app.rules.quotas import rules as quotas
 
 __all__ = ["Copier", "RuleSet", "default_ruleset"]
 
@@ -101,4 +103,4 @@ class RuleSet(Mapping[str, Rule]):
 def default_ruleset() -> RuleSet:
     """Every rule Envelope ships: workloads, namespace-aware workload rules, KAI quota
     trees, actor sandboxes."""
-    return RuleSet.from_modules(workloads, namespace, quotas, actors)
+    return RuleSet.from_modules(workloads, namespace, quota_objects, quotas, actors)
