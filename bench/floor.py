@@ -77,6 +77,7 @@ def floor_app() -> FastAPI:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from app.logs import setup_logging
     from app.tls import KeyPair, TlsState
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -85,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--cert-file", required=True)
     parser.add_argument("--key-file", required=True)
+    parser.add_argument("--log-level", default="info")
     args, _ = parser.parse_known_args(argv)
+    setup_logging(args.log_level)
     state = TlsState()
     if not state.load(KeyPair(Path(args.cert_file).read_bytes(), Path(args.key_file).read_bytes())):
         print("floor: cannot load the certificate", file=sys.stderr)

@@ -144,7 +144,8 @@ def main() -> int:
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), "--host", "127.0.0.1",
-         "--port", str(port), "--cert-file", str(certs.cert), "--key-file", str(certs.key)],
+         "--port", str(port), "--cert-file", str(certs.cert), "--key-file", str(certs.key),
+         "--log-level", args.log_level],
         stdout=subprocess.DEVNULL, stderr=(tmp / "server.log").open("wb"))
     try:
         for _ in range(100):
