@@ -68,8 +68,11 @@ def json_copy(obj: Any) -> Any:
 
 
 def _stamp(rule: Rule, found: list[Finding]) -> list[Finding]:
-    """Findings carry the id of the rule that returned them."""
-    return [f if f.rule == rule.id else replace(f, rule=rule.id) for f in found]
+    """Findings carry the id of the rule that returned them (they are the rule's fresh
+    values, so the id is written in place)."""
+    for f in found:
+        f.rule = rule.id
+    return found
 
 
 def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
@@ -114,18 +117,16 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
              phase: Phase) -> Evaluation:
     """Run the ``phase`` rules of ``rules`` for the subject's kind and operation."""
     out = Evaluation(obj=subject.obj)
-    modes = rules.modes(policy)
-    applicable = [r for r in rules.for_kind(subject.group, subject.kind, phase)
-                  if subject.operation in r.operations and modes[r.id] is not Mode.OFF]
+    applicable = rules.applicable(subject.group, subject.kind, phase, subject.operation, policy)
     if not applicable:
         return out
     original = subject.obj
     working, copied = original, False
     held: set[str] = set()
-    for rule in applicable:
-        if rule.id in held or _unchanged(rule, subject, original):
+    update = subject.operation == "UPDATE"
+    for rule, mode in applicable:
+        if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
             continue
-        mode = modes[rule.id]
         if rule.reads:
             stale = view.problems(rule.reads)
             if stale:
@@ -143,7 +144,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 copier = rules.copiers.get((subject.group, subject.kind))
                 working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
-        scoped = ScopedView(view, rule.reads, rule.id)
+        scoped = ScopedView(view, rule.reads, rule.id) if rule.reads else rules.blind(rule)
         try:
             found = rule.fn(subject, target if target is not None else {}, scoped, policy)
             if found and rule.ratchet is not Ratchet.NONE and subject.operation == "UPDATE" \
