@@ -78,7 +78,89 @@ def _parser() -> argparse.ArgumentParser:
                        help="file, directory or - for stdin (repeatable)")
     check.add_argument("-o", "--output", choices=("human", "json"), default="human")
     check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
+    _audit_parser(sub)
     return parser
+
+
+def _audit_parser(sub: Any) -> None:
+    env = os.environ.get
+    audit = sub.add_parser("audit", help="judge the objects in a cluster as they stand; "
+                                         "print or write PolicyReports")
+    audit.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                       help="the cluster to read (default: in-cluster)")
+    audit.add_argument("-o", "--output", choices=("text", "json", "policyreport"),
+                       default="text")
+    audit.add_argument("--config", default=env("ENVELOPE_CONFIG"))
+    audit.add_argument("--include-owned", action="store_true",
+                       help="also judge Pods, ReplicaSets and Jobs made by a controller")
+    audit.add_argument("--write", action="store_true",
+                       help="apply the PolicyReports to the cluster, delete outdated ones")
+    audit.add_argument("--watch", action="store_true",
+                       help="keep auditing: on start, on change and every --interval "
+                            "(writes reports, serves metrics)")
+    audit.add_argument("--interval", type=float, default=float(env("ENVELOPE_AUDIT_INTERVAL", 600)),
+                       help="seconds between audits with --watch")
+    audit.add_argument("--debounce", type=float, default=float(env("ENVELOPE_AUDIT_DEBOUNCE", 10)),
+                       help="seconds without change before a change is audited")
+    audit.add_argument("--metrics-host", default=env("ENVELOPE_METRICS_HOST", "0.0.0.0"))
+    audit.add_argument("--metrics-port", type=int, default=int(env("ENVELOPE_METRICS_PORT", 9090)),
+                       help="Prometheus port with --watch; 0 disables it")
+    audit.add_argument("--log-level", default=env("ENVELOPE_LOG_LEVEL", "info"))
+
+
+def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
+    from app.audit import AuditMetrics, Auditor, audit, policy_reports, summary_text, write_reports
+    from app.cluster.kube import ApiError, KubeClient, kube_configuration
+
+    try:
+        client = KubeClient(kube_configuration(args.kubeconfig))
+    except Exception as exc:
+        print(f"envelope audit: no cluster configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.watch:
+        from prometheus_client import start_http_server
+
+        from app.logs import setup_logging
+
+        setup_logging(args.log_level)
+        metrics = AuditMetrics()
+        if args.metrics_port:
+            start_http_server(args.metrics_port, addr=args.metrics_host,
+                              registry=metrics.registry)
+        Auditor(client, rules, policy, metrics, interval=args.interval,
+                debounce=args.debounce, include_owned=args.include_owned).run()
+        return 0
+    try:
+        found = audit(client, rules, policy, include_owned=args.include_owned)
+        reports = policy_reports(found)
+        if args.write:
+            applied, deleted = write_reports(client, reports)
+            print(f"envelope audit: {applied} reports applied, {deleted} deleted",
+                  file=sys.stderr)
+    except (ApiError, OSError, urllib3_errors()) as exc:
+        print(f"envelope audit: cannot read the cluster: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "policyreport":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump_all(reports, sort_keys=False))
+    elif args.output == "json":
+        counts = [{"namespace": ns, "rule": rule_id, "result": res, "count": n}
+                  for (ns, rule_id, res), n in sorted(found.counts().items())]
+        sys.stdout.write(orjson.dumps(
+            {"objects": found.objects, "owned": found.owned, "absent": found.absent,
+             "seconds": round(found.seconds, 3), "summary": counts,
+             "results": [r.as_dict() for r in found.results]},
+            option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(summary_text(found))
+    return 1 if any(r.result in ("fail", "error") for r in found.results) else 0
+
+
+def urllib3_errors() -> type[Exception]:
+    import urllib3
+
+    return urllib3.exceptions.HTTPError
 
 
 def subject_of(obj: dict[str, Any]) -> Subject:
@@ -267,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "check":
         return run_check(args.paths, rules, policy, args.output)
+    if args.command == "audit":
+        return run_audit(args, rules, policy)
     return run_serve(args, rules, policy)
 
 
