@@ -374,6 +374,20 @@ def _collection(kind: str, namespace: str | None) -> str:
     return f"{base}/namespaces/{quote(namespace)}/policyreports"
 
 
+def _request(client: KubeClient, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+    """A request, retried while the API server answers 429 (a CRD's storage that is
+    still initialising, API priority and fairness): up to ~10 s, as client-go's
+    default retries honour Retry-After."""
+    for attempt in range(10):
+        try:
+            return client.request(method, path, body, **kw)
+        except ApiError as exc:
+            if exc.status != 429 or attempt == 9:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 def write_reports(client: KubeClient, reports: list[dict[str, Any]]) -> tuple[int, int]:
     """Apply ``reports`` (server-side apply, field manager ``envelope-audit``: the
     results list is replaced whole) and delete the audit's reports not among them.
@@ -386,23 +400,23 @@ def write_reports(client: KubeClient, reports: list[dict[str, Any]]) -> tuple[in
         path = f"{_collection(report['kind'], ns)}/{quote(meta['name'])}"
         keep.add((report["kind"], ns or "", meta["name"]))
         try:
-            client.request("PATCH", f"{path}?fieldManager=envelope-audit&force=true", report,
-                           content_type="application/apply-patch+yaml", timeout=30)
+            _request(client, "PATCH", f"{path}?fieldManager=envelope-audit&force=true", report,
+                     content_type="application/apply-patch+yaml", timeout=30)
             applied += 1
         except ApiError as exc:
             if exc.status == 404 and ns:  # the namespace is gone (or going)
                 continue
             raise
     for kind in ("PolicyReport", "ClusterPolicyReport"):
-        listed = client.request("GET", f"{_collection(kind, None)}?labelSelector="
-                                       f"{quote(SELECTOR)}", timeout=30)
+        listed = _request(client, "GET", f"{_collection(kind, None)}?labelSelector="
+                                         f"{quote(SELECTOR)}", timeout=30)
         for item in listed.get("items") or []:
             meta = item.get("metadata") or {}
             ns, name = meta.get("namespace") or "", meta.get("name") or ""
             if (kind, ns, name) in keep:
                 continue
             try:
-                client.request("DELETE", f"{_collection(kind, ns or None)}/{quote(name)}")
+                _request(client, "DELETE", f"{_collection(kind, ns or None)}/{quote(name)}")
                 deleted += 1
             except ApiError as exc:
                 if exc.status != 404:
