@@ -39,6 +39,7 @@ from app.config import Policy
 from app.engine import check_object
 from app.kai import UNLIMITED, exact, exceeds, total
 from app.rules import Subject
+from tests.test_quotas import department, entry, judge, node, nodepool
 
 KAI = "scheduling.run.ai/v2"
 RESOURCES = ("CPU", "GPU", "Memory")
@@ -274,3 +275,59 @@ def test_difference_already_over_parent_and_unrelated_write() -> None:
     assert kai_warnings(case.parent, case.children, case.new) == {("total", "CPU")}
     assert envelope_excesses(case.parent, case.children, case.new) == {("total", "CPU")}
     assert refused_resources(case) == set()
+
+
+# --- KAI Resource Management v0.1.1: new fields that do not change the arithmetic --------
+# kai-scheduler/kai-resource-management-api CHANGELOG.md ([v0.1.1] - 2026-08-24: KRMConfig)
+# and kai/v1alpha1/nodepool_types.go (phase MissingPrerequisites, node status
+# MissingNrtHealthyPrerequisite, kai/gpu-network-acceleration-* annotations).
+
+NETWORK_ANNOTATIONS = {
+    "kai/gpu-network-acceleration-detection": "Auto",
+    "kai/gpu-network-acceleration-label-key": "nvidia.com/gpu.clique",
+    "kai/gpu-network-acceleration-detected": "true",
+}
+
+
+def _krm_nodepool_v011(name: str) -> dict[str, Any]:
+    pool = nodepool(name)
+    pool["metadata"]["annotations"] = dict(NETWORK_ANNOTATIONS)
+    pool["status"] = {"phase": "MissingPrerequisites",
+                      "message": "1 node lacks healthy NodeResourceTopology data",
+                      "nodes": [{"name": f"{name}-1", "status": "MissingNrtHealthyPrerequisite"},
+                                {"name": f"{name}-2", "status": "Ready"}],
+                      "conditions": [{"type": "MissingNrtHealthyPrerequisite", "status": "True",
+                                      "reason": "MissingNrtHealthyPrerequisiteReason"}]}
+    return pool
+
+
+def _findings(obj: dict[str, Any], cluster: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(f.severity, f.rule, f.message) for f in judge(obj, cluster=cluster).findings}
+
+
+@pytest.mark.parametrize("deserved", [8, 9])
+def test_nodepool_phase_and_annotations_leave_pool_capacity_alone(deserved: int) -> None:
+    """A MissingPrerequisites pool still owns its nodes' cards: KRM's phase says some
+    nodes miss a prerequisite of an enabled scheduling capability (NUMA-aware
+    placement), not that they left the pool. Same findings with and without."""
+    nodes = [node("rtx-1", 4, pool="rtx"), node("rtx-2", 4, pool="rtx")]
+    dept = department("platform", entry("platform-rtx", gpu=(deserved, -1)))
+    plain = _findings(dept, [nodepool("rtx"), *nodes])
+    v011 = _findings(dept, [_krm_nodepool_v011("rtx"), *nodes])
+    assert plain == v011
+    assert any(rule == "kai-pool-capacity" for _s, rule, _m in plain) == (deserved > 8)
+
+
+def test_nodepool_v011_fields_are_not_judged() -> None:
+    result = judge(_krm_nodepool_v011("a100"), cluster=[])
+    assert [f for f in result.findings if f.severity == "error"] == []
+    assert not any("annotation" in f.message or "phase" in f.message for f in result.findings)
+
+
+def test_krmconfig_is_not_a_kind_envelope_judges() -> None:
+    """KRMConfig configures the KRM installation (images, resources, feature flags);
+    it holds no quota, so no rule reads it and it never fails a check."""
+    config = {"apiVersion": "kai.resources/v1alpha1", "kind": "KRMConfig",
+              "metadata": {"name": "krm-config"},
+              "spec": {"global": {"affinity": {}}}}
+    assert judge(config, cluster=[]).findings == []
