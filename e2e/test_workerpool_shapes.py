@@ -6,8 +6,8 @@
   configRef}]``, ``spec.workerImage``); the API server prunes ``sandboxClass``.
 
 The session cluster keeps serving e2e/crds/ate-dev.yaml for the other tests, so this
-module runs a control plane and a webhook of its own and swaps the WorkerPool CRD
-between the two versions (e2e/crds/substrate/<version>/). ActorTemplates come from
+module runs a control plane and a webhook of its own per version, each serving that
+version's WorkerPool CRD (e2e/crds/substrate/<version>/). ActorTemplates come from
 e2e/crds/ate-dev.yaml: the ActorTemplate CRD era is the only one there is.
 """
 
@@ -43,28 +43,32 @@ VERSIONS = {
 IMAGE = "registry.example/ateom@sha256:" + "b" * 64
 
 
-@pytest.fixture(scope="module")
-def shapes(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[Cluster, Webhook]]:
-    workdir = tmp_path_factory.mktemp("workerpool-shapes")
+NOT_WIRED = pytest.mark.xfail(strict=True, reason=(
+    "placement reads only spec.sandboxClass until app.substrate.pool_sandbox_classes is wired "
+    "into the actor rules (issue 17): every current pool reads as gVisor"))
+
+
+@pytest.fixture(scope="module", params=["crd-era-86e138f6", pytest.param("current", marks=NOT_WIRED)])
+def shapes(request: pytest.FixtureRequest, controlplane_bin_dir: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Cluster, Webhook]]:
+    """A control plane serving one version's WorkerPool CRD (installed before the webhook
+    starts: no CRD changes under a running watch), and a webhook watching it."""
+    version: str = request.param
+    workdir = tmp_path_factory.mktemp(f"workerpool-{version}")
     cluster = start_control_plane(workdir / "controlplane", controlplane_bin_dir)
     webhook: Webhook | None = None
     try:
-        install_crds(cluster)  # ActorTemplate (and the hand-written WorkerPool, replaced below)
+        install_crds(cluster)  # ActorTemplate (and the hand-written WorkerPool, replaced next)
+        install_crds(cluster, VERSIONS[version])
         webhook = start_webhook(workdir / "webhook", kubeconfig=cluster.kubeconfig,
                                 extra_args=["--staleness", "5"])
         register_webhook(cluster, webhook)
-        yield cluster, webhook
+        yield version, cluster, webhook
     finally:
         if webhook is not None:
             unregister_webhook(cluster)
             webhook.stop()
         cluster.stop()
-
-
-def serve(cluster: Cluster, version: str) -> None:
-    """Make the API server serve this version's WorkerPool CRD."""
-    install_crds(cluster, VERSIONS[version])
 
 
 def crd_era_pool(name: str, ns: str, cls: str, memory: str) -> dict[str, Any]:
@@ -112,16 +116,9 @@ def placed_against(cluster: Cluster, webhook: Webhook, ns: str, needle: str) -> 
     return last
 
 
-NOT_WIRED = pytest.mark.xfail(strict=True, reason=(
-    "placement reads only spec.sandboxClass until app.substrate.pool_sandbox_classes is wired "
-    "into the actor rules (issue 17): every current pool reads as gVisor"))
-
-
-@pytest.mark.parametrize("version", ["crd-era-86e138f6", pytest.param("current", marks=NOT_WIRED)])
 def test_microvm_actor_is_placed_only_on_a_pool_offering_microvm(
-        shapes: tuple[Cluster, Webhook], version: str) -> None:
-    cluster, webhook = shapes
-    serve(cluster, version)
+        shapes: tuple[str, Cluster, Webhook]) -> None:
+    version, cluster, webhook = shapes
     ns = unique_name(f"e2e-shape-{version}", max_length=50)
     cluster.create_namespace(ns, labels={"envelope.test/e2e": "true"})
     pool = crd_era_pool if version.startswith("crd-era") else current_pool
