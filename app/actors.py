@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.substrate import pool_sandbox_classes
 
 __all__ = [
     "ACTOR_RESOURCES",
@@ -179,6 +180,13 @@ class WorkerPool(_Model):
     @property
     def labels(self) -> dict[str, str]:
         return dict(self.metadata.labels or {})
+
+    @property
+    def sandbox_classes(self) -> frozenset[str]:
+        """The classes the pool runs, from either upstream shape: ``spec.sandboxClasses``
+        (current) or ``spec.sandboxClass`` (CRD era, default gvisor). See
+        :func:`app.substrate.read_pool_classes`."""
+        return pool_sandbox_classes({"spec": self.spec.model_dump(by_alias=True, exclude_unset=True)})
 
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:

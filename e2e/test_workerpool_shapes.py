@@ -43,12 +43,7 @@ VERSIONS = {
 IMAGE = "registry.example/ateom@sha256:" + "b" * 64
 
 
-NOT_WIRED = pytest.mark.xfail(strict=True, reason=(
-    "placement reads only spec.sandboxClass until app.substrate.pool_sandbox_classes is wired "
-    "into the actor rules (issue 17): every current pool reads as gVisor"))
-
-
-@pytest.fixture(scope="module", params=["crd-era-86e138f6", pytest.param("current", marks=NOT_WIRED)])
+@pytest.fixture(scope="module", params=list(VERSIONS))
 def shapes(request: pytest.FixtureRequest, controlplane_bin_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Cluster, Webhook]]:
     """A control plane serving one version's WorkerPool CRD (installed before the webhook

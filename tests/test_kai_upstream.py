@@ -33,12 +33,12 @@ from typing import Any
 
 import pytest
 
-import app.rules.quotas  # noqa: F401  (registers the kai-* rules and indexes)
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import check_object
 from app.kai import UNLIMITED, exact, exceeds, total
-from app.rules import Subject
+from app.rules.base import Subject
+from tests.conftest import RULES
 from tests.test_quotas import department, entry, judge, node, nodepool
 
 KAI = "scheduling.run.ai/v2"
@@ -211,7 +211,7 @@ def refused_resources(case: Case) -> set[str]:
     objects += [kai_queue(n, case.children[n], PARENT) for n in existing]
     new = kai_queue(list(case.children)[-1], case.children[list(case.children)[-1]], PARENT)
     subject = Subject("scheduling.run.ai", "v2", "Queue", "CREATE", "", new["metadata"]["name"], new, None)
-    result = check_object(subject, StaticView(objects), Policy())
+    result = check_object(RULES, subject, StaticView(objects), Policy())
     assert not result.internal_errors, result.internal_errors
     return {f.path.split(".")[-2] for f in result.findings
             if f.rule == "kai-guarantee-sum" and f.severity == "error"}
@@ -228,7 +228,7 @@ def test_the_rule_message_reads_unlimited_like_upstreams() -> None:
     existing = kai_queue("child-1", case.children["child-1"], PARENT)
     new = kai_queue("child-2", case.children["child-2"], PARENT)
     subject = Subject("scheduling.run.ai", "v2", "Queue", "CREATE", "", "child-2", new, None)
-    result = check_object(subject, StaticView([kai_queue(PARENT, case.parent), existing]), Policy())
+    result = check_object(RULES, subject, StaticView([kai_queue(PARENT, case.parent), existing]), Policy())
     [finding] = [f for f in result.findings if f.rule == "kai-guarantee-sum"]
     assert ("child queues are guaranteed unlimited in total but the parent queue has 4 cards"
             in finding.message)
