@@ -14,6 +14,8 @@ e2e/crds/ate-dev.yaml: the ActorTemplate CRD era is the only one there is.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 
 from harness import (
     CRD_DIR,
+    REPO_ROOT,
     Cluster,
     HarnessError,
     Webhook,
@@ -138,3 +141,29 @@ def test_microvm_actor_is_placed_only_on_a_pool_offering_microvm(
     code, err = dry_run(cluster, template("big-gvisor", ns, "16Gi", cls="gvisor"))
     assert code == 0, err
 
+
+
+def test_check_places_a_current_template_against_the_clusters_pools(
+        shapes: tuple[str, Cluster, Webhook], tmp_path: Path) -> None:
+    """`envelope check --kubeconfig`: an api.ate.dev template (no Kubernetes object) is
+    placed against the WorkerPools the real API server lists, in either shape."""
+    version, cluster, _webhook = shapes
+    ns = unique_name(f"e2e-check-{version}", max_length=50)
+    cluster.create_namespace(ns, labels={"envelope.test/e2e": "true"})
+    pool = crd_era_pool if version.startswith("crd-era") else current_pool
+    cluster.apply(pool("vm-2gi", ns, "microvm", "2Gi"))
+    doc = {"apiVersion": "api.ate.dev/v1alpha1", "kind": "ActorTemplate",
+           "metadata": {"atespace": "team-a", "name": "big"},
+           "spec": {"sandboxConfig": {"sandboxClass": "SANDBOX_CLASS_MICROVM", "configName": "vm"},
+                    "resources": {"limits": [{"name": "memory", "quantity": "64Gi"}]}}}
+    path = tmp_path / "template.yaml"
+    path.write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-m", "app", "check", "-f", str(path), "-o", "json",
+                          "--kubeconfig", str(cluster.kubeconfig)],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)
+    assert out.returncode == 1, out.stderr
+    [entry] = json.loads(out.stdout)
+    [finding] = entry["findings"]
+    assert finding["rule"] == "actor-placement"
+    assert finding["message"].startswith("needs 64Gi memory; the largest microvm WorkerPool in any "
+                                         "namespace offers"), finding
