@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -181,12 +182,16 @@ class WorkerPool(_Model):
     def labels(self) -> dict[str, str]:
         return dict(self.metadata.labels or {})
 
-    @property
+    @cached_property
     def sandbox_classes(self) -> frozenset[str]:
         """The classes the pool runs, from either upstream shape: ``spec.sandboxClasses``
-        (current) or ``spec.sandboxClass`` (CRD era, default gvisor). See
-        :func:`app.substrate.read_pool_classes`."""
-        return pool_sandbox_classes({"spec": self.spec.model_dump(by_alias=True, exclude_unset=True)})
+        (current, kept as an extra field) or ``spec.sandboxClass`` (CRD era, default
+        gvisor). See :func:`app.substrate.read_pool_classes`."""
+        spec = self.spec
+        raw = dict(spec.model_extra or {})
+        if "sandbox_class" in spec.model_fields_set:
+            raw["sandboxClass"] = spec.sandbox_class
+        return pool_sandbox_classes({"spec": raw})
 
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:
