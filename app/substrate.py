@@ -14,12 +14,13 @@ malformed object. What upstream changed, and where it was read, is in
   entry today, keyed by ``name``) and ``spec.workerImage``; ``spec.sandboxClass`` is
   gone, so a served current CRD prunes it.
 - **ActorTemplate** stopped being a CRD ("Delete ActorTemplate CRD", #1376): it is a
-  resource of the substrate API server. Users write it for ``kubectl ate apply`` as an
-  ``api.ate.dev/v1alpha1`` document; the body uses the API's JSON field names
-  (``sandboxConfig.sandboxClass`` as ``SANDBOX_CLASS_MICROVM``, ``resources.limits``
-  as a list of ``{name, quantity}``). :func:`read_current_template` reads it into the
-  same envelope the CRD-era rules judge, and :func:`as_crd_template` renders that
-  envelope as an ``ate.dev/v1alpha1`` ActorTemplate so those rules run unchanged.
+  resource of the substrate API server. A stored version of ``kubectl ate apply`` reads
+  it as an ``api.ate.dev/v1alpha1`` document, and the API's own tests write it with the
+  JSON field names read here (``sandboxConfig.sandboxClass`` as
+  ``SANDBOX_CLASS_MICROVM``, ``resources.limits`` as a list of ``{name, quantity}``).
+  :func:`read_current_template` reads it into the same envelope the CRD-era rules
+  judge, and :func:`as_crd_template` renders that envelope as an ``ate.dev/v1alpha1``
+  ActorTemplate so those rules run unchanged.
 """
 
 from __future__ import annotations
