@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.substrate import pool_sandbox_classes
 
 __all__ = [
     "ACTOR_RESOURCES",
@@ -179,6 +181,17 @@ class WorkerPool(_Model):
     @property
     def labels(self) -> dict[str, str]:
         return dict(self.metadata.labels or {})
+
+    @cached_property
+    def sandbox_classes(self) -> frozenset[str]:
+        """The classes the pool runs, from either upstream shape: ``spec.sandboxClasses``
+        (current, kept as an extra field) or ``spec.sandboxClass`` (CRD era, default
+        gvisor). See :func:`app.substrate.read_pool_classes`."""
+        spec = self.spec
+        raw = dict(spec.model_extra or {})
+        if "sandbox_class" in spec.model_fields_set:
+            raw["sandboxClass"] = spec.sandbox_class
+        return pool_sandbox_classes({"spec": raw})
 
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:
