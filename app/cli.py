@@ -16,6 +16,7 @@ from app.cluster.static import LoadError, Manifest, load_manifests
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
+from app.exemptions import needs_namespaces
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset
 from app.substrate import as_crd_template, is_current_template, read_current_template
@@ -96,6 +97,7 @@ def _entry(m: Manifest, subject: Subject, result: Evaluation) -> dict[str, Any]:
             "namespace": subject.namespace, "name": subject.name,
             "source": f"{m.source}#{m.document}",
             "findings": [f.as_dict() for f in result.findings],
+            "skipped": [{"rule": r, "reason": why} for r, why in result.skipped.items()],
             "patch": result.patch}
 
 
@@ -217,8 +219,9 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str,
 
 def _print_human(entries: list[dict[str, Any]]) -> None:
     errors = warnings = mutated = 0
+    skipped = 0
     for e in entries:
-        if not e["findings"] and not e["changes"]:
+        if not e["findings"] and not e["changes"] and not e.get("skipped"):
             continue
         where = f"{e['namespace']}/{e['name']}" if e["namespace"] else e["name"]
         print(f"{e['kind']} {where} ({e['source']})")
@@ -226,14 +229,18 @@ def _print_human(entries: list[dict[str, Any]]) -> None:
             print(f"  {f['severity']:<7} {f['rule']}: {f['message']}")
             errors += f["severity"] == "error"
             warnings += f["severity"] == "warning"
+        for skip in e.get("skipped", ()):
+            print(f"  skip    {skip['rule']}: exempt ({skip['reason']})")
+            skipped += 1
         for change in e["changes"]:
             print(f"  change  {change}")
         mutated += bool(e["patch"])
     print(f"{len(entries)} objects: {errors} errors, {warnings} warnings, "
-          f"{mutated} would be mutated")
+          f"{mutated} would be mutated" + (f", {skipped} rules skipped as exempt" if skipped else ""))
 
 
-def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[str, Any]]:
+def _cluster_view(args: argparse.Namespace, rules: RuleSet,
+                  policy: Policy) -> tuple[Any, dict[str, Any]]:
     """The live view (started) of what the rules read, and its readiness check, or an
     empty static view."""
     import logging
@@ -253,7 +260,8 @@ def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[s
         log.warning("no cluster configuration; rules see an empty cluster",
                     extra={"fields": {"reason": str(exc)[:200]}})
         return StaticView(indexes=rules.indexes), {}
-    view = LiveView(configuration, resources_for(rules.reads), staleness=args.staleness,
+    kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
+    view = LiveView(configuration, resources_for(kinds), staleness=args.staleness,
                     indexes=rules.indexes)
     view.start()
     log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
@@ -331,7 +339,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args, rules)
+    view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
     app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)

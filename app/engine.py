@@ -27,6 +27,7 @@ import orjson
 
 from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
+from app.exemptions import ALL, exemptions
 from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
@@ -48,6 +49,8 @@ class Evaluation:
     patch: list[dict[str, Any]] = field(default_factory=list)
     internal_errors: list[str] = field(default_factory=list)
     """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Rules that did not run because the object is exempt from them: id -> why."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -124,9 +127,16 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     working, copied = original, False
     held: set[str] = set()
     update = subject.operation == "UPDATE"
+    exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
+        else {}
     for rule, mode in applicable:
         if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
             continue
+        if exempt:
+            why = exempt.get(rule.id) or exempt.get(ALL)
+            if why is not None:
+                out.skipped[rule.id] = why
+                continue
         if rule.reads:
             stale = view.problems(rule.reads)
             if stale:
@@ -183,4 +193,5 @@ def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Po
         obj=mutated.obj,
         patch=mutated.patch,
         internal_errors=mutated.internal_errors + validated.internal_errors,
+        skipped={**mutated.skipped, **validated.skipped},
     )

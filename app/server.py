@@ -48,6 +48,10 @@ class Metrics:
             "envelope_admission_duration_seconds", "Time to answer an admission review",
             labels, registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.exemptions = Counter("envelope_rule_exemptions_total",
+                                  "Rules not run on an object because it is exempt (policy "
+                                  "exceptions or the object's exemption annotation)", ("rule",),
+                                  registry=self.registry)
         self.cert_expiry = Gauge("envelope_certificate_expiry_timestamp_seconds",
                                  "When the serving certificate in use expires (Unix time)",
                                  registry=self.registry)
@@ -153,6 +157,9 @@ def create_app(
         kind = subject.kind if subject.kind in known_kinds else "other"
         m.requests.labels(phase, kind, decision.word).inc()
         m.latency.labels(phase, kind, decision.word).observe(elapsed)
+        if evaluation is not None:
+            for rule_id in evaluation.skipped:
+                m.exemptions.labels(rule_id).inc()  # rule ids come from the rule set: bounded
         if admission_log.enabled:
             record: dict[str, Any] = {
                 "uid": uid, "kind": subject.kind, "namespace": subject.namespace,
@@ -163,6 +170,8 @@ def create_app(
             }
             if evaluation and evaluation.internal_errors:
                 record["internalErrors"] = evaluation.internal_errors
+            if evaluation and evaluation.skipped:
+                record["exempted"] = evaluation.skipped
             admission_log.write(record)
         return 200, review_response(uid, decision)
 
