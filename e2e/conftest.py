@@ -5,6 +5,9 @@ Fixtures (see e2e/harness.py for the objects they return):
 - ``controlplane_bin_dir`` (session) -> Path: etcd, kube-apiserver, kubectl, helm.
 - ``cluster`` (session) -> harness.Cluster: etcd + kube-apiserver running.
 - ``namespace`` (function) -> str: a fresh, uniquely named namespace.
+- ``scheduler`` (session) -> harness.Scheduler: kube-scheduler against ``cluster``,
+  scheduling only Pods with ``spec.schedulerName: envelope-oracle`` onto Node
+  objects the tests create (``Cluster.create_node``). Started on first request.
 - ``webhook`` (session) -> harness.Webhook: ``python -m app serve`` running and
   registered as the cluster's mutating + validating webhook. Only tests that
   request it start it; once started it stays registered for the rest of the
@@ -96,6 +99,20 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> str:
     name = harness.unique_name(f"e2e-{request.node.name}", max_length=50)
     cluster.create_namespace(name, labels={"envelope.test/e2e": "true"})
     return name
+
+
+@pytest.fixture(scope="session")
+def scheduler(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Scheduler]:
+    """kube-scheduler (same Kubernetes version as kube-apiserver), profile
+    ``envelope-oracle``, bound to the session cluster; stopped at session end."""
+    if EXTERNAL_KUBECONFIG:
+        pytest.skip("the scheduling oracle needs the harness's own kube-scheduler")
+    workdir = tmp_path_factory.mktemp("scheduler")
+    running = _or_fail(lambda: harness.start_scheduler(cluster, workdir))
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="session")
