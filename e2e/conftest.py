@@ -46,6 +46,14 @@ def _or_fail(fn: Callable[[], T]) -> T:
     pytest.fail(message, pytrace=False)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("envelope oracles")
+    group.addoption("--cases", type=int, default=None, metavar="N",
+                    help="cases per differential oracle (e2e/test_oracle_*.py); default: the CI subset")
+    group.addoption("--oracle-seed", type=int, default=12, metavar="SEED",
+                    help="seed of the oracles' case generators (default 12)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -99,6 +107,18 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> str:
     name = harness.unique_name(f"e2e-{request.node.name}", max_length=50)
     cluster.create_namespace(name, labels={"envelope.test/e2e": "true"})
     return name
+
+
+def oracle_cases(request: pytest.FixtureRequest, default: int) -> int:
+    """How many cases an oracle runs: ``--cases N`` or its CI ``default``."""
+    value = request.config.getoption("--cases", default=None)
+    return int(value) if value else default
+
+
+@pytest.fixture(scope="session")
+def oracle_seed(request: pytest.FixtureRequest) -> int:
+    """Seed of the oracles' generators (``--oracle-seed``); printed in every failure."""
+    return int(request.config.getoption("--oracle-seed", default=12))
 
 
 @pytest.fixture(scope="session")
