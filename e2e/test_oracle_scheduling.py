@@ -37,11 +37,11 @@ OVERHEAD = {"cpu": "250m", "memory": "64Mi"}
 
 CPU = ["100m", "250m", "500m", "1", "1500m", "2", "3", "4", "1001m", "2500u"]
 MEM = ["64Mi", "128Mi", "256Mi", "512Mi", "1Gi", "1500Mi", "2Gi", "4Gi", "1G", "3Gi"]
-NODE_CPU = ["500m", "1", "2", "2500m", "4", "8"]
-NODE_MEM = ["512Mi", "1Gi", "2Gi", "4Gi", "8Gi", "16Gi"]
+NODE_CPU = ["1", "2", "2500m", "4", "8", "8"]
+NODE_MEM = ["1Gi", "2Gi", "4Gi", "8Gi", "16Gi", "16Gi"]
 TAINTS = [
     {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
-    {"key": "dedicated", "value": "batch", "effect": "NoSchedule"},
+    {"key": "dedicated", "value": "batch", "effect": "NoExecute"},
     {"key": "spot", "effect": "NoExecute"},
     {"key": "soft", "value": "x", "effect": "PreferNoSchedule"},
     {"key": "team", "value": "a", "effect": "NoExecute"},
@@ -81,14 +81,14 @@ def _resources(rng: random.Random, *, allow_gpu: bool) -> dict[str, Any]:
         req["memory"] = rng.choice(MEM)
     if rng.random() < 0.4:
         lim["memory"] = req.get("memory") or rng.choice(MEM)
-    if rng.random() < 0.15:
+    if rng.random() < 0.1:
         req["ephemeral-storage"] = rng.choice(["1Gi", "5Gi", "20Gi"])
-    if allow_gpu and rng.random() < 0.3:
+    if allow_gpu and rng.random() < 0.12:
         n = str(rng.choice([1, 1, 2, 4]))
         lim["nvidia.com/gpu"] = n  # extended resources: request defaults to the limit
         if rng.random() < 0.5:
             req["nvidia.com/gpu"] = n
-    if allow_gpu and rng.random() < 0.1:
+    if allow_gpu and rng.random() < 0.05:
         lim["example.com/fpga"] = req["example.com/fpga"] = "1"
     out: dict[str, Any] = {}
     if req:
@@ -150,19 +150,19 @@ def generate(index: int, seed: int, run: str) -> Scenario:
     for n in range(rng.randint(1, 3)):
         name = f"oracle-{case}-{n}"
         alloc = {"cpu": rng.choice(NODE_CPU), "memory": rng.choice(NODE_MEM),
-                 "pods": str(rng.choice([1, 2, 3, 110, 110]))}
-        if rng.random() < 0.5:
+                 "pods": str(rng.choice([1, 2, 3, 110, 110, 110, 110]))}
+        if rng.random() < 0.8:
             alloc["ephemeral-storage"] = rng.choice(["10Gi", "50Gi"])
         labels = {CASE_LABEL: case, "zone": rng.choice(ZONES), "gen": str(rng.randint(1, 5))}
-        if rng.random() < 0.35:
+        if rng.random() < 0.45:
             alloc["nvidia.com/gpu"] = str(rng.choice([1, 2, 4, 8]))
             labels["gpu"] = "true"
-        if rng.random() < 0.1:
+        if rng.random() < 0.3:
             alloc["example.com/fpga"] = "2"
         node: dict[str, Any] = {"name": name, "allocatable": alloc, "labels": labels,
-                                "unschedulable": rng.random() < 0.1}
+                                "unschedulable": rng.random() < 0.07}
         nodes.append(node)
-        taints.append(rng.sample(TAINTS, rng.choice([0, 0, 1, 2])))
+        taints.append(rng.sample(TAINTS, rng.choice([0, 0, 0, 0, 1, 2])))
     existing = []
     for i, node in enumerate(nodes):
         for j in range(rng.choice([0, 0, 1, 2])):
@@ -187,26 +187,36 @@ def generate(index: int, seed: int, run: str) -> Scenario:
         spec["runtimeClassName"] = RUNTIME_CLASS
     if rng.random() < 0.25:
         _pod_level(spec, rng)
-    if rng.random() < 0.4:
+    if rng.random() < 0.5:
         spec["tolerations"] = rng.sample(TOLERATIONS, rng.randint(1, 3))
     if rng.random() < 0.2:
         spec["nodeSelector"]["zone"] = rng.choice(ZONES)
-    if rng.random() < 0.35:
+    if rng.random() < 0.3:
         spec["affinity"] = _affinity(rng, [n["name"] for n in nodes])
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"case-{index}"}, "spec": spec}
     return Scenario(index=index, nodes=nodes, taints=taints, existing=existing, pod=pod)
 
 
 def _pod_level(spec: dict[str, Any], rng: random.Random) -> None:
-    """Pod-level cpu/memory that validation accepts: limits at or above what the
-    containers ask (and at or above their limits), requests between."""
-    aggregate = effective_pod_requests({"spec": {k: v for k, v in spec.items() if k != "resources"}})
+    """Pod-level cpu/memory that validation accepts: a limit at or above the
+    containers' aggregate request and every container limit, a request (when set)
+    between the aggregate request and the limit."""
+    containers = {k: v for k, v in spec.items() if k != "resources"}
+    aggregate = effective_pod_requests({"spec": containers})
     res: dict[str, Any] = {}
     for name, choices in (("cpu", ["2", "4", "6"]), ("memory", ["4Gi", "6Gi", "8Gi"])):
-        if rng.random() < 0.7:
-            res.setdefault("limits", {})[name] = rng.choice(choices)
-            if rng.random() < 0.4 and aggregate.get(name, 0) <= _q(res["limits"][name]) / 2:
-                res.setdefault("requests", {})[name] = str(_q(res["limits"][name]) / 2)
+        if rng.random() >= 0.7:
+            continue
+        limit = _q(rng.choice(choices))
+        container_limits = [_q(c["resources"]["limits"][name])
+                            for c in spec["containers"] + spec.get("initContainers", [])
+                            if name in c["resources"].get("limits", {})]
+        floor = max([aggregate.get(name, 0), *container_limits])
+        if limit < floor:
+            continue
+        res.setdefault("limits", {})[name] = str(limit)
+        if rng.random() < 0.4 and floor * 2 <= limit:
+            res.setdefault("requests", {})[name] = str(limit / 2)
     if res:
         spec["resources"] = res
 
@@ -240,9 +250,9 @@ def _model(scn: Scenario) -> tuple[bool, str]:
     return verdict.fits, verdict.describe()
 
 
-def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple[list[str], int]:
+def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple[list[str], int, int]:
     """Create the batch, wait for every pod's outcome, compare; returns
-    (disagreements, pods the API server refused)."""
+    (disagreements, pods the API server refused, pods bound)."""
     def make_node(item: tuple[dict[str, Any], list[dict[str, str]]]) -> None:
         node, taints = item
         cluster.create_node(node["name"], node["allocatable"], labels=node["labels"], taints=taints,
@@ -294,7 +304,8 @@ def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple
     parallel(lambda item: cluster.delete_node(item[0]["name"]), pairs)
     for index, why in refused.items():
         print(f"case {index}: the API server refused the pod: {why}")
-    return disagreements, len(refused)
+    bound = sum(1 for kind, _ in outcomes.values() if kind == "bound")
+    return disagreements, len(refused), bound
 
 
 def test_scheduling_oracle(cluster: Cluster, scheduler: Scheduler, oracle_seed: int,
@@ -305,14 +316,16 @@ def test_scheduling_oracle(cluster: Cluster, scheduler: Scheduler, oracle_seed: 
     run = namespace.rsplit("-", 1)[-1]
     scenarios = [generate(i, oracle_seed, run) for i in range(cases)]
     disagreements: list[str] = []
-    refused = 0
+    refused = bound = 0
     started = time.monotonic()
     for start in range(0, cases, BATCH):
-        found, n_refused = _run_batch(cluster, namespace, scenarios[start:start + BATCH])
+        found, n_refused, n_bound = _run_batch(cluster, namespace, scenarios[start:start + BATCH])
         disagreements += found
         refused += n_refused
+        bound += n_bound
     judged = cases - refused
-    print(f"scheduling oracle: {judged} scenarios judged ({refused} refused by the API server), "
-          f"seed {oracle_seed}, {time.monotonic() - started:.1f}s, {len(disagreements)} disagreements")
+    print(f"scheduling oracle: {judged} scenarios judged ({refused} refused by the API server, "
+          f"{bound} bound, {judged - bound} unschedulable), seed {oracle_seed}, "
+          f"{time.monotonic() - started:.1f}s, {len(disagreements)} disagreements")
     assert judged >= min(cases, DEFAULT_CASES) * 0.9, f"only {judged} of {cases} scenarios were valid"
     assert not disagreements, "\n".join(disagreements[:10])
