@@ -34,10 +34,11 @@ Not modelled (they need objects this module is not given): inter-pod
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal
+from decimal import ROUND_CEILING, ROUND_UP, Context, Decimal
 from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
@@ -172,8 +173,45 @@ def _default_container_requests(container: dict[str, Any]) -> None:
 
 
 def _canonical(value: Decimal) -> str:
-    """A quantity string with exactly ``value`` (what the defaulted field holds)."""
-    return format(value.normalize(), "f")
+    """A quantity string with exactly ``value`` (plain digits when short)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    if -9 <= exponent <= 18:
+        return format(value, "f")
+    coefficient = ("-" if sign else "") + "".join(map(str, digits))
+    return f"{coefficient}e{exponent}"
+
+
+def _round_up_milli(value: object) -> object:
+    """pkg/apis/core/v1/defaults.go ``SetDefaults_ResourceList``: every value of a
+    ResourceList is rounded up to a multiple of 1m (``Quantity.RoundUp(-3)``)."""
+    try:
+        q = parse_quantity(value)
+    except QuantityError:
+        return value
+    exponent = q.as_tuple().exponent
+    if not isinstance(exponent, int) or exponent >= -3:
+        return value
+    ctx = Context(prec=len(q.as_tuple().digits) + 5)
+    return _canonical(q.quantize(Decimal("0.001"), rounding=ROUND_UP, context=ctx))
+
+
+def _round_lists(spec: dict[str, Any]) -> None:
+    """Round every resource list of a pod spec in place, as the generated defaulter
+    does after ``SetDefaults_Pod`` (containers, init containers, overhead and
+    pod-level resources)."""
+    lists: list[Any] = []
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
+                lists += [container["resources"].get("limits"), container["resources"].get("requests")]
+    lists.append(spec.get("overhead"))
+    if isinstance(spec.get("resources"), dict):
+        lists += [spec["resources"].get("limits"), spec["resources"].get("requests")]
+    for rl in lists:
+        if isinstance(rl, dict):
+            for name in list(rl):
+                rl[name] = _round_up_milli(rl[name])
 
 
 def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,22 +228,35 @@ def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
        when any container requests it, else to the pod-level limit (hugepages: to
        the pod-level limit).
 
-    Pod *templates* are never defaulted; apply this to the Pod a template makes.
-    Values are written as canonical decimal strings (the same amounts).
-    """
-    import copy
+    3. then, as the generated defaulter does for every ResourceList (templates
+       included), each value is rounded up to a multiple of 1m
+       (``SetDefaults_ResourceList``). The pod-level default is computed *before*
+       that rounding, from the unrounded container values: for a Pod written with
+       sub-millicore requests the API server's own validation may then refuse it
+       ("must be greater than or equal to aggregate container requests"; see
+       docs/fidelity.md).
 
+    Pod *templates* get no request defaulting (only step 3); apply this to the Pod
+    a template makes. New values are written as exact quantity strings.
+    """
     out: dict[str, Any] = copy.deepcopy(dict(pod))
     spec = out.get("spec")
     if not isinstance(spec, dict):
         return out
+    _default_pod_spec(spec)
+    _round_lists(spec)
+    return out
+
+
+def _default_pod_spec(spec: dict[str, Any]) -> None:
+    """Steps 1 and 2 of ``default_pod``, in place."""
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
             if isinstance(container, dict):
                 _default_container_requests(container)
     resources = spec.get("resources")
     if not isinstance(resources, dict):
-        return out
+        return
     limits_raw = resources.get("limits") if isinstance(resources.get("limits"), dict) else None
     requests_raw = resources.get("requests") if isinstance(resources.get("requests"), dict) else None
     # defaultHugePagePodLimits
@@ -220,7 +271,7 @@ def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             limits_raw = pod_limits
     # defaultPodRequests
     if not limits_raw:
-        return out
+        return
     pod_requests_out = dict(requests_raw or {})
     for name, value in aggregate_container_requests(spec).items():
         # IsOvercommitAllowed: not hugepages (and not other non-overcommittable ones).
@@ -231,7 +282,6 @@ def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             pod_requests_out[name] = value
     if pod_requests_out:
         resources["requests"] = pod_requests_out
-    return out
 
 
 def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = True) -> ResourceList:
@@ -241,6 +291,12 @@ def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = Tru
     spec = pod_or_spec.get("spec") if is_pod else pod_or_spec
     if not isinstance(spec, Mapping):
         return {}
+    if not is_pod:
+        # A template is stored with its resource lists rounded; its Pods are made
+        # from that stored template.
+        rounded = copy.deepcopy(dict(spec))
+        _round_lists(rounded)
+        spec = rounded
     defaulted = default_pod({"spec": spec})["spec"]
     return pod_requests(defaulted)
 

@@ -80,7 +80,7 @@ def test_pod_level_requests_default_from_containers_not_limits() -> None:
     pod = {"spec": {"containers": [c("a", {"cpu": "250m"}), c("b", {"cpu": "250m"})],
                     "resources": {"limits": {"cpu": "8", "memory": "1Gi"}}}}
     out = default_pod(pod)
-    assert out["spec"]["resources"]["requests"] == {"cpu": "0.5", "memory": "1Gi"}
+    assert out["spec"]["resources"]["requests"] == {"cpu": "0.500", "memory": "1Gi"}
     assert effective_pod_requests(pod)["cpu"] == Decimal("0.5")
     assert pod["spec"]["resources"] == {"limits": {"cpu": "8", "memory": "1Gi"}}  # not mutated
 
@@ -241,3 +241,17 @@ def test_potential_nodes_never_make_it_fit_but_are_reported() -> None:
     assert "p4d.24xlarge" in verdict.describe()
     too_big = {"containers": [c("a", {"nvidia.com/gpu": "16"})]}
     assert evaluate(too_big, [node(cpu="8")], potential=[shape]).fits_after_scale_up is None
+
+
+def test_resource_lists_round_up_to_millis_after_pod_level_defaulting() -> None:
+    """SetDefaults_Pod runs before SetDefaults_ResourceList: the pod-level request is
+    the unrounded sum (1.0006 -> 1.001), the containers are rounded one by one
+    (0.501 + 0.501 = 1.002): the API server then refuses its own defaulted Pod."""
+    pod = {"spec": {"containers": [c("a", {"cpu": "500500u"}), c("b", {"cpu": "500100u"})],
+                    "resources": {"limits": {"cpu": "2"}}}}
+    out = default_pod(pod)["spec"]
+    assert [x["resources"]["requests"]["cpu"] for x in out["containers"]] == ["0.501", "0.501"]
+    assert out["resources"]["requests"]["cpu"] == "1.001"
+    assert effective_pod_requests(pod)["cpu"] == Decimal("1.001")
+    # A template is stored rounded first, so its pods sum the rounded values.
+    assert effective_pod_requests(pod["spec"], is_pod=False)["cpu"] == Decimal("1.002")
