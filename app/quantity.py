@@ -35,10 +35,13 @@ _DIGITS = frozenset("0123456789")
 _INT64 = re.compile(r"^[+-]?[0-9]+$")
 _MAX_INT64 = 2**63 - 1
 _NANO_SCALE = 9
-# Go's strings.TrimSpace (unicode.IsSpace), which Quantity.UnmarshalJSON applies:
-# narrower than str.strip() (no U+001C..U+001F).
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
-    "\u2028\u2029\u202f\u205f\u3000"
+# Quantity.UnmarshalJSON applies Go's strings.TrimSpace to the *raw* JSON string
+# bytes, without unescaping them. Go's encoder (kubectl's) writes \t \n \v \f \r
+# and U+2028/U+2029 as escapes, which are then not spaces but "\t" and fail to
+# parse; the other Unicode spaces are written as they are and trimmed. So these
+# are the spaces a quantity may carry (the quantity oracle checks each).
+_GO_SPACE = " \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+    "\u202f\u205f\u3000"
 
 
 class QuantityError(ValueError):

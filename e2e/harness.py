@@ -652,12 +652,14 @@ class Cluster:
         *,
         content_type: str = "application/json",
         timeout: float = 30.0,
+        raw: bytes | None = None,
     ) -> tuple[int, Any]:
         """One REST call as admin, without a kubectl process (for tests that send
         hundreds of objects). Returns (HTTP status, parsed JSON body or None);
         4xx/5xx are returned, not raised. PATCH bodies: pass ``content_type``
-        (e.g. ``application/merge-patch+json``)."""
-        data = json.dumps(body).encode() if body is not None else None
+        (e.g. ``application/merge-patch+json``). ``raw`` sends those exact bytes
+        instead of ``body`` as JSON."""
+        data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.api_url + path, data=data, method=method)
         req.add_header("Accept", "application/json")
         if data is not None:

@@ -48,7 +48,8 @@ def test_binary_and_decimal_units_compare_exactly() -> None:
 
 @pytest.mark.parametrize("bad", ["", "   ", "1GB", "1gi", "one", "1.2.3", "1e", "--1", True, None,
                                  [], {"a": 1}, "1 Gi", "1K", "1ee3", "1e-", "1Ki5", ".e-10", "+e-10",
-                                 "1e99999999999999999999", "\x1c1", float("inf")])
+                                 "1e99999999999999999999", "\x1c1", float("inf"),
+                                 "\t2", "2\n", "\u20282"])
 def test_rejects(bad: object) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(bad)
