@@ -16,7 +16,8 @@ from app.cluster.static import LoadError, Manifest, load_manifests
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
-from app.rules import Subject
+from app.rules.base import Subject
+from app.ruleset import RuleSet, default_ruleset
 
 __all__ = ["main"]
 
@@ -71,7 +72,6 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
-    serve.add_argument("--bench-floor", action="store_true", help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="run the rules over manifest files, offline")
     check.add_argument("-f", "--filename", action="append", required=True, dest="paths",
@@ -96,19 +96,19 @@ def _entry(m: Manifest, subject: Subject, result: Evaluation) -> dict[str, Any]:
             "patch": result.patch}
 
 
-def run_check(paths: list[str], policy: Policy, output: str) -> int:
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str) -> int:
     try:
         manifests = load_manifests(paths)
     except LoadError as exc:
         print(f"envelope check: {exc}", file=sys.stderr)
         return 2
-    view = StaticView(m.obj for m in manifests)
+    view = StaticView((m.obj for m in manifests), rules.indexes)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     entries = []
     failed = False
     for m in manifests:
         subject = subject_of(m.obj)
-        result = check_object(subject, view, policy)
+        result = check_object(rules, subject, view, policy)
         entry = _entry(m, subject, result)
         if result.internal_errors:
             entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
@@ -143,16 +143,17 @@ def _print_human(entries: list[dict[str, Any]]) -> None:
           f"{mutated} would be mutated")
 
 
-def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The live view (started) and its readiness check, or an empty static view."""
+def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[str, Any]]:
+    """The live view (started) of what the rules read, and its readiness check, or an
+    empty static view."""
     import logging
 
     from app.cluster.kube import kube_configuration
-    from app.cluster.live import LiveView
+    from app.cluster.live import LiveView, resources_for
 
     log = logging.getLogger("envelope")
     if args.cluster_view == "none":
-        return StaticView(), {}
+        return StaticView(indexes=rules.indexes), {}
     try:
         configuration = kube_configuration(args.kubeconfig)
     except Exception as exc:
@@ -161,8 +162,9 @@ def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             return None, {}
         log.warning("no cluster configuration; rules see an empty cluster",
                     extra={"fields": {"reason": str(exc)[:200]}})
-        return StaticView(), {}
-    view = LiveView(configuration, staleness=args.staleness)
+        return StaticView(indexes=rules.indexes), {}
+    view = LiveView(configuration, resources_for(rules.reads), staleness=args.staleness,
+                    indexes=rules.indexes)
     view.start()
     log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
     return view, {"cluster view": view.problems}
@@ -226,7 +228,7 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
     return state, {"certificate": manager.problems}
 
 
-def run_serve(args: argparse.Namespace, policy: Policy) -> int:
+def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
     from prometheus_client import start_http_server
 
@@ -239,11 +241,10 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args)
+    view, view_checks = _cluster_view(args, rules)
     if view is None:
         return 2
-    app = create_app(policy, view, ready_checks={**checks, **view_checks}, metrics=metrics,
-                     floor_route=args.bench_floor)
+    app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
                           registry=metrics.registry)
@@ -258,14 +259,15 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    rules = default_ruleset()
     try:
-        policy = load_policy(args.config)
+        policy = load_policy(args.config, None, rules)
     except ConfigError as exc:
         print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        return run_check(args.paths, policy, args.output)
-    return run_serve(args, policy)
+        return run_check(args.paths, rules, policy, args.output)
+    return run_serve(args, rules, policy)
 
 
 if __name__ == "__main__":
