@@ -424,21 +424,30 @@ def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]]) -> list[list[M
 
 
 def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Mapping[str, Any]],
-                    quotas: Iterable[Mapping[str, Any]]) -> list[CpuLimitNeed]:
+                    quotas: Iterable[Mapping[str, Any]], *,
+                    limit_range_defaults: bool = True) -> list[CpuLimitNeed]:
     """``cpu_limit_needs_in_order`` over every order LimitRanger may use
     (``limit_range_orders``), merged: the CPU limits are needed when any order
-    refuses the pod."""
+    refuses the pod.
+
+    ``limit_range_defaults=False`` judges a Pod whose LimitRange defaults were
+    applied *before* the webhook stripped its CPU limits (LimitRanger mutates
+    ahead of mutating webhooks and is not run again; its validation runs after):
+    nothing puts a CPU limit back, so no defaults are applied here."""
     quotas = list(quotas)
     merged: list[CpuLimitNeed] = []
-    for order in limit_range_orders(limit_ranges):
-        for need in cpu_limit_needs_in_order(stripped_spec, order, quotas):
+    orders = limit_range_orders(limit_ranges) if limit_range_defaults else [list(limit_ranges)]
+    for order in orders:
+        for need in cpu_limit_needs_in_order(stripped_spec, order, quotas,
+                                             limit_range_defaults=limit_range_defaults):
             if need not in merged:
                 merged.append(need)
     return merged
 
 
 def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Mapping[str, Any]],
-                             quotas: Iterable[Mapping[str, Any]]) -> list[CpuLimitNeed]:
+                             quotas: Iterable[Mapping[str, Any]], *,
+                             limit_range_defaults: bool = True) -> list[CpuLimitNeed]:
     """Why the API server would refuse this pod spec — the pod as Envelope lets it
     through, with no CPU limit left — on account of CPU: LimitRanges (both types)
     and the ResourceQuotas that match the pod. Empty: nothing needs the limits.
@@ -447,12 +456,12 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     defaulting done, see app/scheduling.default_pod); LimitRanger's own defaults
     are applied here."""
     limit_ranges = list(limit_ranges)
-    spec = apply_limit_range_defaults(stripped_spec, limit_ranges)
+    spec = apply_limit_range_defaults(stripped_spec, limit_ranges if limit_range_defaults else [])
     needs: list[CpuLimitNeed] = []
     for lr in limit_ranges:
         meta = lr.get("metadata") if isinstance(lr.get("metadata"), Mapping) else {}
         lr_name = str(meta.get("name", ""))  # type: ignore[union-attr]
-        for item in _items(lr):
+        for item in _items(lr) if limit_range_defaults else []:
             if item.get("type") != "Container" or "cpu" not in _defaulted_item(item)["default"]:
                 continue
             default = _q(_defaulted_item(item)["default"]["cpu"])
@@ -464,9 +473,8 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
                 if request > default and _first_default_cpu(limit_ranges) == (lr_name, default):
                     needs.append(CpuLimitNeed(
                         "LimitRange", lr_name,
-                        f"type Container gives container {c.get('name')} its default CPU limit "
-                        f"{_defaulted_item(item)['default']['cpu']}, below its CPU request "
-                        f"{_rl(c, 'requests')['cpu']}"))
+                        f"default CPU limit {_defaulted_item(item)['default']['cpu']} is below "
+                        f"container {c.get('name')}'s CPU request {_rl(c, 'requests')['cpu']}"))
         for problem in limit_range_cpu_problems(spec, lr):
             needs.append(CpuLimitNeed("LimitRange", lr_name, problem))
     pod_level = is_pod_level_resources_set(spec)
@@ -481,13 +489,13 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
         missing = [str(c.get("name")) for c in _containers(spec) if "cpu" not in _rl(c, "limits")]
         if not pod_level and missing:
             needs.append(CpuLimitNeed("ResourceQuota", name,
-                                      f"({scope}) limits limits.cpu to {hard['limits.cpu']}: every container "
-                                      f"must set a CPU limit (missing: {', '.join(sorted(missing))})"))
+                                      f"({scope}) sets limits.cpu={hard['limits.cpu']}: every container "
+                                      f"needs a CPU limit ({', '.join(sorted(missing))} has none)"))
             continue
         limit = _q(hard["limits.cpu"])
         if pod_limit_cpu is not None and limit is not None \
                 and _used(quota, "limits.cpu") + pod_limit_cpu > limit:
             needs.append(CpuLimitNeed("ResourceQuota", name,
-                                      f"({scope}) limits limits.cpu to {hard['limits.cpu']}: the pod's CPU "
-                                      f"limit would be {pod_limit_cpu} after LimitRange defaults"))
+                                      f"({scope}) sets limits.cpu={hard['limits.cpu']}: LimitRange "
+                                      f"defaults would give the pod CPU limit {pod_limit_cpu}"))
     return needs

@@ -44,6 +44,7 @@ from typing import Any
 from app.quantity import QuantityError, parse_quantity
 
 __all__ = [
+    "CORDONED",
     "Node",
     "NodeVerdict",
     "Shortfall",
@@ -61,6 +62,7 @@ __all__ = [
 ResourceList = dict[str, Decimal]
 
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+CORDONED = "node is unschedulable (cordoned)"
 _FILTERED_EFFECTS = ("NoSchedule", "NoExecute")
 _HUGEPAGES = "hugepages-"
 _QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -536,7 +538,7 @@ def fit_node(spec: Mapping[str, Any], node: Node,
     if node.unschedulable and not any(
         tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in _tolerations(spec)
     ):
-        blocked.append("node is unschedulable (cordoned)")
+        blocked.append(CORDONED)
     if not required_affinity_matches(spec, node):
         blocked.append("node does not match the pod's nodeSelector / required node affinity")
     taint = untolerated_taint(spec, node)

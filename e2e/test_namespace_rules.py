@@ -20,7 +20,7 @@ def test_quota_on_limits_cpu_keeps_cpu_limits_and_warns(cluster: Cluster, webhoo
     # the cache follows the new quota within a few seconds
     eventually(lambda: "CPU limits kept" in dry_run_stderr(cluster, manifest), 10, "quota in cache")
     out = cluster.apply(manifest)
-    assert 'ResourceQuota "compute" sets limits.cpu' in out.stderr
+    assert 'ResourceQuota "compute" (no scope) sets limits.cpu=100' in out.stderr
     stored = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)
     assert stored["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "7"
 
@@ -44,7 +44,8 @@ def test_pods_that_fit_no_node_are_refused(cluster: Cluster, webhook: Webhook, n
     eventually(lambda: "needs 300Gi memory" in dry_run_stderr(cluster, huge), 10, "nodes in cache")
     out = cluster.apply(huge, check=False)
     assert out.returncode != 0
-    assert "each pod needs 300Gi memory; the largest schedulable node (e2e-cpu-1) offers 256Gi" in out.stderr
+    assert ("each pod needs 300Gi memory; no node it may land on has room: the closest (e2e-cpu-1) "
+            "offers 256Gi memory") in out.stderr
     gpu = deployment("gpu", namespace, container(requests={"memory": "200Gi"}, limits={"memory": "200Gi"}))
     gpu["spec"]["template"]["spec"]["nodeSelector"] = {"envelope.test/pool": "gpu"}
     out = cluster.apply(gpu, check=False)

@@ -94,8 +94,8 @@ def test_scope_text() -> None:
 def test_matching_quota_on_limits_cpu_needs_them_and_says_which() -> None:
     needs = cpu_limit_needs(NO_CPU_LIMIT, [], [quota("compute", {"limits.cpu": "4"}, ["NotBestEffort"])])
     assert [str(n) for n in needs] == [
-        'ResourceQuota "compute" (scopes NotBestEffort) limits limits.cpu to 4: every container must set '
-        'a CPU limit (missing: c)']
+        'ResourceQuota "compute" (scopes NotBestEffort) sets limits.cpu=4: every container needs a CPU '
+        'limit (c has none)']
 
 
 def test_quota_that_does_not_match_is_ignored() -> None:
@@ -114,7 +114,7 @@ def test_limit_range_default_fills_the_limit_unless_it_overshoots() -> None:
     needs = cpu_limit_needs(NO_CPU_LIMIT, [default], [quota("compute", {"limits.cpu": "1"})])
     assert [n.name for n in needs] == ["compute"]
     small = lr("small", {"type": "Container", "default": {"cpu": "100m"}})
-    assert "below its CPU request 500m" in str(cpu_limit_needs(NO_CPU_LIMIT, [small], [])[0])
+    assert "is below container c's CPU request 500m" in str(cpu_limit_needs(NO_CPU_LIMIT, [small], [])[0])
 
 
 def test_container_max_defaults_the_limit_to_max() -> None:
@@ -144,3 +144,15 @@ def test_two_limit_ranges_with_defaults_may_apply_in_either_order() -> None:
     assert len(limit_range_orders([a, b])) == 2
     needs = cpu_limit_needs(NO_CPU_LIMIT, [a, b], [])
     assert [n.name for n in needs] == ["b"]  # b's own default 4 over request 500m: ratio 8
+
+
+def test_a_pod_past_limitranger_gets_no_defaults_back() -> None:
+    """Pods reach the webhook after LimitRanger's defaults: stripped, a Container max
+    is then violated (no limit), and a default below the request no longer matters."""
+    m = lr("m", {"type": "Container", "max": {"cpu": "2"}})
+    assert cpu_limit_needs(NO_CPU_LIMIT, [m], []) == []
+    needs = cpu_limit_needs(NO_CPU_LIMIT, [m], [], limit_range_defaults=False)
+    assert [str(n) for n in needs] == [
+        'LimitRange "m" type Container max cpu 2: container c has no CPU limit']
+    small = lr("small", {"type": "Container", "default": {"cpu": "100m"}})
+    assert cpu_limit_needs(NO_CPU_LIMIT, [small], [], limit_range_defaults=False) == []
