@@ -3,8 +3,6 @@ ResourceQuotas, LimitRanges, Nodes and workloads through watches."""
 
 from __future__ import annotations
 
-import json
-
 from harness import Cluster, Webhook
 from test_workloads import SEED, container, deployment, eventually
 
@@ -26,14 +24,11 @@ def test_quota_on_limits_cpu_keeps_cpu_limits_and_warns(cluster: Cluster, webhoo
 
 
 def create_node(cluster: Cluster, name: str, cpu: str, memory: str, labels: dict[str, str]) -> None:
+    """A Ready node without the not-ready taint (see Cluster.create_node): one the
+    scheduler, and so pod-fits-node, would place pods on."""
     if cluster.kubectl("get", "node", name, check=False).returncode == 0:
         return
-    cluster.kubectl("create", "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}))
-    status = {"status": {"capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
-                         "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}}}
-    cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
-                    "-p", json.dumps(status))
+    cluster.create_node(name, {"cpu": cpu, "memory": memory, "pods": "110"}, labels=labels)
 
 
 def test_pods_that_fit_no_node_are_refused(cluster: Cluster, webhook: Webhook, namespace: str) -> None:
