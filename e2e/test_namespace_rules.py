@@ -59,3 +59,28 @@ def test_namespace_memory_composition_warns(cluster: Cluster, webhook: Webhook, 
                10, "composition warning")
     out = cluster.apply(api)
     assert "web 3 x 1Gi = 3Gi" in out.stderr and "api 2 x 1Gi = 2Gi" in out.stderr
+
+
+def test_guards_through_the_webhook_follow_the_api_server(cluster: Cluster, webhook: Webhook,
+                                                          namespace: str) -> None:
+    """Classes 3 and 4 with the webhook in the path (docs/fidelity.md):
+    - a LimitRange max.cpu: a Pod arrives after LimitRanger, so stripping its CPU limit
+      would leave none and LimitRanger's validation would refuse it -> kept; a
+      Deployment's Pods get the LimitRange default (= max) back -> template stripped;
+    - a quota on limits.cpu scoped to Terminating pods does not match pods without
+      activeDeadlineSeconds -> stripped."""
+    cluster.apply({"apiVersion": "v1", "kind": "LimitRange",
+                   "metadata": {"name": "cap", "namespace": namespace},
+                   "spec": {"limits": [{"type": "Container", "max": {"cpu": "4"}}]}})
+    cluster.create_resource_quota(namespace, "batch", {"limits.cpu": "8"}, scopes=["Terminating"])
+    limited = container(requests={"cpu": "1", "memory": "1Gi"}, limits={"cpu": "2", "memory": "1Gi"})
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace},
+                "spec": {"containers": [limited]}}
+    eventually(lambda: "CPU limits kept" in dry_run_stderr(cluster, manifest), 10, "LimitRange in cache")
+    out = cluster.apply(manifest)
+    assert 'LimitRange "cap" type Container max cpu 4' in out.stderr
+    stored = cluster.kubectl_json("get", "pod", "p", "-n", namespace)
+    assert stored["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
+    cluster.apply(deployment("web", namespace, limited))
+    template = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)["spec"]["template"]
+    assert "cpu" not in template["spec"]["containers"][0]["resources"]["limits"]
