@@ -17,6 +17,7 @@ from app.envelope import (
     compare_quantities,
     is_integer_cpu,
     move_cpu_limit_to_request,
+    move_pod_level_cpu_limit,
     parse_envelope_string,
 )
 from app.quantity import QuantityError, parse_quantity
@@ -165,6 +166,17 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
         limit = limits.get("cpu") if isinstance(limits, dict) else None
         if limit is not None and not _parses(limit):
             continue  # left where it was written; the quantities rule names it
+        if holder.container is None:
+            # Pod level: the request the API server would have defaulted, not the limit.
+            pod_moved = move_pod_level_cpu_limit(pod_spec(subject, obj) or {})
+            if pod_moved is None:
+                continue
+            value, request = pod_moved
+            text = f"{holder.label}: CPU limit {value} removed"
+            if request is not None:
+                text += f"; CPU request set to {request} (what the pods would get) so they keep it"
+            findings.append(change(f"{holder.path}.limits.cpu", text))
+            continue
         moved = move_cpu_limit_to_request(holder.resources)
         if moved is None:
             continue
