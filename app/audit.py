@@ -21,6 +21,7 @@ whose message is the webhook's warning. Per (object, rule):
 ``fail``   an error: the webhook would refuse this object
 ``warn``   a warning, or a change the mutating webhook would make
 ``error``  the rule crashed or what it reads was not current
+``skip``   the object is exempt (policy exceptions, the exempt annotation)
 =========  ==============================================================
 
 Reports (``wgpolicyk8s.io/v1alpha2``): one ``PolicyReport`` per namespace for
@@ -51,11 +52,13 @@ from app.cluster.live import Informer, Resource, resources_for
 from app.cluster.view import Store
 from app.config import Policy
 from app.engine import check_object
+from app.exemptions import needs_namespaces
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 
-__all__ = ["JUDGED", "POLICY", "REPORT_BYTES", "Audit", "AuditMetrics", "Judged", "Result",
-           "audit", "judge", "load_view", "policy_reports", "summary_text", "write_reports"]
+__all__ = ["JUDGED", "POLICY", "REPORT_BYTES", "Audit", "AuditMetrics", "Auditor", "Judged",
+           "Result", "audit", "judge", "judged_for", "load_view", "policy_reports", "read_kinds",
+           "summary_text", "write_reports"]
 
 log = logging.getLogger("envelope.audit")
 
@@ -216,11 +219,17 @@ def judge(rules: RuleSet, view: Any, policy: Policy, obj: dict[str, Any], judged
                                   properties=(("mode", modes[rule_id].value
                                                if rule_id in modes else ""),)))
         reported.add(rule_id)
+    for rule_id, why in evaluation.skipped.items():
+        if rule_id not in reported:
+            out.results.append(Result(rule_id, "skip", f"exempt: {why}", *ref,
+                                      properties=(("mode", modes[rule_id].value),)))
+            reported.add(rule_id)
     for phase in ("mutate", "validate"):
         for r, _ in rules.applicable(judged.group, judged.kind, phase, "CREATE", policy):
-            if r.id not in reported:
-                out.passes[(namespace, r.id)] += 1
-                reported.add(r.id)
+            if r.id in reported or (r.requires is not None and not r.requires(subject, obj)):
+                continue  # reported, or does not apply to this object (as the engine gates)
+            out.passes[(namespace, r.id)] += 1
+            reported.add(r.id)
 
 
 def _owned(obj: dict[str, Any], kind: str) -> bool:
@@ -241,13 +250,19 @@ def _pages(client: KubeClient, path: str, page_size: int) -> Iterator[list[dict[
         fields = {"limit": page_size, "continue": token}
 
 
-def load_view(client: KubeClient, rules: RuleSet, resources: Iterable[Resource] | None = None,
+def read_kinds(rules: RuleSet, policy: Policy) -> frozenset[str]:
+    """What the audit's view must hold: what the rules read, and Namespaces when the
+    policy's exceptions select namespaces by label."""
+    return rules.reads | ({"Namespace"} if needs_namespaces(policy) else frozenset())
+
+
+def load_view(client: KubeClient, rules: RuleSet, policy: Policy,
               page_size: int = 500) -> tuple[Store, list[str]]:
-    """One LIST of every kind the rules read, trimmed as the live view trims them.
+    """One LIST of every kind the audit reads, trimmed as the live view trims them.
     Returns the view and the optional kinds that are not installed."""
     view = Store(indexes=rules.indexes)
     absent: list[str] = []
-    for resource in resources if resources is not None else resources_for(rules.reads):
+    for resource in resources_for(read_kinds(rules, policy)):
         informer = Informer(resource, view, client, page_size=page_size)
         try:
             informer.list()
@@ -267,7 +282,7 @@ def audit(client: KubeClient, rules: RuleSet, policy: Policy, *, view: Any = Non
     out = Audit(started=time.time())
     begun = time.perf_counter()
     if view is None:
-        view, out.absent = load_view(client, rules, page_size=page_size)
+        view, out.absent = load_view(client, rules, policy, page_size=page_size)
     for judged in judged_for(rules):
         try:
             for page in _pages(client, judged.path, page_size):
@@ -526,7 +541,7 @@ class Auditor:
         self.interval, self.debounce, self.include_owned = interval, debounce, include_owned
         self.view = Store(indexes=rules.indexes)
         self.changes = Store()
-        read = resources_for(rules.reads)
+        read = resources_for(read_kinds(rules, policy))
         judged = [Resource(j.kind, j.path, _fingerprint(j.kind), j.optional)
                   for j in judged_for(rules)]
         self.informers = [Informer(r, self.view, client) for r in read] + \

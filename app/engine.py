@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from decimal import DecimalException
 from typing import Any
 
 import orjson
 
 from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
+from app.exemptions import ALL, exemptions
 from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
@@ -48,6 +50,8 @@ class Evaluation:
     patch: list[dict[str, Any]] = field(default_factory=list)
     internal_errors: list[str] = field(default_factory=list)
     """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Rules that did not run because the object is exempt from them: id -> why."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -124,9 +128,23 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     working, copied = original, False
     held: set[str] = set()
     update = subject.operation == "UPDATE"
+    exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
+        else {}
+    gates: dict[object, bool] = {}
     for rule, mode in applicable:
         if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
             continue
+        if rule.requires is not None:
+            ok = gates.get(rule.requires)
+            if ok is None:
+                ok = gates[rule.requires] = rule.requires(subject, original or {})
+            if not ok:
+                continue
+        if exempt:
+            why = exempt.get(rule.id) or exempt.get(ALL)
+            if why is not None:
+                out.skipped[rule.id] = why
+                continue
         if rule.reads:
             stale = view.problems(rule.reads)
             if stale:
@@ -152,6 +170,10 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 found = _ratchet(rule, subject, found, scoped, policy)
         except QuantityError as exc:
             found = [Finding("error", rule.id, "", str(exc))]
+        except DecimalException as exc:  # a valid quantity beyond what can be compared
+            found = [Finding("error", rule.id, "", f"a quantity is too large or too precise to "
+                                                   f"compare ({type(exc).__name__}); use a value "
+                                                   f"a node could hold")]
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
             out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
@@ -183,4 +205,5 @@ def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Po
         obj=mutated.obj,
         patch=mutated.patch,
         internal_errors=mutated.internal_errors + validated.internal_errors,
+        skipped={**mutated.skipped, **validated.skipped},
     )

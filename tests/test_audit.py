@@ -104,6 +104,30 @@ def test_off_rules_are_not_reported() -> None:
     assert ("team-a", "memory-request-equals-limit") not in found.passes
 
 
+def test_exempt_objects_are_skip_results_with_the_reason() -> None:
+    from app.config import Policy
+
+    policy = Policy.model_validate({"exceptions": [
+        {"rules": ["memory-request-equals-limit"], "namespaces": ["team-a"],
+         "reason": "legacy batch"}]})
+    annotated = deployment("note", MEMORY_SPLIT["spec"]["template"]["spec"]["containers"][0][
+        "resources"], namespace="team-b", annotations={"envelope.io/exempt": "memory-request-equals-limit"})
+    objs = [MEMORY_SPLIT, annotated]
+    view = StaticView(objs, RULES.indexes)
+    found = Audit()
+    for obj in objs:
+        judge(RULES, view, policy, obj, DEPLOYMENT, found)
+    skips = {(r.namespace, r.rule): r for r in found.results if r.result == "skip"}
+    assert set(skips) == {("team-a", "memory-request-equals-limit"),
+                          ("team-b", "memory-request-equals-limit")}
+    assert "policy exceptions[0]: legacy batch" in skips[("team-a", "memory-request-equals-limit")].message
+    assert "envelope.io/exempt" in skips[("team-b", "memory-request-equals-limit")].message
+    assert not [r for r in found.results if r.result == "fail"]
+    for report in policy_reports(found):
+        validate(report)
+        assert report["summary"]["skip"] == 1
+
+
 def test_reports_validate_against_the_upstream_crd_schema() -> None:
     queue = {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
              "metadata": {"name": "q", "uid": "uid-q"},

@@ -98,8 +98,9 @@ def test_rbac_reads_what_the_audit_lists_and_writes_only_reports() -> None:
             assert set(r["verbs"]) == {"get", "list", "create", "patch", "delete"}
             writes |= pairs
     rules = default_ruleset()
+    # Namespaces: read when the policy's exceptions select namespaces by label.
     wanted = {_group_resource(j.path) for j in judged_for(rules)} | \
-             {_group_resource(r.path) for r in resources_for(rules.reads)}
+             {_group_resource(r.path) for r in resources_for(rules.reads | {"Namespace"})}
     assert reads == wanted
     assert writes == REPORTS
 
