@@ -22,7 +22,7 @@ from typing import Any
 from app.config import Mode
 from app.ruleset import RuleSet, default_ruleset
 
-__all__ = ["SCHEMA", "render", "with_rules"]
+__all__ = ["SCHEMA", "render", "stale", "with_rules"]
 
 SCHEMA = Path(__file__).resolve().parent.parent / "charts" / "envelope" / "values.schema.json"
 
@@ -38,8 +38,15 @@ def with_rules(schema: dict[str, Any], rules: RuleSet) -> dict[str, Any]:
 
 
 def render(schema: dict[str, Any]) -> str:
-    """The file's formatting: two-space indent, a final newline."""
-    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+    """The file's formatting: two-space indent, non-ASCII escaped, a final newline."""
+    return json.dumps(schema, indent=2) + "\n"
+
+
+def stale(text: str, rules: RuleSet) -> bool:
+    """Whether the file's rule ids or modes differ from ``rules`` (compared as data, so
+    formatting is free)."""
+    current = json.loads(text)
+    return current != with_rules(current, rules)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--check", action="store_true", help="exit 1 when the file is stale")
     args = parser.parse_args(argv)
     current = args.file.read_text()
-    wanted = render(with_rules(json.loads(current), default_ruleset()))
+    rules = default_ruleset()
+    wanted = render(with_rules(json.loads(current), rules))
     if args.check:
-        if current != wanted:
+        if stale(current, rules):
             print(f"{args.file} is out of date: run python -m app.chartschema --write",
                   file=sys.stderr)
             return 1

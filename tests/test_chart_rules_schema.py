@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app.chartschema import SCHEMA, render, with_rules
+from app.chartschema import SCHEMA, stale, with_rules
 from app.config import Mode
 from app.rules.base import rule
 from app.ruleset import RuleSet, default_ruleset
@@ -13,8 +13,7 @@ from tests.test_chart import CHART, helm
 
 
 def test_schema_file_is_generated_from_the_rule_set() -> None:
-    current = SCHEMA.read_text()
-    assert current == render(with_rules(json.loads(current), default_ruleset())), (
+    assert not stale(SCHEMA.read_text(), default_ruleset()), (
         "values.schema.json is out of date: run python -m app.chartschema --write")
 
 
@@ -26,7 +25,7 @@ def test_a_new_rule_makes_the_file_stale() -> None:
     rules = RuleSet([*default_ruleset().values(), a_new_rule.rule])  # type: ignore[attr-defined]
     current = SCHEMA.read_text()
     regenerated = with_rules(json.loads(current), rules)
-    assert render(regenerated) != current
+    assert stale(current, rules)
     names = regenerated["properties"]["policy"]["properties"]["rules"]["propertyNames"]["enum"]
     assert "a-new-rule" in names and names == sorted(names)
 
