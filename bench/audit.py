@@ -155,12 +155,18 @@ def main() -> None:
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": f"node-{i:03d}", "labels": {"pool": f"p{i % 4}"}}}))
         create_all(cluster, setup, args.concurrency)
-        for i in range(args.nodes):  # capacity, as a kubelet would report it
-            cluster.kubectl("patch", "node", f"node-{i:03d}", "--subresource=status",
+        for i in range(args.nodes):  # Ready with capacity, as a kubelet would report it
+            name = f"node-{i:03d}"
+            cluster.kubectl("patch", "node", name, "--subresource=status",
                             "--type=merge", "-p", json.dumps({"status": {
+                                "conditions": [{"type": "Ready", "status": "True"}],
                                 "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
                                 "allocatable": {"cpu": "63", "memory": "500Gi",
                                                 "pods": "110"}}}))
+            # The not-ready taint the API server put on the new Node (TaintNodesByCondition);
+            # the node lifecycle controller would lift it once Ready.
+            cluster.kubectl("patch", "node", name, "--type=merge", "-p",
+                            json.dumps({"spec": {"taints": None}}))
         items = []
         for i in range(args.deployments):
             ns = namespaces[i % len(namespaces)]
@@ -182,6 +188,12 @@ def main() -> None:
             wall, rss, stdout, stderr = run_cli(cluster, *extra)
             last = stdout.strip().splitlines()[-1]
             rows.append((label, wall, rss, last, stderr.strip()))
+        first = run_cli(cluster, "-o", "json")[2]
+        seen: dict[tuple[str, str], str] = {}
+        for r in json.loads(first)["results"]:
+            seen.setdefault((r["rule"], r["result"]), f"{r['kind']} {r['name']}: {r['message']}")
+        for (rule_id, result), example in sorted(seen.items()):
+            print(f"  e.g. {result} {rule_id}: {example}"[:200])
         print("| run | wall s | peak RSS MiB | what it printed |")
         print("|---|---|---|---|")
         for label, wall, rss, last, stderr in rows:
