@@ -209,3 +209,17 @@ def test_summary_text_names_rule_namespace_and_counts() -> None:
     assert "fail  Deployment team-a/mem memory-request-equals-limit:" in text
     assert "memory-request-equals-limit" in text and "team-a" in text
     assert "2 objects audited" in text and "1 fail, 1 warn" in text
+
+
+def test_a_status_update_is_not_a_change_for_the_audit_trigger() -> None:
+    from app.cluster.view import Store
+
+    trim = audit_mod._fingerprint("Deployment")
+    store = Store()
+    store.add(trim({**GOOD, "status": {"replicas": 1}}), "Deployment")
+    before = store.version("Deployment")
+    store.add(trim({**GOOD, "status": {"replicas": 2},
+                    "metadata": {**GOOD["metadata"], "resourceVersion": "9"}}), "Deployment")
+    assert store.version("Deployment") == before  # a heartbeat: no audit
+    store.add(trim(MEMORY_SPLIT | {"metadata": GOOD["metadata"]}), "Deployment")
+    assert store.version("Deployment") != before  # the spec changed: audit
