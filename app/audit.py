@@ -414,6 +414,14 @@ def write_reports(client: KubeClient, reports: list[dict[str, Any]]) -> tuple[in
     """Apply ``reports`` (server-side apply, field manager ``envelope-audit``: the
     results list is replaced whole) and delete the audit's reports not among them.
     Returns (applied, deleted). A namespace deleted meanwhile is skipped."""
+    try:
+        _request(client, "GET", f"/apis/{REPORT_GROUP}/{REPORT_VERSION}")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ApiError(404, f"the report CRDs ({REPORT_GROUP}/{REPORT_VERSION}) are not "
+                                f"installed: install the chart with audit.installCRDs=true, or "
+                                f"kubectl apply -f charts/envelope/files/crds/") from None
+        raise
     keep = {(r["kind"], r["metadata"].get("namespace") or "", r["metadata"]["name"])
             for r in reports}
 

@@ -142,7 +142,7 @@ def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
             print(f"envelope audit: {applied} reports applied, {deleted} deleted",
                   file=sys.stderr)
     except (ApiError, OSError, urllib3_errors()) as exc:
-        print(f"envelope audit: cannot read the cluster: {exc}", file=sys.stderr)
+        print(f"envelope audit: the cluster refused or could not be reached: {exc}", file=sys.stderr)
         return 2
     if args.output == "policyreport":
         import yaml

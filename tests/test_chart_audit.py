@@ -201,6 +201,11 @@ def test_install_audit_upgrade_uninstall(cluster: Any, tmp_path: Path) -> None: 
                             "-o", "name").stdout
     assert RELEASE not in hooks
 
+    # Without the CRDs, --write says what to install (and the exit status says it failed).
+    proc = _audit_cli(cluster.kubeconfig, "--write")
+    assert proc.returncode == 2
+    assert "report CRDs (wgpolicyk8s.io/v1alpha2) are not installed" in proc.stderr
+
 
 @pytest.mark.e2e
 def test_crds_of_another_tool_are_left_alone(cluster: Any) -> None:  # noqa: F811
