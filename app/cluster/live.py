@@ -6,6 +6,20 @@ only the fields rules read, so 5,000 Nodes cost megabytes, not gigabytes. A 410
 Gone re-lists; a broken connection retries with backoff. Nothing on the admission
 path ever talks to the API server.
 
+Memory follows what is kept, not what the API server sends: each LIST page is
+trimmed as it arrives and dropped (one page of full objects at a time, never the
+whole set), an object whose resourceVersion did not change is reused from the old
+store on a re-list instead of copied, and the new set replaces the old one in one
+swap (:class:`AtomicStore`), so a reader sees the old set or the new one, never a
+half-built one.
+
+Liveness: the API server sends a bookmark 2 s before a watch's ``timeoutSeconds``
+ends (and about every minute; k8s.io/apiserver cacher ``cache_watcher.go``
+``nextBookmarkTime``). Watches here last ``watch_timeout`` (half the staleness
+window), so a healthy watch hears something at least that often; silence longer
+than ``watch_timeout + LIVENESS_GRACE`` is a hung connection: it is dropped, and the
+kind counts as stale from the moment it last heard anything.
+
 Authentication and TLS come from the official client's configuration (in-cluster
 service account, or a kubeconfig); the HTTP is its urllib3 pool.
 """
@@ -23,9 +37,12 @@ import orjson
 from kubernetes.client import Configuration
 
 from app.cluster.kube import ApiError, KubeClient
-from app.cluster.view import Store
+from app.cluster.view import _CHANGES, INDEXES, Store, _key
 
-__all__ = ["RESOURCES", "Informer", "LiveView", "Resource"]
+__all__ = ["LIVENESS_GRACE", "RESOURCES", "AtomicStore", "Informer", "LiveView", "Resource"]
+
+LIVENESS_GRACE = 10.0
+"""Seconds past a watch's expected end (its bookmark) before silence means hung."""
 
 log = logging.getLogger("envelope.cache")
 
@@ -125,6 +142,34 @@ RESOURCES: tuple[Resource, ...] = (
 )
 
 
+class AtomicStore(Store):
+    """A :class:`Store` whose ``replace`` swaps a kind's whole set at once.
+
+    ``Store.replace`` empties the kind and then adds objects one by one, so a reader
+    during a re-list saw a part of the set (2,256 of 5,000 Nodes). Here the new
+    dictionaries and indexes are built aside and swapped under the lock; readers,
+    which take no lock, see either the old dictionaries or the new ones.
+    (Proposed as ``Store.replace`` itself; it lives here until view.py takes it.)
+    """
+
+    def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
+        by_key: dict[tuple[str, str], dict[str, Any]] = {}
+        for obj in objects:
+            by_key[_key(obj)] = obj
+        by_ns: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        indexes: dict[tuple[str, str], dict[str, dict[tuple[str, str], dict[str, Any]]]] = {
+            (k, name): {} for k, name in INDEXES if k == kind}
+        for key, obj in by_key.items():
+            by_ns.setdefault(key[0], {})[key] = obj
+            for name, value in self._index_values(kind, obj):
+                indexes[(kind, name)].setdefault(value, {})[key] = obj
+        with self._lock:
+            self._by_kind[kind] = by_key
+            self._by_ns[kind] = by_ns
+            self._indexes.update(indexes)
+            self._versions[kind] = next(_CHANGES)
+
+
 @dataclass
 class Informer:
     """List + watch of one resource into the store."""
@@ -133,16 +178,31 @@ class Informer:
     store: Store
     client: KubeClient
     page_size: int = 500
-    watch_timeout: int = 290
+    watch_timeout: int = 30
+    """``timeoutSeconds`` of each watch: the API server sends a bookmark 2 s before it."""
     synced: bool = False
     absent: bool = False
     disconnected_since: float | None = None
+    last_heard: float = field(default_factory=time.monotonic)
     relists: int = 0
     events: int = 0
+    bookmarks: int = 0
+    hung: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def liveness(self) -> float:
+        """Seconds of silence after which a connected watch counts as hung."""
+        return self.watch_timeout + LIVENESS_GRACE
+
     def stale_for(self, now: float) -> float:
-        return 0.0 if self.disconnected_since is None else now - self.disconnected_since
+        """Seconds this kind may have been missing events (0: it is current)."""
+        if self.absent:
+            return 0.0  # a CRD that is not installed: looked for again every 30 s
+        if self.disconnected_since is not None:
+            return now - self.disconnected_since
+        silent = now - self.last_heard
+        return silent if silent > self.liveness else 0.0
 
     def _apply(self, obj: dict[str, Any]) -> None:
         trimmed = self.resource.trim(obj)
@@ -153,17 +213,36 @@ class Informer:
         self.store.add(trimmed, self.resource.kind)
 
     def list(self) -> str:
-        items: list[dict[str, Any]] = []
+        """List every page, trimming each as it arrives, then swap the kind's set.
+
+        At most one page of full objects is alive at a time. An object whose
+        resourceVersion is unchanged is taken from the store as it is (no second copy
+        during a re-list)."""
+        kind, trim = self.resource.kind, self.resource.trim
+        kept: list[dict[str, Any]] = []
         fields: dict[str, Any] = {"limit": self.page_size}
         while True:
             body = orjson.loads(self.client.get(self.resource.path, fields, 60).data)
-            items.extend(body.get("items") or [])
+            items = body.pop("items", None) or []
+            for i, obj in enumerate(items):
+                items[i] = None  # drop the full object as soon as it is read
+                meta = obj.get("metadata") or {}
+                old = self.store.get(kind, meta.get("name", ""), meta.get("namespace"))
+                if old is not None and meta.get("resourceVersion") is not None and (
+                        (old.get("metadata") or {}).get("resourceVersion")
+                        == meta.get("resourceVersion")):
+                    kept.append(old)
+                    continue
+                trimmed = trim(obj)
+                if trimmed is not None:
+                    kept.append(trimmed)
+            del items
+            self.last_heard = time.monotonic()
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
                 break
             fields = {"limit": self.page_size, "continue": meta["continue"]}
-        trimmed = [t for t in (self.resource.trim(o) for o in items) if t is not None]
-        self.store.replace(self.resource.kind, trimmed)
+        self.store.replace(kind, kept)
         self.relists += 1
         return str(meta.get("resourceVersion", ""))
 
@@ -171,11 +250,15 @@ class Informer:
         """Follow events from ``version``; returns the last version, or None to re-list."""
         fields = {"watch": "true", "resourceVersion": version, "allowWatchBookmarks": "true",
                   "timeoutSeconds": self.watch_timeout}
-        response = self.client.get(self.resource.path, fields, self.watch_timeout + 30, True)
+        # The read timeout is the liveness deadline: a healthy watch hears its bookmark
+        # before ``watch_timeout`` ends, so a longer silence is a hung connection.
+        response = self.client.get(self.resource.path, fields, self.liveness, True)
         self.disconnected_since = None
+        self.last_heard = time.monotonic()
         try:
             buffer = b""
             for chunk in response.stream(65536, decode_content=True):
+                self.last_heard = time.monotonic()
                 if self._stop.is_set():
                     return version
                 buffer += chunk
@@ -190,6 +273,9 @@ class Informer:
                             return None
                         raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind == "BOOKMARK":
+                        self.bookmarks += 1
+                        continue
                     if kind in ("ADDED", "MODIFIED"):
                         self._apply(obj)
                     elif kind == "DELETED":
@@ -233,7 +319,11 @@ class Informer:
 
     def _failed(self, exc: Exception, backoff: float) -> None:
         if self.disconnected_since is None:
-            self.disconnected_since = time.monotonic()
+            # Stale since it last heard anything: for a hung watch that is well before
+            # the read timeout fired.
+            self.disconnected_since = min(self.last_heard, time.monotonic())
+        if "timed out" in str(exc).lower():
+            self.hung += 1
         log.warning("watch failed", extra={"fields": {
             "kind": self.resource.kind, "error": f"{type(exc).__name__}: {exc}"[:300],
             "retryIn": backoff}})
@@ -243,7 +333,7 @@ class Informer:
         self._stop.set()
 
 
-class LiveView(Store):
+class LiveView(AtomicStore):
     """A :class:`Store` fed by informers; readiness follows their state."""
 
     def __init__(self, configuration: Configuration,
@@ -252,7 +342,11 @@ class LiveView(Store):
         super().__init__()
         client = KubeClient(configuration)
         self.staleness = staleness
-        self.informers = [Informer(r, self, client) for r in resources]
+        # A watch hears at least every ``watch_timeout`` s; hung ones are caught within
+        # watch_timeout + LIVENESS_GRACE, inside the staleness window (30 + 10 < 60).
+        watch_timeout = int(min(290, max(10, staleness / 2)))
+        self.informers = [Informer(r, self, client, watch_timeout=watch_timeout)
+                          for r in resources]
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
