@@ -56,3 +56,45 @@ def test_readers_never_see_a_partial_set() -> None:
 
     assert partial_sizes(AtomicStore()) == set()
     assert partial_sizes(Store()), "the reader never overlapped a plain re-list"
+
+
+def test_shared_parts_are_equal_and_stored_once() -> None:
+    import copy
+
+    import orjson
+
+    from app.cluster.live import Shared, trim_workload
+
+    def deployment(name: str, memory: str) -> dict[str, Any]:
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name, "namespace": "team-a", "resourceVersion": "1",
+                             "managedFields": [{"manager": "kubectl"}]},
+                "spec": {"replicas": 2, "template": {"spec": {"containers": [
+                    {"name": "app", "image": "x", "resources": {"limits": {"memory": memory},
+                                                                "requests": {"memory": memory}}}],
+                    "nodeSelector": {"pool": "gpu"}}}}}
+
+    trim = trim_workload("Deployment")
+    a = trim(orjson.loads(orjson.dumps(deployment("a", "1Gi"))))
+    b = trim(orjson.loads(orjson.dumps(deployment("b", "1Gi"))))
+    c = trim(orjson.loads(orjson.dumps(deployment("c", "2Gi"))))
+    assert a is not None and b is not None and c is not None
+    assert a["spec"]["template"] is b["spec"]["template"]
+    assert c["spec"]["template"] is not a["spec"]["template"]
+    assert c["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "memory": "2Gi"}
+    assert a["spec"]["template"]["spec"]["nodeSelector"] is c["spec"]["template"]["spec"][
+        "nodeSelector"]
+    assert a["metadata"] == {"name": "a", "namespace": "team-a", "resourceVersion": "1"}
+
+    share = Shared(limit=2)
+    value = {"limits": {"memory": "1Gi"}}
+    first = share(copy.deepcopy(value))
+    assert share(copy.deepcopy(value)) is first
+    # A hash hit with a different value (a collision) is not shared.
+    key = hash(orjson.dumps({"x": 1}, option=orjson.OPT_SORT_KEYS))
+    share._cache[key] = {"y": 2}
+    assert share({"x": 1}) == {"x": 1}
+    for i in range(5):  # the bound: the cache starts over instead of growing
+        share({"n": i})
+    assert len(share._cache) <= 2

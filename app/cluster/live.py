@@ -27,6 +27,7 @@ service account, or a kubeconfig); the HTTP is its urllib3 pool.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,7 +40,8 @@ from kubernetes.client import Configuration
 from app.cluster.kube import ApiError, KubeClient
 from app.cluster.view import _CHANGES, INDEXES, Store, _key
 
-__all__ = ["LIVENESS_GRACE", "RESOURCES", "AtomicStore", "Informer", "LiveView", "Resource"]
+__all__ = ["LIVENESS_GRACE", "RESOURCES", "AtomicStore", "Informer", "LiveView", "Resource",
+           "Shared", "share"]
 
 LIVENESS_GRACE = 10.0
 """Seconds past a watch's expected end (its bookmark) before silence means hung."""
@@ -49,22 +51,80 @@ log = logging.getLogger("envelope.cache")
 Trim = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
+class Shared:
+    """One instance of each repeated part of the trimmed objects (hash-consing).
+
+    Thousands of Deployments share a handful of container sizes, Nodes a handful of
+    capacities and taints; parsed from JSON, each would be its own dicts and strings.
+    ``share(value)`` returns the instance already kept for an equal value (compared by
+    canonical JSON), so each distinct part is stored once. Short strings are interned.
+    The cache is bounded: when it fills it starts over, which only costs sharing, never
+    correctness. Objects in the view are never mutated (rules only read them), which
+    is what makes sharing safe.
+    """
+
+    def __init__(self, limit: int = 16384) -> None:
+        self.limit = limit
+        self._cache: dict[int, Any] = {}
+
+    def text(self, value: Any) -> Any:
+        return sys.intern(value) if isinstance(value, str) and len(value) <= 64 else value
+
+    def values(self, mapping: Any) -> Any:
+        """A dict with its short string values interned; the dict itself not shared
+        (for parts unique to one object, such as a Node's labels)."""
+        if not isinstance(mapping, dict):
+            return mapping
+        return {k: self.text(v) for k, v in mapping.items()}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            value = {k: self(v) for k, v in value.items()}
+        elif isinstance(value, list):
+            value = [self(v) for v in value]
+        else:
+            return value
+        try:
+            # Keyed by the hash of the canonical JSON; equality is checked on a hit, so
+            # a collision costs a missed share, never a wrong value.
+            key = hash(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+        except TypeError:
+            return value
+        found = self._cache.get(key)
+        if found is not None:
+            return found if found == value else value
+        if len(self._cache) >= self.limit:
+            self._cache.clear()
+        self._cache[key] = value
+        return value
+
+
+share = Shared()
+
+
 def _meta(obj: dict[str, Any], *extra: str) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     out = {k: meta[k] for k in ("name", "namespace", "resourceVersion", *extra) if k in meta}
+    if "namespace" in out:
+        out["namespace"] = share.text(out["namespace"])
     return out
 
 
 def _base(obj: dict[str, Any], kind: str, *extra_meta: str) -> dict[str, Any]:
-    return {"apiVersion": obj.get("apiVersion"), "kind": kind, "metadata": _meta(obj, *extra_meta)}
+    return {"apiVersion": share.text(obj.get("apiVersion")), "kind": kind,
+            "metadata": _meta(obj, *extra_meta)}
 
 
 def trim_node(obj: dict[str, Any]) -> dict[str, Any]:
     out = _base(obj, "Node", "labels")
+    if "labels" in out["metadata"]:
+        out["metadata"]["labels"] = share.values(out["metadata"]["labels"])
     spec = obj.get("spec") or {}
-    out["spec"] = {k: spec[k] for k in ("unschedulable", "taints") if k in spec}
+    out["spec"] = share({k: spec[k] for k in ("unschedulable", "taints") if k in spec})
     status = obj.get("status") or {}
-    out["status"] = {k: status[k] for k in ("allocatable", "capacity") if k in status}
+    out["status"] = share({k: status[k] for k in ("allocatable", "capacity") if k in status})
     return out
 
 
@@ -93,7 +153,7 @@ def trim_workload(kind: str) -> Trim:
         spec = obj.get("spec") or {}
         template = (spec.get("template") or {}).get("spec") or {}
         out["spec"] = {"replicas": spec.get("replicas", 1),
-                       "template": {"spec": _trim_pod_spec(template)}}
+                       "template": share({"spec": _trim_pod_spec(template)})}
         return out
 
     return trim
