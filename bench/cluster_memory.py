@@ -314,13 +314,13 @@ class Child:
 
 
 def export_tree(ref: str, into: Path) -> Path:
-    """The ``app`` package as it was at ``ref`` (the previous code)."""
-    archive = into / "base.tar"
+    """The ``app`` package as it was at ``ref``, in a directory of its own."""
+    archive = into / f"{ref}.tar"
     with archive.open("wb") as out:
         subprocess.run(["git", "-C", str(ROOT), "archive", ref, "app"], stdout=out, check=True)
     with tarfile.open(archive) as tar:
-        tar.extractall(into / "base", filter="data")
-    return into / "base"
+        tar.extractall(into / ref, filter="data")
+    return into / ref
 
 
 def main() -> int:
@@ -335,18 +335,21 @@ def main() -> int:
     parser.add_argument("--churn-workers", type=int, default=4)
     parser.add_argument("--baseline", default="6ced6e6",
                         help="git ref of the previous code")
+    parser.add_argument("--current", default="HEAD", help="git ref of the current code")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="envelope-cluster-memory-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    trees = {"previous": export_tree(args.baseline, workdir), "current": ROOT}
+    current = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.current],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    trees = {"previous": export_tree(args.baseline, workdir),
+             "current": export_tree(current, workdir)}
     cluster = harness.start_control_plane(workdir / "controlplane", bin_dir())
     results: dict[str, Any] = {"conditions": {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "baseline": args.baseline,
-        "current": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                  capture_output=True, text=True).stdout.strip(),
+        "current": current,
         "python": sys.version.split()[0], "cpus": os.cpu_count()}}
     children: list[Child] = []
     try:
