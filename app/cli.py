@@ -228,9 +228,9 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
 
 def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     import uvicorn
-    from prometheus_client import start_http_server
 
     from app.logs import setup_logging
+    from app.metrics_server import MetricsServer
     from app.server import Metrics, create_app
 
     setup_logging(args.log_level)
@@ -245,8 +245,7 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     app = create_app(policy, view, ready_checks={**checks, **view_checks}, metrics=metrics,
                      floor_route=args.bench_floor)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
-                          registry=metrics.registry)
+        MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=args.shutdown_timeout)
