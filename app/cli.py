@@ -16,6 +16,8 @@ from app.cluster.static import LoadError, Manifest, load_manifests
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
+from app.limits import add_arguments as add_limit_arguments
+from app.limits import limits_from_args, uvicorn_options
 from app.rules import Subject
 
 __all__ = ["main"]
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
     serve.add_argument("--bench-floor", action="store_true", help=argparse.SUPPRESS)
+    add_limit_arguments(serve)
 
     check = sub.add_parser("check", help="run the rules over manifest files, offline")
     check.add_argument("-f", "--filename", action="append", required=True, dest="paths",
@@ -248,7 +251,8 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            **uvicorn_options(limits_from_args(args)))
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()
