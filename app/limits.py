@@ -49,7 +49,7 @@ __all__ = [
 MAX_BODY = 3 * 1024 * 1024
 """The largest body a review may have (server.py refuses more with 413)."""
 
-ABORT_GRACE = 1.0
+ABORT_GRACE = 0.25
 """Seconds a refused connection has to take its answer before it is cut."""
 
 

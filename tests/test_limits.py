@@ -163,6 +163,6 @@ def test_an_endless_header_gets_431_and_rss_stays_flat(serve: Serve) -> None:
     after = serve.rss_mib()
     print(f"endless header: refused after {sent / 2**20:.0f} MiB sent; RSS {before:.0f} -> "
           f"{after:.0f} MiB")
-    assert cut, "the server took a 200 MiB header"
-    assert got.startswith(b"HTTP/1.1 431") or got == b"", got[:100]
+    # Refused: answered 431 (and dropped what followed) or cut while we were sending.
+    assert got.startswith(b"HTTP/1.1 431") or (cut and got == b""), (cut, got[:100])
     assert after - before < 20, (before, after)
