@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,8 @@ class LimitState:
     limits: Limits
     inflight_body_bytes: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {
-        "header_too_large": 0, "header_timeout": 0, "body_timeout": 0, "body_budget": 0})
+        "header_too_large": 0, "header_timeout": 0, "body_timeout": 0, "body_budget": 0,
+        "peer_refused": 0})
 
 
 def _response(status: bytes) -> bytes:
@@ -84,6 +86,8 @@ class GuardedHttpTools(_Base):
     :func:`guarded_protocol`, which also sets ``state``."""
 
     state: LimitState
+    peer_check: Callable[[dict[str, Any] | None], bool] | None = None
+    """With mTLS: whether the client certificate's names are allowed (TlsState.peer_allowed)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -99,6 +103,14 @@ class GuardedHttpTools(_Base):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        check = self.peer_check
+        if check is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            peer = ssl_object.getpeercert() if ssl_object is not None else None
+            if not check(peer):  # a verified certificate, but not a name we serve
+                self.state.counts["peer_refused"] += 1
+                transport.abort()
+                return
         self._start_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -222,17 +234,24 @@ class GuardedHttpTools(_Base):
             self._reserved = 0
 
 
-def guarded_protocol(limits: Limits) -> type[GuardedHttpTools]:
-    """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``."""
+PeerCheck = Callable[[dict[str, Any] | None], bool]
+
+
+def guarded_protocol(limits: Limits, peer_check: PeerCheck | None = None
+                     ) -> type[GuardedHttpTools]:
+    """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits`` and, when
+    given, ``peer_check`` on each connection's verified client certificate."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     return type("EnvelopeHttpProtocol", (GuardedHttpTools, HttpToolsProtocol),
-                {"state": LimitState(limits)})
+                {"state": LimitState(limits), "peer_check": staticmethod(peer_check)
+                 if peer_check is not None else None})
 
 
-def uvicorn_options(limits: Limits) -> dict[str, Any]:
+def uvicorn_options(limits: Limits, peer_check: PeerCheck | None = None) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.Config``."""
-    return {"http": guarded_protocol(limits), "timeout_keep_alive": limits.idle_timeout,
+    return {"http": guarded_protocol(limits, peer_check),
+            "timeout_keep_alive": limits.idle_timeout,
             "limit_concurrency": limits.max_connections, "backlog": limits.backlog,
             "h11_max_incomplete_event_size": limits.max_header_bytes}
 
