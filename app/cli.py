@@ -326,6 +326,7 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
             break
         time.sleep(2)
     manager.start()
+    metrics.leader.set_function(lambda: 1.0 if manager.leader else 0.0)
     return state, {"certificate": manager.problems}
 
 
@@ -334,7 +335,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
 
     from app.logs import setup_logging
     from app.metrics_server import MetricsServer
-    from app.server import Metrics, create_app
+    from app.server import Metrics, WatchCollector, create_app
 
     setup_logging(args.log_level)
     metrics = Metrics()
@@ -345,6 +346,8 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
+    if hasattr(view, "informers"):
+        metrics.registry.register(WatchCollector(view))
     app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
