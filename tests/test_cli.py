@@ -52,7 +52,9 @@ def test_clean_files_exit_0_and_json_shows_the_patch(tmp_path: Path) -> None:
     (tmp_path / "good.yaml").write_text(GOOD)
     out = envelope("check", "-f", str(tmp_path / "good.yaml"), "--output", "json")
     assert out.returncode == 0, out.stderr
-    entries = json.loads(out.stdout)
+    report = json.loads(out.stdout)
+    entries = report["objects"]
+    assert report["summary"] == {"objects": 2, "errors": 0, "warnings": 1, "mutated": 1}
     assert [(e["kind"], e["name"]) for e in entries] == [("Deployment", "web"),
                                                          ("ConfigMap", "settings")]
     web = entries[0]
@@ -80,7 +82,8 @@ def test_errors_exit_1_over_a_directory_and_stdin(tmp_path: Path) -> None:
     ("text", "fragment"),
     [
         ("kind: [unclosed", "not valid YAML"),
-        ("- a\n- b\n", "document 1: expected a Kubernetes object"),
+        ("- a\n- b\n", "no Kubernetes objects found"),
+        ("apiVersion: v1\nkind: Pod\n---\n- a\n", "document 2: expected a Kubernetes object"),
         ("apiVersion: v1\nkind: Pod\n---\nmetadata: {}\n", "document 2: apiVersion is missing"),
     ],
 )

@@ -127,7 +127,7 @@ class Manifest:
             node = node.value[self.item] if isinstance(node, SequenceNode) else None
             if node is None:
                 return self.line
-        return self._doc.first_line + _walk(node, path).start_mark.line + 1
+        return self._doc.first_line + _walk(node, path) + 1
 
 
 def _child(node: Node, key: str) -> Node | None:
@@ -141,20 +141,22 @@ def _child(node: Node, key: str) -> Node | None:
 _INDEX = re.compile(r"\[(\d+)\]")
 
 
-def _walk(node: Node, path: str) -> Node:
-    """The deepest node along ``path``; dotted keys may themselves hold dots
-    (``limits.nvidia.com/gpu``), so the longest key that fits wins."""
+def _walk(node: Node, path: str) -> int:
+    """0-based line of the deepest field along ``path`` (its key's line); dotted keys
+    may themselves hold dots (``limits.nvidia.com/gpu``): the longest key that fits wins."""
+    line = node.start_mark.line
     if path.startswith("/"):
         for part in path[1:].split("/"):
             part = part.replace("~1", "/").replace("~0", "~")
             if isinstance(node, SequenceNode) and part.isdigit() and int(part) < len(node.value):
                 node = node.value[int(part)]
+                line = node.start_mark.line
                 continue
-            nxt = _child(node, part)
-            if nxt is None:
+            pair = _pair(node, lambda key, part=part: key == part)
+            if pair is None:
                 break
-            node = nxt
-        return node
+            line, node = pair[0].start_mark.line, pair[1]
+        return line
     rest = path
     while rest:
         rest = rest.lstrip(".")
@@ -164,20 +166,25 @@ def _walk(node: Node, path: str) -> Node:
             if not isinstance(node, SequenceNode) or index >= len(node.value):
                 break
             node, rest = node.value[index], rest[m.end():]
+            line = node.start_mark.line
             continue
-        if not isinstance(node, MappingNode):
+        pair = _pair(node, lambda key, here=rest: here.startswith(key)
+                     and here[len(key):len(key) + 1] in ("", ".", "["))
+        if pair is None:
             break
-        best: tuple[str, Node] | None = None
+        line, node, rest = pair[0].start_mark.line, pair[1], rest[len(pair[0].value):]
+    return line
+
+
+def _pair(node: Node, fits: Any) -> tuple[Node, Node] | None:
+    """The (key, value) of a mapping whose key fits; the longest key when several do."""
+    best = None
+    if isinstance(node, MappingNode):
         for k, v in node.value:
             key = k.value if isinstance(k, ScalarNode) else None
-            if (isinstance(key, str) and key and rest.startswith(key)
-                    and rest[len(key):len(key) + 1] in ("", ".", "[")
-                    and (best is None or len(key) > len(best[0]))):
-                best = (key, v)
-        if best is None:
-            break
-        node, rest = best[1], rest[len(best[0]):]
-    return node
+            if key and fits(key) and (best is None or len(key) > len(best[0].value)):
+                best = (k, v)
+    return best
 
 
 @dataclass(frozen=True)
