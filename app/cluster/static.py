@@ -255,26 +255,29 @@ def _objects(doc: Any, node: Node, source: str, index: int, document: _Document,
             item_line = document.first_line + item_node.start_mark.line + 1
             problem = _identity_problem(item)
             if problem:
-                out.errors.append(LoadError(source, f"items[{i}]: {problem}", index, item_line))
+                line = document.first_line + _walk(item_node, problem[1]) + 1
+                out.errors.append(LoadError(source, f"items[{i}]: {problem[0]}", index, line))
                 continue
             yield Manifest(source, index, item, item_line, i, document)
         return
     problem = _identity_problem(doc)
     if problem:
-        out.errors.append(LoadError(source, problem, index, line))
+        line = document.first_line + _walk(node, problem[1]) + 1
+        out.errors.append(LoadError(source, problem[0], index, line))
         return
     yield Manifest(source, index, doc, line, None, document)
 
 
-def _identity_problem(doc: Any) -> str | None:
+def _identity_problem(doc: Any) -> tuple[str, str] | None:
+    """What is wrong with an object's apiVersion or kind, and which of the two."""
     if not isinstance(doc, dict):
-        return "expected a Kubernetes object"
+        return "expected a Kubernetes object", ""
     for key in ("apiVersion", "kind"):
         value = doc.get(key)
         if value is None or value == "":
-            return f"{key} is missing" if value is None else f"{key} is empty"
+            return f"{key} is {'missing' if key not in doc else 'empty'}", key
         if not isinstance(value, str):
-            return f"{key} must be a string, got {type(value).__name__} {value!r}"[:120]
+            return f"{key} must be a string, got {type(value).__name__} {value!r}"[:120], key
     return None
 
 
