@@ -61,9 +61,8 @@ class NotEvaluated:
     @property
     def message(self) -> str:
         kinds = " or ".join(self.missing)
-        return (f"not evaluated: the input has no {kinds} objects, so {self.rule} had nothing to "
-                f"judge {self.objects} object(s) against; add the {kinds} manifests (or check "
-                f"against a cluster) to evaluate it")
+        return (f"not evaluated: the input has no {kinds} objects, so {self.rule} could not "
+                f"judge {self.objects} object(s); add the {kinds} manifests to evaluate it")
 
 
 def not_evaluated(rules: Iterable[Any], objects: Iterable[tuple[str, str]],
@@ -169,8 +168,7 @@ def text(report: Report) -> str:
             at = f" [line {f['line']}]" if f.get("line") and f["line"] != o.line else ""
             lines.append(f"  {f['severity']:<7} {f['rule']}: {f['message']}{at}")
         lines.extend(f"  change  {c['message']}" for c in o.changes)
-    lines.extend(n.message.replace("not evaluated: ", f"not evaluated {n.rule}: ", 1)
-                 for n in report.not_evaluated)
+    lines.extend(n.message for n in report.not_evaluated)
     if report.skipped:
         lines.append(report.skipped_summary())
     lines.append(report.summary())
