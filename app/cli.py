@@ -323,8 +323,15 @@ def main(argv: list[str] | None = None) -> int:
             print("envelope check: give at least one file or directory (PATH or -f PATH)",
                   file=sys.stderr)
             return 2
-        return run_check(paths, policy, args.output, fail_on=args.fail_on,
-                         exclude=args.exclude, allow_empty=args.allow_empty)
+        try:
+            return run_check(paths, policy, args.output, fail_on=args.fail_on,
+                             exclude=args.exclude, allow_empty=args.allow_empty)
+        except Exception as exc:  # a bug of ours: say so in one line, the details on request
+            if os.environ.get("ENVELOPE_DEBUG"):
+                raise
+            print(f"envelope check: internal error {type(exc).__name__}: {str(exc)[:300]} "
+                  f"(a bug; ENVELOPE_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 2
     problem = _serve_problem(args)
     if problem:
         print(f"envelope serve: {problem}", file=sys.stderr)
