@@ -98,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="exit 0 instead of 2 when no Kubernetes objects are found")
     check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
                        help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
+    check.add_argument("--kubeconfig", metavar="PATH",
+                       help="also read Nodes, LimitRanges, ResourceQuotas, KAI trees and "
+                            "WorkerPools from this cluster (one LIST each); the files' objects "
+                            "replace the cluster's of the same name")
     return parser
 
 
@@ -131,8 +135,13 @@ def _entry(m: Manifest, subject: Subject, result: Evaluation) -> ObjectResult:
                         m.source, m.document, m.line, findings, changes, result.patch)
 
 
+def _kinds(objects: list[dict[str, Any]]) -> set[str]:
+    return {str(o.get("kind")) for o in objects}
+
+
 def run_check(paths: list[str], policy: Policy, output: str, *, fail_on: str = "error",
-              exclude: list[str] | None = None, allow_empty: bool = False) -> int:
+              exclude: list[str] | None = None, allow_empty: bool = False,
+              kubeconfig: str | None = None) -> int:
     loaded = load(paths, exclude or ())
     if loaded.errors:
         for error in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line)):
@@ -153,7 +162,23 @@ def run_check(paths: list[str], policy: Policy, output: str, *, fail_on: str = "
               + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
               file=sys.stderr)
         return 0 if allow_empty else 2
-    view = StaticView(m.obj for m in manifests)
+    context: list[dict[str, Any]] = []
+    if kubeconfig:
+        from app.cluster.kube import KubeClient, kube_configuration
+        from app.cluster.snapshot import merge, snapshot
+
+        try:
+            client = KubeClient(kube_configuration(kubeconfig))
+        except Exception as exc:
+            print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
+            return 2
+        live = snapshot(client)
+        if live.problems:
+            for problem in live.problems:
+                print(f"envelope check: {problem}", file=sys.stderr)
+            return 2
+        context = merge(live.objects, (m.obj for m in manifests))
+    view = StaticView(context or (m.obj for m in manifests))
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     objects = []
     for m in manifests:
@@ -162,7 +187,8 @@ def run_check(paths: list[str], policy: Policy, output: str, *, fail_on: str = "
     rules = list(RULES.values())
     report = Report(objects, rules,
                     not_evaluated(rules, ((o.api_version.rpartition("/")[0], o.kind)
-                                          for o in objects)),
+                                          for o in objects),
+                                  present=_kinds(context)),
                     skipped, _version())
     sys.stdout.write(render(report, output, fail_on))  # type: ignore[arg-type]
     return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
@@ -325,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             return run_check(paths, policy, args.output, fail_on=args.fail_on,
-                             exclude=args.exclude, allow_empty=args.allow_empty)
+                             exclude=args.exclude, allow_empty=args.allow_empty,
+                             kubeconfig=args.kubeconfig)
         except Exception as exc:  # a bug of ours: say so in one line, the details on request
             if os.environ.get("ENVELOPE_DEBUG"):
                 raise

@@ -66,15 +66,17 @@ class NotEvaluated:
 
 
 def not_evaluated(rules: Iterable[Any], objects: Iterable[tuple[str, str]],
-                  needs: Mapping[str, Collection[str]] = NEEDS) -> list[NotEvaluated]:
+                  needs: Mapping[str, Collection[str]] = NEEDS,
+                  present: Collection[str] = ()) -> list[NotEvaluated]:
     """Rules that judge some object of the input but lack a kind they need.
 
     ``objects`` are the (API group, kind) of every loaded object. A rule's needs are its
     own ``needs`` attribute when it has one, else ``needs[rule.id]``; a rule without a
-    ``kinds`` attribute is taken to judge every object.
+    ``kinds`` attribute is taken to judge every object. ``present`` adds kinds the rules
+    see besides the judged objects (a live cluster's, with ``--kubeconfig``).
     """
     seen = Counter(objects)
-    present = {kind for _, kind in seen}
+    present = {kind for _, kind in seen} | set(present)
     out = []
     for rule in rules:
         wanted = tuple(getattr(rule, "needs", None) or needs.get(rule.id, ()))
