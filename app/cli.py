@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                     "nothing at or above --fail-on; 1: findings at or above it; 2: unreadable "
                     "input or no Kubernetes objects found.")
     check.add_argument("paths", nargs="*", metavar="PATH",
-                       help="file or directory to check (as -f; pre-commit passes file names so)")
+                       help="file or directory to check, like -f")
     check.add_argument("-f", "--filename", action="append", default=[], dest="filenames",
                        metavar="PATH", help="file, directory (walked recursively) or - for "
                                             "stdin; repeatable")
