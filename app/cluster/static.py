@@ -20,6 +20,7 @@ parsing that one document again, so loading pays nothing for lines nobody asks a
 from __future__ import annotations
 
 import fnmatch
+import functools
 import gc
 import os
 import re
@@ -92,6 +93,10 @@ def compose(text: str) -> Node | None:
         loader.dispose()
 
 
+#: Findings of one object come one after another: parse its document once for them all.
+_compose_cached = functools.lru_cache(maxsize=16)(compose)
+
+
 @dataclass(frozen=True)
 class _Document:
     text: str
@@ -117,7 +122,7 @@ class Manifest:
         if self._doc is None or not path:
             return self.line
         try:
-            node = compose(self._doc.text)
+            node = _compose_cached(self._doc.text)
         except yaml.YAMLError:
             return self.line
         if node is None:
