@@ -13,12 +13,12 @@ from typing import Any
 import orjson
 
 from app.engine import Evaluation
-from app.rules import Subject
+from app.rules.base import Subject
+from app.util import brief
 
 __all__ = ["BadReview", "Decision", "decide", "parse_review", "review_response"]
 
 API_VERSION = "admission.k8s.io/v1"
-MAX_WARNING = 119
 
 
 class BadReview(ValueError):
@@ -90,20 +90,16 @@ class Decision:
         return "patch" if self.patch else "allow"
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
-
-
 def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     """Turn findings into an admission decision."""
-    warnings = [_short(f.message) for f in evaluation.warnings]
+    warnings = [brief(f.message) for f in evaluation.warnings]
     if evaluation.internal_errors:
         reason = "; ".join(evaluation.internal_errors)
         if failure_mode == "deny":
             return Decision(False, f"Envelope could not evaluate this object ({reason}); "
                                    f"denied because failureMode is deny", 500,
                             warnings=warnings or None)
-        warnings.append(_short(f"Envelope skipped a rule after an internal error: {reason}"))
+        warnings.append(brief(f"Envelope skipped a rule after an internal error: {reason}"))
     errors = evaluation.errors
     if errors:
         message = "; ".join(f"{f.message} [{f.rule}]" for f in errors)

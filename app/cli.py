@@ -15,7 +15,8 @@ from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
 from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
-from app.rules import RULES, Subject
+from app.rules.base import Subject
+from app.ruleset import RuleSet, default_ruleset
 
 __all__ = ["main"]
 
@@ -74,7 +75,6 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
-    serve.add_argument("--bench-floor", action="store_true", help=argparse.SUPPRESS)
 
     check = sub.add_parser(
         "check", help="run the rules over manifest files, offline",
@@ -139,7 +139,8 @@ def _kinds(objects: list[dict[str, Any]]) -> set[str]:
     return {str(o.get("kind")) for o in objects}
 
 
-def run_check(paths: list[str], policy: Policy, output: str, *, fail_on: str = "error",
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
+              fail_on: str = "error",
               exclude: list[str] | None = None, allow_empty: bool = False,
               kubeconfig: str | None = None) -> int:
     loaded = load(paths, exclude or ())
@@ -178,15 +179,15 @@ def run_check(paths: list[str], policy: Policy, output: str, *, fail_on: str = "
                 print(f"envelope check: {problem}", file=sys.stderr)
             return 2
         context = merge(live.objects, (m.obj for m in manifests))
-    view = StaticView(context or (m.obj for m in manifests))
+    view = StaticView(context or (m.obj for m in manifests), rules.indexes)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     objects = []
     for m in manifests:
         subject = subject_of(m.obj)
-        objects.append(_entry(m, subject, check_object(subject, view, policy)))
-    rules = list(RULES.values())
-    report = Report(objects, rules,
-                    not_evaluated(rules, ((o.api_version.rpartition("/")[0], o.kind)
+        objects.append(_entry(m, subject, check_object(rules, subject, view, policy)))
+    declared = list(rules.values())
+    report = Report(objects, declared,
+                    not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
                                           for o in objects),
                                   present=_kinds(context)),
                     skipped, _version())
@@ -194,16 +195,17 @@ def run_check(paths: list[str], policy: Policy, output: str, *, fail_on: str = "
     return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
 
 
-def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The live view (started) and its readiness check, or an empty static view."""
+def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[str, Any]]:
+    """The live view (started) of what the rules read, and its readiness check, or an
+    empty static view."""
     import logging
 
     from app.cluster.kube import kube_configuration
-    from app.cluster.live import LiveView
+    from app.cluster.live import LiveView, resources_for
 
     log = logging.getLogger("envelope")
     if args.cluster_view == "none":
-        return StaticView(), {}
+        return StaticView(indexes=rules.indexes), {}
     try:
         configuration = kube_configuration(args.kubeconfig)
     except Exception as exc:
@@ -212,8 +214,9 @@ def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             return None, {}
         log.warning("no cluster configuration; rules see an empty cluster",
                     extra={"fields": {"reason": str(exc)[:200]}})
-        return StaticView(), {}
-    view = LiveView(configuration, staleness=args.staleness)
+        return StaticView(indexes=rules.indexes), {}
+    view = LiveView(configuration, resources_for(rules.reads), staleness=args.staleness,
+                    indexes=rules.indexes)
     view.start()
     log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
     return view, {"cluster view": view.problems}
@@ -277,7 +280,7 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
     return state, {"certificate": manager.problems}
 
 
-def run_serve(args: argparse.Namespace, policy: Policy) -> int:
+def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
     from prometheus_client import start_http_server
 
@@ -290,11 +293,10 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args)
+    view, view_checks = _cluster_view(args, rules)
     if view is None:
         return 2
-    app = create_app(policy, view, ready_checks={**checks, **view_checks}, metrics=metrics,
-                     floor_route=args.bench_floor)
+    app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
                           registry=metrics.registry)
@@ -338,8 +340,9 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    rules = default_ruleset()
     try:
-        policy = load_policy(args.config)
+        policy = load_policy(args.config, None, rules)
     except ConfigError as exc:
         print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         try:
-            return run_check(paths, policy, args.output, fail_on=args.fail_on,
+            return run_check(paths, rules, policy, args.output, fail_on=args.fail_on,
                              exclude=args.exclude, allow_empty=args.allow_empty,
                              kubeconfig=args.kubeconfig)
         except Exception as exc:  # a bug of ours: say so in one line, the details on request
@@ -364,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envelope serve: {problem}", file=sys.stderr)
         return 2
     try:
-        return run_serve(args, policy)
+        return run_serve(args, rules, policy)
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # a port taken between the check and the bind, an unreadable file

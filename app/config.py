@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
-from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -25,8 +24,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
 )
+
+from app.quantity import parse_quantity
+
+if TYPE_CHECKING:
+    from app.ruleset import RuleSet
 
 __all__ = ["ConfigError", "Mode", "Policy", "load_policy"]
 
@@ -50,8 +53,6 @@ class EnvelopeEnv(BaseModel):
 
 
 def _quantity(value: str) -> str:
-    from app.quantity import parse_quantity
-
     if parse_quantity(value) < 0:
         raise ValueError(f"{value!r} is negative")
     return value
@@ -77,8 +78,9 @@ class NodeSettings(BaseModel):
     reserve_cpu: Quantity = Field("0", alias="reserveCpu")
     reserve_memory: Quantity = Field("0", alias="reserveMemory")
     sandbox_parent_reserve_memory: Quantity = Field("0", alias="sandboxParentReserveMemory")
-    """Per-node memory for sandbox parents (seed 001), used when the
-    ``node-sandbox-reserve`` rule is on."""
+    """Per-node memory kept for sandbox parent processes (the runtime that hosts
+    sandboxes outside any pod's cgroup), added to ``reserve_memory`` by ``pod-fits-node``;
+    0 leaves it off."""
 
 
 class Policy(BaseModel):
@@ -93,36 +95,9 @@ class Policy(BaseModel):
     actors: ActorSettings = Field(default_factory=ActorSettings)
     nodes: NodeSettings = Field(default_factory=NodeSettings)
 
-    @field_validator("rules")
-    @classmethod
-    def _known_rules(cls, value: dict[str, Mode]) -> dict[str, Mode]:
-        from app.rules import RULES  # late import: rules import this module
 
-        unknown = sorted(set(value) - set(RULES))
-        if unknown:
-            raise ValueError(f"unknown rule id(s) {unknown}; known: {sorted(RULES)}")
-        return value
-
-    def mode(self, rule_id: str) -> Mode:
-        try:
-            return self._modes[rule_id]
-        except KeyError:  # a rule registered after the first call (tests import families late)
-            from app.rules.base import RULES
-
-            return self.rules.get(rule_id, RULES[rule_id].default_mode)
-
-    @cached_property
-    def _modes(self) -> dict[str, Mode]:
-        """Every registered rule's mode, computed once: ``mode()`` is on the hot path."""
-        from app.rules import RULES
-
-        return {rid: self.rules.get(rid, rule.default_mode) for rid, rule in RULES.items()}
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    from app.rules import RULES
-
-    by_env = {"ENVELOPE_RULE_" + rid.upper().replace("-", "_"): rid for rid in RULES}
+def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:
+    by_env = rules.env_names()
     data: dict[str, Any] = {}
     for key, value in environ.items():
         if key == "ENVELOPE_FAILURE_MODE":
@@ -142,8 +117,9 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_policy(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Policy:
-    """Read the policy file (if any), then apply environment overrides."""
+def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rules: RuleSet) -> Policy:
+    """Read the policy file (if any), then apply environment overrides; every rule id
+    must be one of ``rules``."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path:
@@ -159,11 +135,16 @@ def load_policy(path: str | Path | None = None, environ: Mapping[str, str] | Non
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         data = loaded
-    overrides = _env_overrides(os.environ if environ is None else environ)
+    overrides = _env_overrides(os.environ if environ is None else environ, rules)
     if overrides:
-        rules = {**(data.get("rules") or {}), **overrides.pop("rules", {})}
-        data = {**data, **overrides, **({"rules": rules} if rules else {})}
+        modes = {**(data.get("rules") or {}), **overrides.pop("rules", {})}
+        data = {**data, **overrides, **({"rules": modes} if modes else {})}
     try:
-        return Policy.model_validate(data)
+        policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from exc
+    unknown = rules.unknown(policy.rules)
+    if unknown:
+        raise ConfigError(f"{source}: rules: unknown rule id(s) {unknown}; known: "
+                          f"{sorted(rules)}")
+    return policy

@@ -77,7 +77,8 @@ class Pair:
 
 @dataclass(frozen=True)
 class EnvelopeString:
-    """A string envelope such as ``"cpu=7,memory=29Gi"`` (seed 000).
+    """A string envelope such as ``"cpu=7,memory=29Gi"``: what a runtime inside the pod
+    reads to size itself, which must say what the pod's resources say.
 
     Keys are matched case-insensitively and whole, so ``cpuset=0-3`` is not ``cpu``.
     """

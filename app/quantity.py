@@ -13,6 +13,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
+from app.util import plain_number
+
 __all__ = ["QuantityError", "format_bytes", "format_cpu", "parse_quantity"]
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -71,24 +73,19 @@ def _parse_text(value: str) -> Decimal:
 _parse_cached = lru_cache(maxsize=4096)(_parse_text)
 
 
-def _trim(value: Decimal) -> str:
-    text = format(value.normalize(), "f")
-    return text
-
-
 def format_bytes(value: Decimal) -> str:
     """Readable bytes for messages: the largest binary unit that divides exactly."""
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
         unit = _BINARY[suffix]
         if value != 0 and value % unit == 0:
-            return f"{_trim(value / unit)}{suffix}"
+            return f"{plain_number(value / unit)}{suffix}"
     if abs(value) >= 2**30:
-        return f"{_trim((value / 2**30).quantize(Decimal('0.01')))}Gi"
-    return _trim(value)
+        return f"{plain_number((value / 2**30).quantize(Decimal('0.01')))}Gi"
+    return plain_number(value)
 
 
 def format_cpu(value: Decimal) -> str:
     """Readable CPU for messages: whole cores as ``7``, fractions as ``250m``."""
     if value == value.to_integral_value():
-        return _trim(value)
-    return f"{_trim(value * 1000)}m"
+        return plain_number(value)
+    return f"{plain_number(value * 1000)}m"

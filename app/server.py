@@ -2,13 +2,15 @@
 
 Everything a client can send gets a 2xx decision or a 4xx that says what is
 wrong; nothing here lets an exception become a 500.
+
+The application is FastAPI. ``POST /mutate`` and ``/validate`` are raw ASGI endpoints
+mounted in its router (:class:`ReviewEndpoint`): raw body in, JSON out, without the
+request/response objects and dependency solving that were a third of a review's cost.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,15 +19,17 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.routing import Route
 
 from app.admission import BadReview, Decision, decide, parse_review, review_response
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
 from app.engine import evaluate
 from app.logs import admission_log
-from app.rules.base import RULES, Phase
+from app.rules.base import Phase
+from app.ruleset import RuleSet
 
-__all__ = ["MAX_BODY", "Envelope", "Metrics", "create_app"]
+__all__ = ["MAX_BODY", "Handler", "Metrics", "ReviewEndpoint", "create_app", "read_body", "send"]
 
 MAX_BODY = 3 * 1024 * 1024
 """The API server caps admission bodies near 3 MiB; anything larger is not a review."""
@@ -56,37 +60,31 @@ Handler = Callable[[bytes], Awaitable[tuple[int, bytes]]]
 _JSON = [(b"content-type", b"application/json")]
 
 
-class Envelope:
-    """The ASGI app uvicorn serves. ``POST`` to a review path goes straight to its
-    handler — raw body in, JSON out, no framework layers (they were a third of a
-    review's cost); everything else (health, readiness, 404s) is the FastAPI app."""
+class ReviewEndpoint:
+    """A raw ASGI endpoint for one review path: ``POST`` with a body, answered by
+    ``handler``; any other method gets 405."""
 
-    def __init__(self, app: FastAPI, handlers: dict[str, Handler]) -> None:
-        self.app = app
-        self.handlers = handlers
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if handler is None:
-            await self.app(scope, receive, send)
-            return
+    async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
         if scope["method"] != "POST":
             status, payload = _error(405, "use POST with an AdmissionReview")
-            await _send(send, status, payload, [(b"allow", b"POST")])
+            await send(send_, status, payload, [(b"allow", b"POST")])
             return
-        body = await _read_body(scope, receive)
-        status, payload = body if isinstance(body, tuple) else await handler(body)
-        await _send(send, status, payload)
+        body = await read_body(scope, receive)
+        status, payload = body if isinstance(body, tuple) else await self.handler(body)
+        await send(send_, status, payload)
 
 
-async def _send(send: Any, status: int, payload: bytes,
+async def send(send_: Any, status: int, payload: bytes,
                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
     headers = [*_JSON, (b"content-length", str(len(payload)).encode()), *(extra or [])]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_({"type": "http.response.start", "status": status, "headers": headers})
+    await send_({"type": "http.response.body", "body": payload})
 
 
-async def _read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, bytes]:
+async def read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, bytes]:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             if not value.isdigit():
@@ -109,12 +107,12 @@ async def _read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, 
 
 
 def create_app(
+    rules: RuleSet,
     policy: Policy,
     view: ClusterView | None = None,
     ready_checks: dict[str, Callable[[], list[str]]] | None = None,
     metrics: Metrics | None = None,
-    floor_route: bool = False,
-) -> Envelope:
+) -> FastAPI:
     """Build the webhook app. ``ready_checks`` gate ``/readyz``: each returns its
     problems (caches not synced, no certificate), empty when ready."""
     app = FastAPI(title="Envelope", docs_url=None, redoc_url=None, openapi_url=None)
@@ -122,7 +120,7 @@ def create_app(
     app.state.view = view or StaticView()
     app.state.metrics = metrics or Metrics()
     checks = ready_checks if ready_checks is not None else {}
-    known_kinds = {kind for rule in RULES.values() for _, kind in rule.kinds}
+    known_kinds = {kind for _, kind in rules.kinds}
 
     async def review(body: bytes, phase: Phase) -> tuple[int, bytes]:
         started = time.perf_counter()
@@ -132,7 +130,7 @@ def create_app(
             return _error(400, f"not an AdmissionReview: {exc}")
         policy: Policy = app.state.policy
         try:
-            evaluation = evaluate(subject, app.state.view, policy, phase)
+            evaluation = evaluate(rules, subject, app.state.view, policy, phase)
             decision = decide(evaluation, policy.failure_mode)
         except Exception as exc:  # defence in depth: the engine already isolates rules
             log.exception("evaluation failed", extra={"uid": uid})
@@ -179,41 +177,6 @@ def create_app(
     app.add_route("/healthz", healthz, methods=["GET"])
     app.add_route("/readyz", readyz, methods=["GET"])
 
-    handlers: dict[str, Handler] = {"/mutate": mutate, "/validate": validate}
-    if floor_route:
-        uid_pattern = re.compile(rb'"uid"\s*:\s*"([^"]*)"')
-
-        async def floor(body: bytes) -> tuple[int, bytes]:
-            """Benchmark baseline on the same path as a review: the body read, an allow for
-            its uid (found by a regex, not by decoding): uvicorn + TLS + HTTP alone."""
-            found = uid_pattern.search(body)
-            uid = found.group(1) if found else b""
-            return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
-                         b'"response":{"uid":"' + uid + b'","allowed":true}}')
-
-        patch = base64.b64encode(orjson.dumps(
-            [{"op": "add", "path": "/metadata/annotations", "value": {"envelope.io/floor": "1"}}]))
-
-        async def floor_patch(body: bytes) -> tuple[int, bytes]:
-            """The floor, answering with a one-op JSON patch: what a mutating answer costs
-            the API server, apart from any rule."""
-            found = uid_pattern.search(body)
-            uid = found.group(1) if found else b""
-            return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
-                         b'"response":{"uid":"' + uid + b'","allowed":true,'
-                         b'"patchType":"JSONPatch","patch":"' + patch + b'"}}')
-
-        async def floor_decode(body: bytes) -> tuple[int, bytes]:
-            """The floor plus what every review does before its rules: the body decoded and
-            checked as an AdmissionReview, an allow encoded as a review does it."""
-            try:
-                uid, _ = parse_review(body)
-            except BadReview as exc:
-                return _error(400, f"not an AdmissionReview: {exc}")
-            return 200, review_response(uid, Decision(True))
-
-        handlers["/floor"] = floor
-        handlers["/floor-patch"] = floor_patch
-        handlers["/floor-decode"] = floor_decode
-
-    return Envelope(app, handlers)
+    app.router.routes.append(Route("/mutate", ReviewEndpoint(mutate)))
+    app.router.routes.append(Route("/validate", ReviewEndpoint(validate)))
+    return app

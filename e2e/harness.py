@@ -946,14 +946,16 @@ def start_webhook(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     timeout: float = 30.0,
+    command: Sequence[str] = ("-m", "app", "serve"),
 ) -> Webhook:
-    """Start ``python -m app serve`` on free ports with a fresh serving cert and
-    wait until ``GET /healthz`` answers 200 over TLS."""
+    """Start ``python -m app serve`` (or ``python <command>`` with the same serving
+    flags) on free ports with a fresh serving cert and wait until ``GET /healthz``
+    answers 200 over TLS."""
     workdir.mkdir(parents=True, exist_ok=True)
     ca_file, cert_file, key_file = make_serving_cert(workdir, ("127.0.0.1", "localhost"), name="webhook")
     port, metrics_port = free_port(), free_port()
     cmd = [
-        sys.executable, "-m", "app", "serve",
+        sys.executable, *command,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--cert-file", str(cert_file),

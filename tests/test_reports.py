@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from app.reports import NotEvaluated, ObjectResult, Report, not_evaluated, render
-from app.rules import RULES
+from tests.conftest import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -207,16 +207,19 @@ def test_unparsable_cpu_limit_is_reported_where_it_was_written() -> None:
 def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from app.rules import RULES
+    from app.cluster.view import StaticView
+    from app.engine import evaluate
     from app.rules.workloads import fill_memory_limit
+    from app.ruleset import RuleSet
+    from tests.conftest import RULES, subject
 
     def half_then_crash(subject, obj, view, policy):  # type: ignore[no-untyped-def]
         fill_memory_limit(subject, obj, view, policy)
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(RULES, "memory-limit", replace(RULES["memory-limit"], fn=half_then_crash))
-    monkeypatch.setattr("app.engine._BY_KIND", {})
+    crashing = RuleSet([replace(r, fn=half_then_crash) if r.id == "memory-limit" else r
+                        for r in RULES.values()], RULES.copiers)
     obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"cpu": "2"})])
-    result = mutate(obj)
+    result = evaluate(crashing, subject(obj), StaticView(), Policy(), "mutate")
     assert result.patch == [] and result.obj is obj
     assert result.internal_errors == ["memory-limit: RuntimeError: boom"]

@@ -23,9 +23,9 @@ import orjson
 from kubernetes.client import Configuration
 
 from app.cluster.kube import ApiError, KubeClient
-from app.cluster.view import Store
+from app.cluster.view import Index, Store
 
-__all__ = ["RESOURCES", "Informer", "LiveView", "Resource"]
+__all__ = ["RESOURCES", "Informer", "LiveView", "Resource", "resources_for"]
 
 log = logging.getLogger("envelope.cache")
 
@@ -123,6 +123,18 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("ActorTemplate", "/apis/ate.dev/v1alpha1/actortemplates",
              trim_whole("ActorTemplate"), True),
 )
+
+
+def resources_for(kinds: Iterable[str]) -> tuple[Resource, ...]:
+    """What to watch for rules that read ``kinds``: a rule set's reads decide the watch
+    list, so a rule that reads a new kind gets its watch without a second edit (and a
+    kind nobody reads is not watched)."""
+    wanted = set(kinds)
+    missing = wanted - {r.kind for r in RESOURCES}
+    if missing:
+        raise ValueError(f"no watch is defined for kind(s) {sorted(missing)}; add them to "
+                         f"RESOURCES in app/cluster/live.py")
+    return tuple(r for r in RESOURCES if r.kind in wanted)
 
 
 @dataclass
@@ -246,10 +258,9 @@ class Informer:
 class LiveView(Store):
     """A :class:`Store` fed by informers; readiness follows their state."""
 
-    def __init__(self, configuration: Configuration,
-                 resources: tuple[Resource, ...] = RESOURCES,
-                 staleness: float = 60.0) -> None:
-        super().__init__()
+    def __init__(self, configuration: Configuration, resources: tuple[Resource, ...],
+                 staleness: float = 60.0, indexes: Iterable[Index] = ()) -> None:
+        super().__init__(indexes=indexes)
         client = KubeClient(configuration)
         self.staleness = staleness
         self.informers = [Informer(r, self, client) for r in resources]

@@ -1,13 +1,13 @@
-"""Workload rules that read the namespace and the nodes (seeds 000, 001, 002).
+"""Workload rules that read the namespace and the nodes.
 
-Stripping CPU limits is only safe where the namespace lets pods live without them,
-and a memory envelope is only honest when it fits somewhere: on a node, and in
-the namespace's memory budget.
+Stripping CPU limits is only safe where the namespace lets pods live without them (a
+ResourceQuota on ``limits.cpu`` or a LimitRange ``max.cpu`` refuses such pods, and the
+ReplicaSet only shows FailedCreate), and a memory envelope is only honest when it fits
+somewhere: on a node, and in the namespace's memory budget.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
@@ -15,16 +15,20 @@ from app.cluster.view import NODE_LABEL, ClusterView
 from app.config import Mode, Policy
 from app.envelope import pod_amount
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Rule, Subject, register
+from app.rules.base import Finding, Ratchet, Subject, error, rule
 from app.rules.workloads import (
-    KEEP_CPU_LIMITS,
+    CPU_LIMIT_RULES,
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
+    pod_resources,
     pod_spec,
 )
+from app.util import Memo
 
-__all__ = ["node_capacity", "replicas_of"]
+__all__ = ["INDEXES", "node_capacity", "replicas_of"]
+
+INDEXES = (NODE_LABEL,)
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -38,29 +42,28 @@ def _has_cpu_limit_to_strip(subject: Subject, obj: dict[str, Any]) -> bool:
     return any(isinstance(r, dict) and "cpu" in (r.get("limits") or {}) for r in holders)
 
 
-def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, rule: str,
-           reasons: list[str]) -> list[Finding]:
-    """Keep CPU limits (warn) or refuse the write (enforce) where the namespace needs them."""
-    if not reasons or (subject.operation == "UPDATE" and subject.kind == "Pod"):
+def _guard(subject: Subject, obj: dict[str, Any], reasons: list[str]) -> list[Finding]:
+    """Keep CPU limits (warn) or refuse the write (enforce) where the namespace needs
+    them. Either way the rule holds back the rules that would strip them."""
+    if not reasons or not _has_cpu_limit_to_strip(subject, obj):
         return []
-    if not _has_cpu_limit_to_strip(subject, obj):
-        return []
-    subject.extra[KEEP_CPU_LIMITS] = rule
     why = "; ".join(reasons)
-    if policy.mode(rule) is Mode.ENFORCE:
-        text = (f"{why}: pods without CPU limits would be refused there, and Envelope removes "
-                f"CPU limits; drop limits.cpu from that object or opt this workload out")
-    else:
-        text = f"CPU limits kept: {why}"
-    return [Finding("error", rule, "metadata.namespace", text)]
+    return [error("metadata.namespace",
+                  f"{why}: pods without CPU limits would be refused there, and Envelope removes "
+                  f"CPU limits; drop limits.cpu from that object or opt this workload out",
+                  as_warning=f"CPU limits kept: {why}")]
 
 
+@rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
+      "a ResourceQuota on limits.cpu: keep CPU limits (warn) or refuse (enforce)",
+      mutates=False, order=10, reads={"ResourceQuota"}, judges=pod_resources,
+      holds_back=CPU_LIMIT_RULES)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
     reasons = [f'ResourceQuota "{_name(q)}" sets limits.cpu'
                for q in view.list("ResourceQuota", subject.namespace)
                if "limits.cpu" in ((q.get("spec") or {}).get("hard") or {})]
-    return _guard(subject, obj, policy, "quota-needs-cpu-limits", reasons)
+    return _guard(subject, obj, reasons)
 
 
 def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict[str, Any]]]:
@@ -72,6 +75,10 @@ def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict
     return out
 
 
+@rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
+      "a LimitRange with max.cpu or maxLimitRequestRatio.cpu: keep CPU limits or refuse",
+      mutates=False, order=10, reads={"LimitRange"}, judges=pod_resources,
+      holds_back=CPU_LIMIT_RULES)
 def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     reasons = []
@@ -79,9 +86,12 @@ def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: Clu
         for field in ("max", "maxLimitRequestRatio"):
             if "cpu" in (item.get(field) or {}):
                 reasons.append(f'LimitRange "{name}" sets {field}.cpu={item[field]["cpu"]}')
-    return _guard(subject, obj, policy, "limitrange-needs-cpu-limits", reasons)
+    return _guard(subject, obj, reasons)
 
 
+@rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
+      "a LimitRange default CPU limit below a container's CPU request",
+      reads={"LimitRange"}, judges=pod_resources, ratchet=Ratchet.WARN)
 def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                      policy: Policy) -> list[Finding]:
     """LimitRanger puts ``default.cpu`` on every Pod created without a CPU limit; below the
@@ -103,8 +113,8 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
             continue
         for name, default in defaults:
             if parse_quantity(request) > parse_quantity(default):
-                findings.append(Finding(
-                    "error", "limitrange-default-below-request", f"{path}.resources.requests.cpu",
+                findings.append(error(
+                    f"{path}.resources.requests.cpu",
                     f'{label}: LimitRange "{name}" default cpu limit {default} < request '
                     f"{request}; pods fail without Envelope's Pod webhook"))
     return findings
@@ -113,7 +123,7 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 # --- pod fits a node --------------------------------------------------------------
 
 
-_CAPACITY_CACHE: OrderedDict[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = OrderedDict()
+_capacity: Memo[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = Memo(256)
 
 
 def _allocatable(node: dict[str, Any], name: str) -> Decimal:
@@ -136,11 +146,11 @@ def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]
     """
     pairs = tuple(sorted(selector.items()))
     key = (view.version("Node"), pairs)
-    cached = _CAPACITY_CACHE.get(key)
+    cached = _capacity.get(key)
     if cached is not None:
         return cached
     if pairs:
-        candidates = min((view.by_index("Node", NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
+        candidates = min((view.by_index(NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
     else:
         candidates = view.list("Node")
     best: dict[str, Any] = {"nodes": 0, "cpu": (Decimal(0), ""), "memory": (Decimal(0), "")}
@@ -154,16 +164,16 @@ def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]
             amount = _allocatable(node, name)
             if amount > best[name][0]:
                 best[name] = (amount, _name(node))
-    _CAPACITY_CACHE[key] = best
-    while len(_CAPACITY_CACHE) > 256:
-        _CAPACITY_CACHE.popitem(last=False)
-    return best
+    return _capacity.put(key, best)
 
 
+@rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "each pod's CPU and memory fit the largest matching schedulable node",
+      reads={"Node"}, judges=pod_resources, ratchet=Ratchet.WARN)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
     spec = pod_spec(subject, obj)
-    if spec is None or (subject.kind == "Pod" and subject.operation == "UPDATE"):
+    if spec is None:
         return []
     selector = spec.get("nodeSelector") or {}
     selector = {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
@@ -173,8 +183,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     which = f"node matching nodeSelector {selector}" if selector else "schedulable node"
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
     if capacity["nodes"] == 0:
-        return [Finding("error", "pod-fits-node", path,
-                        f"no {which} is known; the pods cannot be placed")] if selector else []
+        return [error(path, f"no {which} is known; the pods cannot be placed")] if selector else []
     settings = policy.nodes
     reserves = {"cpu": parse_quantity(settings.reserve_cpu),
                 "memory": parse_quantity(settings.reserve_memory)
@@ -186,8 +195,8 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
         largest, node = capacity[name]
         offer = largest - reserves[name]
         if need > offer:
-            findings.append(Finding(
-                "error", "pod-fits-node", path,
+            findings.append(error(
+                path,
                 f"each pod needs {fmt[name](need)} {name}; the largest {which} "
                 f"({node}) offers {fmt[name](max(offer, Decimal(0)))} "
                 f"(allocatable {fmt[name](largest)}, reserve {fmt[name](reserves[name])})"))
@@ -216,6 +225,9 @@ def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
     return int(value) if isinstance(value, int) else 1
 
 
+@rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
+      "replicas x pod memory over the namespace's workloads fits its memory quota",
+      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN)
 def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  policy: Policy) -> list[Finding]:
     quotas = [(q, key, value) for q in view.list("ResourceQuota", subject.namespace)
@@ -250,28 +262,6 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
             shown.append(item)
         if len(shown) < len(parts):
             shown.append(f"+{len(parts) - len(shown)} more")
-        findings.append(Finding("error", "namespace-memory-composition", "metadata.namespace",
-                                ", ".join([*shown, tail])))
+        findings.append(error("metadata.namespace", ", ".join([*shown, tail])))
     return findings
 
-
-register(
-    Rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN, quota_needs_cpu_limits,
-         "a ResourceQuota on limits.cpu: keep CPU limits (warn) or refuse (enforce)",
-         mutates=False, order=10, reads=frozenset({"ResourceQuota"})),
-    Rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
-         limitrange_needs_cpu_limits,
-         "a LimitRange with max.cpu or maxLimitRequestRatio.cpu: keep CPU limits or refuse",
-         mutates=False, order=10, reads=frozenset({"LimitRange"})),
-    Rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
-         limitrange_default_below_request,
-         "a LimitRange default CPU limit below a container's CPU request",
-         reads=frozenset({"LimitRange"}), grandfather=True),
-    Rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE, pod_fits_node,
-         "each pod's CPU and memory fit the largest matching schedulable node",
-         reads=frozenset({"Node"}), grandfather=True),
-    Rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
-         namespace_memory_composition,
-         "replicas x pod memory over the namespace's workloads fits its memory quota",
-         reads=frozenset({"ResourceQuota", *COUNTED_KINDS}), grandfather=True),
-)

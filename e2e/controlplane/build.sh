@@ -12,6 +12,8 @@
 # Environment:
 #   ENVELOPE_CONTROLPLANE_DIR   cache root (default ~/.cache/envelope/controlplane)
 #   ENVELOPE_CONTROLPLANE_FORCE=1  rebuild every binary even if it is cached
+#   ENVELOPE_CONTROLPLANE_CACHED_ONLY=1  build nothing: exit 3 if a binary is not cached
+#                               (`make unit`, which needs no control plane, uses it)
 #   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
 #
 # Only the Go toolchain and the Go module proxy are needed: no Docker, no
@@ -237,6 +239,10 @@ ensure() {
     if is_built "${BIN}/${name}" "${expected}" "$@"; then
         log "${name} ${version}: cached"
         return
+    fi
+    if [[ "${ENVELOPE_CONTROLPLANE_CACHED_ONLY:-0}" == "1" ]]; then
+        log "${name} ${version} is not built (ENVELOPE_CONTROLPLANE_CACHED_ONLY=1); run make controlplane"
+        exit 3
     fi
     timed "${name}" "${fn}"
     built_any=1
