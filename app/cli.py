@@ -10,13 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from app.cluster.static import Manifest, load
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
+from app.exemptions import needs_namespaces
 from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset
+from app.substrate import as_crd_template, is_current_template, read_current_template
 
 __all__ = ["main"]
 
@@ -100,8 +104,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
     check.add_argument("--kubeconfig", metavar="PATH",
                        help="also read Nodes, LimitRanges, ResourceQuotas, KAI trees and "
-                            "WorkerPools from this cluster (one LIST each); the files' objects "
-                            "replace the cluster's of the same name")
+                            "WorkerPools from this cluster (one LIST each; api.ate.dev "
+                            "ActorTemplates are placed against its WorkerPools); the files' "
+                            "objects replace the cluster's of the same name")
     return parser
 
 
@@ -132,7 +137,86 @@ def _entry(m: Manifest, subject: Subject, result: Evaluation) -> ObjectResult:
     changes = [{"rule": f.rule, "path": f.path, "message": f.message, "line": m.line_of(f.path)}
                for f in result.changes]
     return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
-                        m.source, m.document, m.line, findings, changes, result.patch)
+                        m.source, m.document, m.line, findings, changes, result.patch,
+                        [{"rule": r, "reason": why} for r, why in result.skipped.items()])
+
+
+ANY_NAMESPACE = "any namespace"
+"""Where a substrate-API ActorTemplate is placed: it lives in an atespace, not a
+namespace, and upstream's scheduler matches workers of every namespace."""
+
+
+WORKERPOOLS = "/apis/ate.dev/v1alpha1/workerpools"
+
+
+def cluster_pools(kubeconfig: str) -> list[dict[str, Any]]:
+    """Every WorkerPool of the cluster (one paged LIST, no watch); none without the CRD."""
+    from app.cluster.kube import ApiError, KubeClient, kube_configuration  # the client is slow to import
+
+    client = KubeClient(kube_configuration(kubeconfig))
+    items: list[dict[str, Any]] = []
+    fields: dict[str, Any] = {"limit": 500}
+    while True:
+        try:
+            body = orjson.loads(client.get(WORKERPOOLS, fields, 30).data)
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        items.extend({"apiVersion": "ate.dev/v1alpha1", "kind": "WorkerPool", **item}
+                     for item in body.get("items") or [])
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+        fields = {"limit": 500, "continue": token}
+
+
+def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView:
+    """Every ate.dev WorkerPool given in one namespace, named ``<ns>/<name>``; a later
+    one replaces an earlier one of the same namespace and name (files over the cluster)."""
+    pools = []
+    for obj in objects:
+        if obj.get("kind") != "WorkerPool" or not str(obj.get("apiVersion", "")).startswith("ate.dev/"):
+            continue
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        name = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        pools.append({**obj, "metadata": {**meta, "namespace": ANY_NAMESPACE, "name": name}})
+    return StaticView(pools, rules.indexes)
+
+
+def _current_template_entry(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                            rules: RuleSet, policy: Policy) -> dict[str, Any]:
+    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion) judged by the
+    ActorTemplate rules, as the envelope ``app.substrate`` reads from it."""
+    obj = m.obj
+    selector_from = None
+    if obj.get("kind") == "ActorTemplateVersion":
+        parent = obj.get("actorTemplate") if isinstance(obj.get("actorTemplate"), dict) else {}
+        selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
+                              and o.obj.get("kind") == "ActorTemplate"
+                              and (o.obj.get("metadata") or {}).get("name") == parent.get("name")), None)
+    template = read_current_template(obj, selector_from)
+    crd = as_crd_template(template, ANY_NAMESPACE)
+    subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
+                      template.name, crd)
+    result = check_object(rules, subject, pools, policy)
+    findings = [{"severity": "error", "rule": "actor-limits", "path": p.split(":", 1)[0], "message": p}
+                for p in template.problems]
+    return {"kind": template.kind, "apiVersion": str(obj.get("apiVersion")),
+            "namespace": template.atespace, "name": template.name,
+            "source": f"{m.source}#{m.document}",
+            "findings": findings + [f.as_dict() for f in result.findings],
+            "patch": None, "internal": result.internal_errors, "changes": []}
+
+
+def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                             rules: RuleSet, policy: Policy) -> ObjectResult:
+    entry = _current_template_entry(m, manifests, pools, rules, policy)
+    findings = [{**f, "line": m.line_of(f["path"])} for f in entry["findings"]]
+    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
+                  "line": m.line} for e in entry["internal"]]
+    return ObjectResult(entry["kind"], entry["apiVersion"], entry["namespace"] or "",
+                        entry["name"], m.source, m.document, m.line, findings)
 
 
 def _kinds(objects: list[dict[str, Any]]) -> set[str]:
@@ -182,7 +266,13 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     view = StaticView(context or (m.obj for m in manifests), rules.indexes)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     objects = []
+    pools: StaticView | None = None
     for m in manifests:
+        if is_current_template(m.obj):  # api.ate.dev: placed against every namespace's pools
+            if pools is None:
+                pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
+            objects.append(_current_template_result(m, manifests, pools, rules, policy))
+            continue
         subject = subject_of(m.obj)
         objects.append(_entry(m, subject, check_object(rules, subject, view, policy)))
     declared = list(rules.values())
@@ -195,7 +285,8 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
 
 
-def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[str, Any]]:
+def _cluster_view(args: argparse.Namespace, rules: RuleSet,
+                  policy: Policy) -> tuple[Any, dict[str, Any]]:
     """The live view (started) of what the rules read, and its readiness check, or an
     empty static view."""
     import logging
@@ -215,7 +306,8 @@ def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[s
         log.warning("no cluster configuration; rules see an empty cluster",
                     extra={"fields": {"reason": str(exc)[:200]}})
         return StaticView(indexes=rules.indexes), {}
-    view = LiveView(configuration, resources_for(rules.reads), staleness=args.staleness,
+    kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
+    view = LiveView(configuration, resources_for(kinds), staleness=args.staleness,
                     indexes=rules.indexes)
     view.start()
     log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
@@ -293,7 +385,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args, rules)
+    view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
     app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)

@@ -104,6 +104,9 @@ class ObjectResult:
     changes: list[dict[str, Any]] = field(default_factory=list)
     """Mutations the webhook would make: ``rule``, ``path``, ``message``, ``line``."""
     patch: list[dict[str, Any]] = field(default_factory=list)
+    exempt: list[dict[str, str]] = field(default_factory=list)
+    """Rules not run on the object because a policy exception or annotation exempts it:
+    ``rule``, ``reason``."""
 
     @property
     def title(self) -> str:
@@ -132,8 +135,10 @@ class Report:
         return sum(bool(o.patch) for o in self.objects)
 
     def summary(self) -> str:
+        exempt = sum(len(o.exempt) for o in self.objects)
         return (f"{len(self.objects)} objects: {self.count('error')} errors, "
-                f"{self.count('warning')} warnings, {self.mutated} would be mutated")
+                f"{self.count('warning')} warnings, {self.mutated} would be mutated"
+                + (f", {exempt} rules skipped as exempt" if exempt else ""))
 
     def skipped_summary(self) -> str:
         if not self.skipped:
@@ -163,12 +168,13 @@ def render(report: Report, fmt: str, fail_on: FailOn = "error") -> str:
 def text(report: Report) -> str:
     lines = []
     for o in report.objects:
-        if not o.findings and not o.changes:
+        if not o.findings and not o.changes and not o.exempt:
             continue
         lines.append(f"{o.title} ({o.file}:{o.line}, document {o.document})")
         for f in o.findings:
             at = f" [line {f['line']}]" if f.get("line") and f["line"] != o.line else ""
             lines.append(f"  {f['severity']:<7} {f['rule']}: {f['message']}{at}")
+        lines.extend(f"  skip    {e['rule']}: exempt ({e['reason']})" for e in o.exempt)
         lines.extend(f"  change  {c['message']}" for c in o.changes)
     lines.extend(n.message for n in report.not_evaluated)
     if report.skipped:
@@ -184,7 +190,8 @@ def as_json(report: Report) -> dict[str, Any]:
         "objects": [{"kind": o.kind, "apiVersion": o.api_version, "namespace": o.namespace,
                      "name": o.name, "source": f"{o.file}#{o.document}", "file": o.file,
                      "document": o.document, "line": o.line, "findings": o.findings,
-                     "changes": o.changes, "patch": o.patch} for o in report.objects],
+                     "changes": o.changes, "patch": o.patch, "skipped": o.exempt}
+                    for o in report.objects],
         "notEvaluated": [{"rule": n.rule, "missing": list(n.missing), "objects": n.objects,
                           "message": n.message} for n in report.not_evaluated],
         "skipped": [{"path": p, "reason": r} for p, r in report.skipped],

@@ -17,6 +17,7 @@ from app.envelope import (
     compare_quantities,
     is_integer_cpu,
     move_cpu_limit_to_request,
+    move_pod_level_cpu_limit,
     parse_envelope_string,
 )
 from app.quantity import QuantityError, parse_quantity
@@ -24,7 +25,7 @@ from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warni
 from app.util import dig, dotted
 
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder",
-           "containers", "holders", "pod_resources", "pod_spec"]
+           "containers", "holders", "pod_resources", "pod_spec", "shape_problems", "well_formed"]
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
 """The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
@@ -41,6 +42,8 @@ POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
 }
 WORKLOAD_KINDS = frozenset(POD_SPEC_PATHS)
+_SPEC_TEXT = {kind: ".".join(path) for kind, path in POD_SPEC_PATHS.items()}
+"""The same paths as message text, e.g. ``spec.template.spec``."""
 
 
 def pod_spec(subject: Subject, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -62,7 +65,7 @@ class Holder:
 
 def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
     """Every resources block of the pod spec: initContainers, containers, pod level."""
-    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
     spec = pod_spec(subject, obj)
     if spec is None:
         return
@@ -75,24 +78,93 @@ def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
                 continue
             resources = container.get("resources")
             if isinstance(resources, dict):
-                name = container.get("name", i)
-                yield Holder(f'{word} "{name}"', f"{dotted(base)}.{field}[{i}].resources",
+                name = container.get("name") if isinstance(container.get("name"), str) else i
+                yield Holder(f'{word} "{name}"', f"{base}.{field}[{i}].resources",
                              resources, container)
     resources = spec.get("resources")
     if isinstance(resources, dict):
-        yield Holder("pod-level resources", f"{dotted(base)}.resources", resources, None)
+        yield Holder("pod-level resources", f"{base}.resources", resources, None)
+
+
+_SCALAR = (str, int, float)
+
+
+def _quantity_map(value: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append((path, f"expected a map of resource name to quantity, got {type(value).__name__}"))
+        return
+    for key, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, _SCALAR):
+            out.append((f"{path}.{key}", f"expected a quantity, got {type(amount).__name__}"))
+
+
+def _resources_shape(resources: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if resources is None:
+        return
+    if not isinstance(resources, dict):
+        out.append((path, f"expected an object, got {type(resources).__name__}"))
+        return
+    for section in ("limits", "requests"):
+        _quantity_map(resources.get(section), f"{path}.{section}", out)
+
+
+def shape_problems(subject: Subject, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the pod spec lacks the shape the API server decodes it into (it refuses
+    such objects before any webhook; ``envelope check`` reads raw files): lists that are
+    not lists, resources that are not maps of quantities, env entries that are not
+    objects. Empty when every workload rule can read it."""
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
+    out: list[tuple[str, str]] = []
+    node: Any = obj
+    for key in POD_SPEC_PATHS[(subject.group, subject.kind)]:
+        node = node.get(key) if isinstance(node, dict) else None
+    if node is None:
+        return out
+    if not isinstance(node, dict):
+        return [(base, f"expected an object, got {type(node).__name__}")]
+    for field in ("initContainers", "containers"):
+        items = node.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            out.append((f"{base}.{field}", f"expected a list, got {type(items).__name__}"))
+            continue
+        for i, c in enumerate(items):
+            where = f"{base}.{field}[{i}]"
+            if not isinstance(c, dict):
+                out.append((where, f"expected an object, got {type(c).__name__}"))
+                continue
+            _resources_shape(c.get("resources"), f"{where}.resources", out)
+            env = c.get("env")
+            if env is not None and not (isinstance(env, list) and all(isinstance(e, dict) for e in env)):
+                out.append((f"{where}.env", "expected a list of objects"))
+    _resources_shape(node.get("resources"), f"{base}.resources", out)
+    _quantity_map(node.get("overhead"), f"{base}.overhead", out)
+    for field, kind in (("nodeSelector", dict), ("tolerations", list), ("affinity", dict)):
+        value = node.get(field)
+        if value is not None and not isinstance(value, kind):
+            out.append((f"{base}.{field}", f"expected {'an object' if kind is dict else 'a list'}, "
+                                           f"got {type(value).__name__}"))
+    return out
+
+
+def well_formed(subject: Subject, obj: dict[str, Any]) -> bool:
+    """What every workload rule but ``quantities`` requires (see :func:`shape_problems`)."""
+    return not shape_problems(subject, obj)
 
 
 def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(label, dotted path, container) for every container and initContainer."""
-    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
     spec = pod_spec(subject, obj) or {}
     for field, word in (("initContainers", "initContainer"), ("containers", "container")):
         items = spec.get(field)
         for i, container in enumerate(items if isinstance(items, list) else []):
             if isinstance(container, dict):
-                name = container.get("name", i)
-                yield f'{word} "{name}"', f"{dotted(base)}.{field}[{i}]", container
+                name = container.get("name") if isinstance(container.get("name"), str) else i
+                yield f'{word} "{name}"', f"{base}.{field}[{i}]", container
 
 
 def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bool:
@@ -151,7 +223,7 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
 
 
 @rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "remove CPU limits; keep the CPU request they implied", judges=pod_resources)
+      "remove CPU limits; keep the CPU request they implied", judges=pod_resources, requires=well_formed)
 def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                      policy: Policy) -> list[Finding]:
     if keeps_cpu_limit(subject, obj, policy):
@@ -163,6 +235,17 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
         limit = limits.get("cpu") if isinstance(limits, dict) else None
         if limit is not None and not _parses(limit):
             continue  # left where it was written; the quantities rule names it
+        if holder.container is None:
+            # Pod level: the request the API server would have defaulted, not the limit.
+            pod_moved = move_pod_level_cpu_limit(pod_spec(subject, obj) or {})
+            if pod_moved is None:
+                continue
+            value, request = pod_moved
+            text = f"{holder.label}: CPU limit {value} removed"
+            if request is not None:
+                text += f"; CPU request set to {request} (what the pods would get) so they keep it"
+            findings.append(change(f"{holder.path}.limits.cpu", text))
+            continue
         moved = move_cpu_limit_to_request(holder.resources)
         if moved is None:
             continue
@@ -180,7 +263,7 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 
 @rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "a memory request without a limit gets a limit equal to it", judges=pod_resources)
+      "a memory request without a limit gets a limit equal to it", judges=pod_resources, requires=well_formed)
 def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """Only a memory request: write the limit equal to it (memory is not borrowable)."""
@@ -201,12 +284,17 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
     return findings
 
 
-@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, "resource quantities parse",
+@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "pod specs have Kubernetes' shape and resource quantities parse",
       judges=pod_resources, ratchet=Ratchet.WARN)
 def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: ClusterView,
                               policy: Policy) -> list[Finding]:
-    """Quantities we compare must parse (the API server decodes Pods, but
-    ``envelope check`` reads raw files)."""
+    """The shape the API server decodes a pod spec into, and quantities that parse (the
+    API server refuses both before any webhook, but ``envelope check`` reads raw files
+    and anyone who reaches the port can send anything)."""
+    problems = shape_problems(subject, obj)
+    if problems:
+        return [error(path, f"{path}: {why}") for path, why in problems[:5]]
     findings = []
     for holder in holders(subject, obj):
         for section in ("requests", "limits"):
@@ -223,7 +311,7 @@ def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clust
 
 
 @rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN)
+      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     findings = []
@@ -258,7 +346,7 @@ def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | Non
 
 
 @rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "remove cpu pairs from string limits envelopes", judges=pod_resources)
+      "remove cpu pairs from string limits envelopes", judges=pod_resources, requires=well_formed)
 def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
@@ -291,7 +379,7 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
 
 @rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "string envelopes agree on memory; CPU limit >= request", judges=pod_resources,
-      ratchet=Ratchet.WARN)
+      ratchet=Ratchet.WARN, requires=well_formed)
 def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: ClusterView,
                              policy: Policy) -> list[Finding]:
     """The two string envelopes agree on memory; a remaining CPU limit covers the request."""
