@@ -23,18 +23,15 @@ def check(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.e2e
-def test_nodes_and_limitranges_come_from_the_cluster(cluster: Cluster, namespace: str,
+def test_nodes_and_quotas_come_from_the_cluster(cluster: Cluster, namespace: str,
                                                      tmp_path: Path) -> None:
     if cluster.kubectl("get", "node", NODE, check=False).returncode != 0:
-        cluster.kubectl("create", "-f", "-", input=json.dumps(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
-    status = {"status": {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-                         "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}
-    cluster.kubectl("patch", "node", NODE, "--subresource=status", "--type=merge",
-                    "-p", json.dumps(status))
+        # Ready and without the not-ready taint: a node pods may land on
+        cluster.create_node(NODE, {"cpu": "4", "memory": "8Gi", "pods": "110"})
+    # a quota on limits.cpu: the API server refuses pods without a CPU limit here
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "cpu-max"},
-         "spec": {"limits": [{"type": "Container", "max": {"cpu": "64"}}]}}))
+        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu-limits"},
+         "spec": {"hard": {"limits.cpu": "100"}}}))
     # far more memory than any node a test creates
     huge = deployment("huge", namespace, container(requests={"memory": "900Ti"},
                                                    limits={"cpu": "1", "memory": "900Ti"}))
@@ -44,7 +41,7 @@ def test_nodes_and_limitranges_come_from_the_cluster(cluster: Cluster, namespace
     offline = check(str(manifest))
     report = json.loads(offline.stdout)
     assert offline.returncode == 0, offline.stderr
-    assert {"pod-fits-node", "limitrange-needs-cpu-limits"} <= {
+    assert {"pod-fits-node", "quota-needs-cpu-limits"} <= {
         n["rule"] for n in report["notEvaluated"]}
 
     live = check(str(manifest), "--kubeconfig", str(cluster.kubeconfig))
@@ -53,8 +50,8 @@ def test_nodes_and_limitranges_come_from_the_cluster(cluster: Cluster, namespace
     findings = {f["rule"]: f for f in report["objects"][0]["findings"]}
     assert "needs 900Ti memory" in findings["pod-fits-node"]["message"]
     assert findings["pod-fits-node"]["line"] > 1
-    assert "limitrange-needs-cpu-limits" in findings  # the cluster's LimitRange caps CPU
-    assert not {"pod-fits-node", "limitrange-needs-cpu-limits"} & {
+    assert "quota-needs-cpu-limits" in findings  # the cluster's quota needs the CPU limit
+    assert not {"pod-fits-node", "quota-needs-cpu-limits"} & {
         n["rule"] for n in report["notEvaluated"]}
 
 
