@@ -534,14 +534,20 @@ def fit_node(spec: Mapping[str, Any], node: Node,
              requests: Mapping[str, Decimal] | None = None) -> NodeVerdict:
     """The scheduler's filters for one node. ``spec`` is the *stored* pod spec
     (defaulted: see ``default_pod``); ``requests`` overrides ``pod_requests(spec)``."""
+    counted = _counted(requests if requests is not None else pod_requests(spec))
+    return _fit(spec, node, counted, _tolerations(spec))
+
+
+def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
+         tolerations: list[Mapping[str, Any]]) -> NodeVerdict:
     blocked: list[str] = []
     if node.unschedulable and not any(
-        tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in _tolerations(spec)
+        tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in tolerations
     ):
         blocked.append(CORDONED)
     if not required_affinity_matches(spec, node):
         blocked.append("node does not match the pod's nodeSelector / required node affinity")
-    taint = untolerated_taint(spec, node)
+    taint = untolerated_taint(spec, node) if node.taints else None
     if taint is not None:
         value = f"={taint.get('value')}" if taint.get("value") else ""
         blocked.append(f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}")
@@ -549,7 +555,6 @@ def fit_node(spec: Mapping[str, Any], node: Node,
     allowed_pods = node.allocatable.get("pods", 0)
     if node.pods + 1 > allowed_pods:
         shortfalls.append(Shortfall("pods", 1, allowed_pods - node.pods, allowed_pods))
-    counted = _counted(requests if requests is not None else pod_requests(spec))
     for name in sorted(counted):
         want = counted[name]
         if want <= 0:
@@ -602,7 +607,7 @@ def _show(resource: str, units: int) -> str:
 
 
 def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mapping[str, Decimal] | None = None,
-             potential: Iterable[Node] = ()) -> Verdict:
+             potential: Iterable[Node] = (), first_fit: bool = False) -> Verdict:
     """``fit_node`` for every node; the pod fits when one existing node takes it.
 
     ``potential`` are node shapes an autoscaler could still create (class 10 in
@@ -610,15 +615,26 @@ def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mappin
     labels, taints and allocatable a new node would have. They never make
     ``fits`` true; ``fits_after_scale_up`` says a new node would take the pod, so
     a rule can choose to admit it. With no potential shapes the verdict is
-    exactly kube-scheduler's filter outcome.
+    exactly kube-scheduler's filter outcome. ``first_fit`` stops at the first node
+    that takes the pod (``nodes`` then holds only the nodes checked so far).
     """
     reqs = dict(requests) if requests is not None else pod_requests(spec)
-    verdicts = tuple(fit_node(spec, n, reqs) for n in nodes)
-    fits_on = next((v for v in verdicts if v.fits), None)
+    counted = _counted(reqs)
+    tolerations = _tolerations(spec)
+    checked: list[NodeVerdict] = []
+    fits_on = None
+    for node in nodes:
+        verdict = _fit(spec, node, counted, tolerations)
+        checked.append(verdict)
+        if verdict.fits:
+            fits_on = verdict
+            if first_fit:
+                break
+    verdicts = tuple(checked)
     scale_up = None
     if fits_on is None:
         for shape in potential:
-            v = fit_node(spec, shape, reqs)
+            v = _fit(spec, shape, counted, tolerations)
             if v.fits:
                 scale_up = v
                 break

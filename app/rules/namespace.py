@@ -31,7 +31,6 @@ from app.scheduling import (
     default_pod,
     effective_pod_requests,
     evaluate,
-    fit_node,
     node_from_object,
 )
 from app.scheduling import Node as SchedNode
@@ -268,10 +267,10 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
             else effective_pod_requests(spec, is_pod=False)
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
-    if any(fit_node(spec, n, requests).fits for n in nodes):
+    verdict = evaluate(spec, nodes, requests=requests, first_fit=True)
+    if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
-    verdict = evaluate(spec, nodes, requests=requests)
     closest = verdict.closest
     if closest is None:
         if any(v.blocked == (CORDONED,) for v in verdict.nodes):
