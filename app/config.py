@@ -24,9 +24,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    model_validator,
 )
 
 from app.quantity import parse_quantity
+from app.selectors import StrictLabelSelector
 
 if TYPE_CHECKING:
     from app.ruleset import RuleSet
@@ -83,6 +85,33 @@ class NodeSettings(BaseModel):
     0 leaves it off."""
 
 
+class RuleException(BaseModel):
+    """Where rules do not apply: every condition given must hold (namespaces, selectors,
+    kinds), like a Kyverno PolicyException. Exempted objects are reported as ``skip``
+    with the reason, logged and counted, never silently passed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    rules: list[str] = Field(min_length=1)
+    """Rule ids, or ``"*"`` for every rule."""
+    namespaces: list[str] | None = None
+    namespace_selector: StrictLabelSelector | None = Field(None, alias="namespaceSelector")
+    """Labels of the object's Namespace (the view must hold Namespaces: ``envelope serve``
+    watches them when an exception uses this; ``envelope check`` reads them from the files)."""
+    object_selector: StrictLabelSelector | None = Field(None, alias="objectSelector")
+    """Labels of the object itself (``metadata.labels``; of the old object on DELETE)."""
+    kinds: list[str] | None = None
+    """``Kind`` or ``group/Kind`` (``Deployment``, ``apps/Deployment``, ``kai.resources/Project``)."""
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _narrowed(self) -> RuleException:
+        if not (self.namespaces or self.namespace_selector or self.object_selector or self.kinds):
+            raise ValueError("an exception needs at least one of namespaces, namespaceSelector, "
+                             "objectSelector, kinds (to turn a rule off everywhere, set its mode "
+                             "to off)")
+        return self
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -94,6 +123,12 @@ class Policy(BaseModel):
     """What an internal error in a rule answers: ``deny`` (with the reason) or ``allow``."""
     actors: ActorSettings = Field(default_factory=ActorSettings)
     nodes: NodeSettings = Field(default_factory=NodeSettings)
+    exceptions: list[RuleException] = Field(default_factory=list)
+    allow_object_exemptions: bool = Field(True, alias="allowObjectExemptions")
+    """Honour ``exemptAnnotation`` on objects. Anyone who may edit an object may write it,
+    so a platform that does not trust its tenants with that turns it off."""
+    exempt_annotation: str = Field("envelope.io/exempt", alias="exemptAnnotation")
+    """Rule ids (comma-separated) an object exempts itself from."""
 
 
 def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:
@@ -144,6 +179,11 @@ def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rule
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from exc
     unknown = rules.unknown(policy.rules)
+    for i, exception in enumerate(policy.exceptions):
+        bad = rules.unknown(r for r in exception.rules if r != "*")
+        if bad:
+            raise ConfigError(f"{source}: exceptions[{i}].rules: unknown rule id(s) {bad}; known: "
+                              f"{sorted(rules)}")
     if unknown:
         raise ConfigError(f"{source}: rules: unknown rule id(s) {unknown}; known: "
                           f"{sorted(rules)}")

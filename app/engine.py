@@ -27,6 +27,7 @@ import orjson
 
 from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
+from app.exemptions import ALL, exemptions
 from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
@@ -48,6 +49,8 @@ class Evaluation:
     patch: list[dict[str, Any]] = field(default_factory=list)
     internal_errors: list[str] = field(default_factory=list)
     """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Rules that did not run because the object is exempt from them: id -> why."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -68,8 +71,11 @@ def json_copy(obj: Any) -> Any:
 
 
 def _stamp(rule: Rule, found: list[Finding]) -> list[Finding]:
-    """Findings carry the id of the rule that returned them."""
-    return [f if f.rule == rule.id else replace(f, rule=rule.id) for f in found]
+    """Findings carry the id of the rule that returned them (they are the rule's fresh
+    values, so the id is written in place)."""
+    for f in found:
+        f.rule = rule.id
+    return found
 
 
 def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
@@ -114,18 +120,23 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
              phase: Phase) -> Evaluation:
     """Run the ``phase`` rules of ``rules`` for the subject's kind and operation."""
     out = Evaluation(obj=subject.obj)
-    modes = rules.modes(policy)
-    applicable = [r for r in rules.for_kind(subject.group, subject.kind, phase)
-                  if subject.operation in r.operations and modes[r.id] is not Mode.OFF]
+    applicable = rules.applicable(subject.group, subject.kind, phase, subject.operation, policy)
     if not applicable:
         return out
     original = subject.obj
     working, copied = original, False
     held: set[str] = set()
-    for rule in applicable:
-        if rule.id in held or _unchanged(rule, subject, original):
+    update = subject.operation == "UPDATE"
+    exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
+        else {}
+    for rule, mode in applicable:
+        if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
             continue
-        mode = modes[rule.id]
+        if exempt:
+            why = exempt.get(rule.id) or exempt.get(ALL)
+            if why is not None:
+                out.skipped[rule.id] = why
+                continue
         if rule.reads:
             stale = view.problems(rule.reads)
             if stale:
@@ -143,7 +154,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 copier = rules.copiers.get((subject.group, subject.kind))
                 working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
-        scoped = ScopedView(view, rule.reads, rule.id)
+        scoped = ScopedView(view, rule.reads, rule.id) if rule.reads else rules.blind(rule)
         try:
             found = rule.fn(subject, target if target is not None else {}, scoped, policy)
             if found and rule.ratchet is not Ratchet.NONE and subject.operation == "UPDATE" \
@@ -182,4 +193,5 @@ def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Po
         obj=mutated.obj,
         patch=mutated.patch,
         internal_errors=mutated.internal_errors + validated.internal_errors,
+        skipped={**mutated.skipped, **validated.skipped},
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from app.cluster.view import Index
+from app.cluster.view import Index, ScopedView, StaticView
 from app.config import Mode, Policy
 from app.rules import actors, namespace, workloads
 from app.rules.base import Phase, Rule, Subject, rules_of
@@ -40,6 +40,8 @@ class RuleSet(Mapping[str, Rule]):
         self.indexes: tuple[Index, ...] = tuple(dict.fromkeys(indexes))
         self._by_kind: dict[tuple[str, str, str], list[Rule]] = {}
         self._modes: dict[int, tuple[Policy, dict[str, Mode]]] = {}
+        self._applicable: dict[tuple[str, str, str, str, int], list[tuple[Rule, Mode]]] = {}
+        self._blind = {r.id: ScopedView(StaticView(), frozenset(), r.id) for r in self.rules.values()}
 
     @classmethod
     def from_modules(cls, *modules: ModuleType) -> RuleSet:
@@ -80,6 +82,25 @@ class RuleSet(Mapping[str, Rule]):
             self._by_kind[key] = found
         return found
 
+    def applicable(self, group: str, kind: str, phase: Phase, operation: str,
+                   policy: Policy) -> list[tuple[Rule, Mode]]:
+        """The rules to run, in order, with their modes (``off`` left out): asked on every
+        request, computed once per (kind, phase, operation, policy)."""
+        modes = self.modes(policy)  # keeps the policy alive while its id is a key below
+        key = (group, kind, phase, operation, id(policy))
+        found = self._applicable.get(key)
+        if found is None:
+            found = [(r, modes[r.id]) for r in self.for_kind(group, kind, phase)
+                     if operation in r.operations and modes[r.id] is not Mode.OFF]
+            if len(self._applicable) >= 512:
+                self._applicable.clear()
+            self._applicable[key] = found
+        return found
+
+    def blind(self, rule: Rule) -> ScopedView:
+        """The view handed to a rule that declares no reads: any read raises."""
+        return self._blind[rule.id]
+
     def modes(self, policy: Policy) -> dict[str, Mode]:
         """Every rule's mode under ``policy``, computed once per policy: the engine asks
         for it on every request."""
@@ -89,6 +110,7 @@ class RuleSet(Mapping[str, Rule]):
         modes = {rid: policy.rules.get(rid, r.default_mode) for rid, r in self.rules.items()}
         if len(self._modes) >= 8:
             self._modes.clear()
+            self._applicable.clear()
         self._modes[id(policy)] = (policy, modes)  # the policy is kept: its id stays unique
         return modes
 

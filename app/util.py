@@ -19,7 +19,7 @@ many characters."""
 def dig(obj: Any, path: Iterable[str | int]) -> Any:
     """``obj[path[0]][path[1]]...``, or None where the shape does not allow it."""
     for part in path:
-        if isinstance(obj, dict) and isinstance(part, str):
+        if type(obj) is dict:  # on the hot path: no isinstance chain for the common case
             obj = obj.get(part)
         elif isinstance(obj, list) and isinstance(part, int) and 0 <= part < len(obj):
             obj = obj[part]
@@ -28,8 +28,10 @@ def dig(obj: Any, path: Iterable[str | int]) -> Any:
     return obj
 
 
-def dotted(path: Iterable[Any]) -> str:
+def dotted(path: tuple[Any, ...] | list[Any]) -> str:
     """``("spec", "queues", 2, "name")`` -> ``spec.queues[2].name``."""
+    if all(type(p) is str for p in path):
+        return ".".join(path)
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 

@@ -42,6 +42,8 @@ POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
 }
 WORKLOAD_KINDS = frozenset(POD_SPEC_PATHS)
+_SPEC_TEXT = {kind: ".".join(path) for kind, path in POD_SPEC_PATHS.items()}
+"""The same paths as message text, e.g. ``spec.template.spec``."""
 
 
 def pod_spec(subject: Subject, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -63,7 +65,7 @@ class Holder:
 
 def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
     """Every resources block of the pod spec: initContainers, containers, pod level."""
-    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
     spec = pod_spec(subject, obj)
     if spec is None:
         return
@@ -77,23 +79,23 @@ def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
             resources = container.get("resources")
             if isinstance(resources, dict):
                 name = container.get("name", i)
-                yield Holder(f'{word} "{name}"', f"{dotted(base)}.{field}[{i}].resources",
+                yield Holder(f'{word} "{name}"', f"{base}.{field}[{i}].resources",
                              resources, container)
     resources = spec.get("resources")
     if isinstance(resources, dict):
-        yield Holder("pod-level resources", f"{dotted(base)}.resources", resources, None)
+        yield Holder("pod-level resources", f"{base}.resources", resources, None)
 
 
 def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(label, dotted path, container) for every container and initContainer."""
-    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
     spec = pod_spec(subject, obj) or {}
     for field, word in (("initContainers", "initContainer"), ("containers", "container")):
         items = spec.get(field)
         for i, container in enumerate(items if isinstance(items, list) else []):
             if isinstance(container, dict):
                 name = container.get("name", i)
-                yield f'{word} "{name}"', f"{dotted(base)}.{field}[{i}]", container
+                yield f'{word} "{name}"', f"{base}.{field}[{i}]", container
 
 
 def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bool:
