@@ -36,7 +36,7 @@ from app.scheduling import (
 from app.scheduling import Node as SchedNode
 from app.util import Memo
 
-__all__ = ["INDEXES", "node_capacity", "replicas_of"]
+__all__ = ["INDEXES", "replicas_of"]
 
 INDEXES = (NODE_LABEL,)
 
@@ -159,50 +159,6 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 
 
 # --- pod fits a node --------------------------------------------------------------
-
-
-_capacity: Memo[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = Memo(256)
-
-
-def _allocatable(node: dict[str, Any], name: str) -> Decimal:
-    status = node.get("status") or {}
-    value = (status.get("allocatable") or {}).get(name)
-    if value is None:
-        value = (status.get("capacity") or {}).get(name)
-    try:
-        return parse_quantity(value) if value is not None else Decimal(0)
-    except QuantityError:
-        return Decimal(0)
-
-
-def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]:
-    """The largest schedulable node's cpu and memory among nodes matching ``selector``.
-
-    Cached per (Node version, selector): recomputed only when a Node changes in
-    a way rules can see (heartbeats do not count), so admission cost does not grow
-    with the number of nodes.
-    """
-    pairs = tuple(sorted(selector.items()))
-    key = (view.version("Node"), pairs)
-    cached = _capacity.get(key)
-    if cached is not None:
-        return cached
-    if pairs:
-        candidates = min((view.by_index(NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
-    else:
-        candidates = view.list("Node")
-    best: dict[str, Any] = {"nodes": 0, "cpu": (Decimal(0), ""), "memory": (Decimal(0), "")}
-    for node in candidates:
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        if (node.get("spec") or {}).get("unschedulable") or any(
-                labels.get(k) != v for k, v in pairs):
-            continue
-        best["nodes"] += 1
-        for name in ("cpu", "memory"):
-            amount = _allocatable(node, name)
-            if amount > best[name][0]:
-                best[name] = (amount, _name(node))
-    return _capacity.put(key, best)
 
 
 _nodes: Memo[tuple[int, str, str], list[SchedNode]] = Memo(64)
