@@ -17,6 +17,8 @@ from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
 from app.exemptions import needs_namespaces
+from app.limits import add_arguments as add_limit_arguments
+from app.limits import limits_from_args, uvicorn_options
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset
 from app.substrate import as_crd_template, is_current_template, read_current_template
@@ -74,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
+    add_limit_arguments(serve)
 
     check = sub.add_parser("check", help="run the rules over manifest files, offline")
     check.add_argument("-f", "--filename", action="append", required=True, dest="paths",
@@ -328,9 +331,9 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
 
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
-    from prometheus_client import start_http_server
 
     from app.logs import setup_logging
+    from app.metrics_server import MetricsServer
     from app.server import Metrics, create_app
 
     setup_logging(args.log_level)
@@ -344,11 +347,11 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         return 2
     app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
-                          registry=metrics.registry)
+        MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            **uvicorn_options(limits_from_args(args)))
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from decimal import DecimalException
 from typing import Any
 
 import orjson
@@ -129,9 +130,16 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     update = subject.operation == "UPDATE"
     exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
         else {}
+    gates: dict[object, bool] = {}
     for rule, mode in applicable:
         if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
             continue
+        if rule.requires is not None:
+            ok = gates.get(rule.requires)
+            if ok is None:
+                ok = gates[rule.requires] = rule.requires(subject, original or {})
+            if not ok:
+                continue
         if exempt:
             why = exempt.get(rule.id) or exempt.get(ALL)
             if why is not None:
@@ -162,6 +170,10 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 found = _ratchet(rule, subject, found, scoped, policy)
         except QuantityError as exc:
             found = [Finding("error", rule.id, "", str(exc))]
+        except DecimalException as exc:  # a valid quantity beyond what can be compared
+            found = [Finding("error", rule.id, "", f"a quantity is too large or too precise to "
+                                                   f"compare ({type(exc).__name__}); use a value "
+                                                   f"a node could hold")]
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
             out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")

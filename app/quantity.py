@@ -10,7 +10,7 @@ M, G, T, P, E) or a decimal exponent (``e3``, ``E-2``).
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from functools import lru_cache
 
 from app.util import plain_number
@@ -129,6 +129,10 @@ def _split(text: str) -> tuple[bool, str, str, str, str]:
     raise _bad(text, "it must be a number with an optional suffix")
 
 
+#: scaleb without rounding: a context as wide as any exponent a quantity can have.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
 def _inf_dec(value: str) -> tuple[int, int] | None:
     """gopkg.in/inf.v0 Dec.SetString: (unscaled, scale), or None."""
     sign = -1 if value[:1] == "-" else 1
@@ -137,13 +141,14 @@ def _inf_dec(value: str) -> tuple[int, int] | None:
     digits = whole + frac
     if not digits:
         return None
-    return sign * int(digits), len(frac)
+    # int(Decimal(...)), not int(str): Python refuses str -> int beyond 4,300 digits,
+    # and the API server takes quantities of any length.
+    return sign * int(Decimal(digits)), len(frac)
 
 
 def _from_scaled(unscaled: int, scale: int) -> Decimal:
     """unscaled * 10**-scale, exactly, without arithmetic."""
-    sign = 1 if unscaled < 0 else 0
-    return Decimal((sign, tuple(int(d) for d in str(abs(unscaled))), -scale))
+    return Decimal(unscaled).scaleb(-scale, _EXACT)
 
 
 def _parse_text(value: str) -> Decimal:
@@ -176,7 +181,7 @@ def _parse_text(value: str) -> Decimal:
     if precision >= 0:
         scale = _int32(scale - len(denom))
         if scale >= -_NANO_SCALE:
-            result = int(num + denom) * mantissa
+            result = int(Decimal(num + denom)) * mantissa
             if result <= _MAX_INT64:
                 return _from_scaled(result if positive else -result, -scale)
     # The inf.Dec slow path.
@@ -192,7 +197,7 @@ def _parse_text(value: str) -> Decimal:
         # Round up, away from zero, to a multiple of 1n.
         shift = dec_scale - _NANO_SCALE
         magnitude = abs(unscaled)
-        if len(str(magnitude)) <= shift:
+        if Decimal(magnitude).adjusted() < shift:
             magnitude = 1
         else:
             q, r = divmod(magnitude, 10**shift)

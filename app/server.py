@@ -85,9 +85,22 @@ class ReviewEndpoint:
             status, payload = _error(405, "use POST with an AdmissionReview")
             await send(send_, status, payload, [(b"allow", b"POST")])
             return
+        media = _content_type(scope)
+        if media != b"application/json":
+            # As controller-runtime's webhook server: the API server always sends JSON.
+            shown = media.decode("latin-1")[:80] if media else "none"
+            await send(send_, *_error(415, f"Content-Type must be application/json, got {shown}"))
+            return
         body = await read_body(scope, receive)
         status, payload = body if isinstance(body, tuple) else await self.handler(body)
         await send(send_, status, payload)
+
+
+def _content_type(scope: dict[str, Any]) -> bytes:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower()
+    return b""
 
 
 async def send(send_: Any, status: int, payload: bytes,
@@ -141,6 +154,8 @@ def create_app(
             uid, subject = parse_review(body)
         except BadReview as exc:
             return _error(400, f"not an AdmissionReview: {exc}")
+        except (RecursionError, ValueError, TypeError) as exc:  # defence in depth: still a 400
+            return _error(400, f"not an AdmissionReview: {type(exc).__name__}")
         policy: Policy = app.state.policy
         try:
             evaluation = evaluate(rules, subject, app.state.view, policy, phase)
@@ -173,7 +188,12 @@ def create_app(
             if evaluation and evaluation.skipped:
                 record["exempted"] = evaluation.skipped
             admission_log.write(record)
-        return 200, review_response(uid, decision)
+        try:
+            return 200, review_response(uid, decision)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # e.g. a patch nested past orjson's limit
+            return 200, review_response(uid, Decision(
+                False, f"Envelope cannot encode an answer for this object ({exc}); it nests too "
+                       f"deeply to be a Kubernetes object", 400))
 
     async def mutate(body: bytes) -> tuple[int, bytes]:
         return await review(body, "mutate")

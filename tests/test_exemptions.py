@@ -132,7 +132,8 @@ def test_an_exempted_write_is_counted_and_logged(capsys: pytest.CaptureFixture[s
     async def post() -> dict[str, Any]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            response = await client.post("/validate", content=json.dumps(review))
+            response = await client.post("/validate", content=json.dumps(review),
+                                         headers={"content-type": "application/json"})
         return dict(response.json()["response"])
 
     answer = asyncio.run(post())

@@ -25,6 +25,7 @@ from app.rules.workloads import (
     keeps_cpu_limit,
     pod_resources,
     pod_spec,
+    well_formed,
 )
 from app.scheduling import (
     CORDONED,
@@ -101,7 +102,7 @@ def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, needs: list[Cp
 @rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
       "a ResourceQuota matching the pod needs CPU limits: keep them (warn) or refuse (enforce)",
       mutates=False, order=10, reads={"ResourceQuota", "LimitRange"}, judges=pod_resources,
-      holds_back=CPU_LIMIT_RULES)
+      holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
     needs = _cpu_limit_needs(subject, obj, view, "ResourceQuota")
@@ -120,7 +121,7 @@ def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict
 @rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
       "a LimitRange (type Container or Pod) needs CPU limits: keep them or refuse",
       mutates=False, order=10, reads={"LimitRange"}, judges=pod_resources,
-      holds_back=CPU_LIMIT_RULES)
+      holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     needs = _cpu_limit_needs(subject, obj, view, "LimitRange")
@@ -129,7 +130,7 @@ def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: Clu
 
 @rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
       "a LimitRange default CPU limit below a container's CPU request",
-      reads={"LimitRange"}, judges=pod_resources, ratchet=Ratchet.WARN)
+      reads={"LimitRange"}, judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                      policy: Policy) -> list[Finding]:
     """LimitRanger puts ``default.cpu`` on every Pod created without a CPU limit; below the
@@ -200,7 +201,7 @@ def _units(resource: str, units: int) -> str:
 
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
-      reads={"Node"}, judges=pod_resources, ratchet=Ratchet.WARN)
+      reads={"Node"}, judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
     """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
@@ -268,7 +269,8 @@ def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
 
 @rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
       "replicas x pod memory over the namespace's workloads fits its memory quota",
-      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN)
+      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
+      requires=well_formed)
 def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  policy: Policy) -> list[Finding]:
     quotas = [(q, key, value) for q in view.list("ResourceQuota", subject.namespace)

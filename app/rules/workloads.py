@@ -25,7 +25,7 @@ from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warni
 from app.util import dig, dotted
 
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder",
-           "containers", "holders", "pod_resources", "pod_spec"]
+           "containers", "holders", "pod_resources", "pod_spec", "shape_problems", "well_formed"]
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
 """The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
@@ -78,12 +78,81 @@ def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
                 continue
             resources = container.get("resources")
             if isinstance(resources, dict):
-                name = container.get("name", i)
+                name = container.get("name") if isinstance(container.get("name"), str) else i
                 yield Holder(f'{word} "{name}"', f"{base}.{field}[{i}].resources",
                              resources, container)
     resources = spec.get("resources")
     if isinstance(resources, dict):
         yield Holder("pod-level resources", f"{base}.resources", resources, None)
+
+
+_SCALAR = (str, int, float)
+
+
+def _quantity_map(value: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append((path, f"expected a map of resource name to quantity, got {type(value).__name__}"))
+        return
+    for key, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, _SCALAR):
+            out.append((f"{path}.{key}", f"expected a quantity, got {type(amount).__name__}"))
+
+
+def _resources_shape(resources: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if resources is None:
+        return
+    if not isinstance(resources, dict):
+        out.append((path, f"expected an object, got {type(resources).__name__}"))
+        return
+    for section in ("limits", "requests"):
+        _quantity_map(resources.get(section), f"{path}.{section}", out)
+
+
+def shape_problems(subject: Subject, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the pod spec lacks the shape the API server decodes it into (it refuses
+    such objects before any webhook; ``envelope check`` reads raw files): lists that are
+    not lists, resources that are not maps of quantities, env entries that are not
+    objects. Empty when every workload rule can read it."""
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
+    out: list[tuple[str, str]] = []
+    node: Any = obj
+    for key in POD_SPEC_PATHS[(subject.group, subject.kind)]:
+        node = node.get(key) if isinstance(node, dict) else None
+    if node is None:
+        return out
+    if not isinstance(node, dict):
+        return [(base, f"expected an object, got {type(node).__name__}")]
+    for field in ("initContainers", "containers"):
+        items = node.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            out.append((f"{base}.{field}", f"expected a list, got {type(items).__name__}"))
+            continue
+        for i, c in enumerate(items):
+            where = f"{base}.{field}[{i}]"
+            if not isinstance(c, dict):
+                out.append((where, f"expected an object, got {type(c).__name__}"))
+                continue
+            _resources_shape(c.get("resources"), f"{where}.resources", out)
+            env = c.get("env")
+            if env is not None and not (isinstance(env, list) and all(isinstance(e, dict) for e in env)):
+                out.append((f"{where}.env", "expected a list of objects"))
+    _resources_shape(node.get("resources"), f"{base}.resources", out)
+    _quantity_map(node.get("overhead"), f"{base}.overhead", out)
+    for field, kind in (("nodeSelector", dict), ("tolerations", list), ("affinity", dict)):
+        value = node.get(field)
+        if value is not None and not isinstance(value, kind):
+            out.append((f"{base}.{field}", f"expected {'an object' if kind is dict else 'a list'}, "
+                                           f"got {type(value).__name__}"))
+    return out
+
+
+def well_formed(subject: Subject, obj: dict[str, Any]) -> bool:
+    """What every workload rule but ``quantities`` requires (see :func:`shape_problems`)."""
+    return not shape_problems(subject, obj)
 
 
 def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -94,7 +163,7 @@ def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str
         items = spec.get(field)
         for i, container in enumerate(items if isinstance(items, list) else []):
             if isinstance(container, dict):
-                name = container.get("name", i)
+                name = container.get("name") if isinstance(container.get("name"), str) else i
                 yield f'{word} "{name}"', f"{base}.{field}[{i}]", container
 
 
@@ -154,7 +223,7 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
 
 
 @rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "remove CPU limits; keep the CPU request they implied", judges=pod_resources)
+      "remove CPU limits; keep the CPU request they implied", judges=pod_resources, requires=well_formed)
 def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                      policy: Policy) -> list[Finding]:
     if keeps_cpu_limit(subject, obj, policy):
@@ -194,7 +263,7 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 
 @rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "a memory request without a limit gets a limit equal to it", judges=pod_resources)
+      "a memory request without a limit gets a limit equal to it", judges=pod_resources, requires=well_formed)
 def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """Only a memory request: write the limit equal to it (memory is not borrowable)."""
@@ -215,12 +284,17 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
     return findings
 
 
-@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, "resource quantities parse",
+@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "pod specs have Kubernetes' shape and resource quantities parse",
       judges=pod_resources, ratchet=Ratchet.WARN)
 def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: ClusterView,
                               policy: Policy) -> list[Finding]:
-    """Quantities we compare must parse (the API server decodes Pods, but
-    ``envelope check`` reads raw files)."""
+    """The shape the API server decodes a pod spec into, and quantities that parse (the
+    API server refuses both before any webhook, but ``envelope check`` reads raw files
+    and anyone who reaches the port can send anything)."""
+    problems = shape_problems(subject, obj)
+    if problems:
+        return [error(path, f"{path}: {why}") for path, why in problems[:5]]
     findings = []
     for holder in holders(subject, obj):
         for section in ("requests", "limits"):
@@ -237,7 +311,7 @@ def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clust
 
 
 @rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN)
+      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     findings = []
@@ -272,7 +346,7 @@ def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | Non
 
 
 @rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "remove cpu pairs from string limits envelopes", judges=pod_resources)
+      "remove cpu pairs from string limits envelopes", judges=pod_resources, requires=well_formed)
 def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
@@ -305,7 +379,7 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
 
 @rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "string envelopes agree on memory; CPU limit >= request", judges=pod_resources,
-      ratchet=Ratchet.WARN)
+      ratchet=Ratchet.WARN, requires=well_formed)
 def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: ClusterView,
                              policy: Policy) -> list[Finding]:
     """The two string envelopes agree on memory; a remaining CPU limit covers the request."""
