@@ -50,6 +50,7 @@ __all__ = [
     "Shortfall",
     "Verdict",
     "aggregate_container_requests",
+    "clamp_quantity",
     "default_pod",
     "effective_pod_requests",
     "evaluate",
@@ -73,11 +74,23 @@ _INT64 = re.compile(r"^[+-]?[0-9]+$")
 # ------------------------------------------------------------------ resource lists
 
 
+_CAP = Decimal("1e24")
+
+
+def clamp_quantity(value: Decimal) -> Decimal:
+    """Quantities beyond 10^24 (no node has that much of anything; kube-scheduler's
+    int64 counters end near 9.2e18) count as 10^24, so that sums and integer
+    conversions of ``1e999999999`` stay cheap and cannot overflow a Decimal context."""
+    if value.is_finite() and value.adjusted() > 24:
+        return _CAP if value > 0 else -_CAP
+    return value
+
+
 def _resource_list(raw: object) -> ResourceList:
     """Parse a ResourceList; unparseable values raise QuantityError."""
     if not isinstance(raw, Mapping):
         return {}
-    return {str(k): parse_quantity(v) for k, v in raw.items()}
+    return {str(k): clamp_quantity(parse_quantity(v)) for k, v in raw.items()}
 
 
 def _add(into: ResourceList, other: Mapping[str, Decimal]) -> None:
@@ -190,6 +203,8 @@ def _round_up_milli(value: object) -> object:
     try:
         q = parse_quantity(value)
     except QuantityError:
+        return value
+    if q.is_finite() and q.adjusted() > 24:
         return value
     exponent = q.as_tuple().exponent
     if not isinstance(exponent, int) or exponent >= -3:
@@ -650,7 +665,7 @@ def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[
     alloc: dict[str, int] = {}
     for res, raw in allocatable.items():
         try:
-            alloc[res] = _scheduler_units(res, parse_quantity(raw))
+            alloc[res] = _scheduler_units(res, clamp_quantity(parse_quantity(raw)))
         except QuantityError:
             continue
     return Node(name=name, allocatable=alloc, labels=dict(labels or {}), taints=tuple(taints), potential=True)

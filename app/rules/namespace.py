@@ -29,6 +29,7 @@ from app.rules.workloads import (
 )
 from app.scheduling import (
     CORDONED,
+    clamp_quantity,
     default_pod,
     effective_pod_requests,
     evaluate,
@@ -214,9 +215,9 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if spec is None or view.count("Node") == 0:
         return []  # no nodes known: nothing to judge against
     settings = policy.nodes
-    reserve_cpu = parse_quantity(settings.reserve_cpu)
-    reserve_memory = parse_quantity(settings.reserve_memory) + parse_quantity(
-        settings.sandbox_parent_reserve_memory)
+    reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
+    reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
+        parse_quantity(settings.sandbox_parent_reserve_memory))
     nodes = _scheduler_nodes(view, reserve_cpu, reserve_memory)
     try:
         # A Pod arrives defaulted; a template's Pods will be (defaulting is idempotent).
