@@ -24,11 +24,17 @@ run: $(STAMP)
 	$(VENV)/bin/envelope serve --self-signed --host 127.0.0.1 --port $(PORT) \
 		--metrics-port $(METRICS_PORT) $(if $(CONFIG),--config $(CONFIG))
 
-test: lint unit e2e
+UNIT_TESTS = $(PY) -m pytest tests -m "not e2e"
 
-# Unit and HTTP tests: no control plane needed.
+# Everything: the unit tests run with helm, so the offline chart tests never skip.
+test: lint controlplane
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(UNIT_TESTS)
+	$(MAKE) --no-print-directory e2e
+
+# Unit and HTTP tests: no control plane needed. The offline chart tests use helm when
+# `make controlplane` has cached it, and are skipped (saying so) when it has not.
 unit: $(STAMP)
-	$(PY) -m pytest tests -m "not e2e"
+	ENVELOPE_CONTROLPLANE_CACHED_ONLY=1 $(UNIT_TESTS)
 
 # Everything on a real kube-apiserver + etcd: the scenarios in e2e/ and the chart's
 # install tests in tests/test_chart.py.

@@ -12,21 +12,43 @@ Field names follow upstream ``pkg/api/v1alpha1`` (``actortemplate_types.go``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cached_property
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.selectors import LabelSelector
+from app.substrate import pool_sandbox_classes
+
 __all__ = [
+    "ACTOR_RESOURCES",
     "DEFAULT_SANDBOX_CLASS",
     "GPU",
     "GROUP",
     "GVISOR",
+    "GVISOR_ONLY",
     "MICROVM",
     "ActorTemplate",
     "LabelSelector",
+    "MemoryFloor",
+    "Placement",
     "ResourceRequirements",
+    "Size",
     "WorkerPool",
+    "actor_size",
+    "no_fit_message",
+    "offered",
+    "place",
     "sandbox_class_of",
+    "selects",
+    "shortfall",
+    "show",
+    "show_all",
+    "show_bytes",
+    "worker_capacity",
 ]
 
 GROUP = "ate.dev"
@@ -35,6 +57,9 @@ MICROVM = "microvm"
 DEFAULT_SANDBOX_CLASS = GVISOR
 """What the CRD defaults ``spec.sandboxClass`` to, on both kinds."""
 GPU = "nvidia.com/gpu"
+GVISOR_ONLY = frozenset({GPU})
+ACTOR_RESOURCES = ("cpu", "memory", GPU)
+"""What an actor may declare; GPU only on gVisor (micro-VMs have no passthrough)."""
 
 
 class _Model(BaseModel):
@@ -47,61 +72,6 @@ class ResourceRequirements(_Model):
     limits: dict[str, Any] | None = None
     requests: dict[str, Any] | None = None
     claims: list[Any] | None = None
-
-
-class LabelSelectorRequirement(_Model):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] | None = None
-
-    def problem(self) -> str | None:
-        """What ``metav1.LabelSelectorAsSelector`` would reject, if anything."""
-        has_values = bool(self.values)
-        if self.operator in ("In", "NotIn") and not has_values:
-            return f"{self.key} {self.operator} needs values"
-        if self.operator in ("Exists", "DoesNotExist") and has_values:
-            return f"{self.key} {self.operator} takes no values"
-        return None
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        values = self.values or []
-        if self.operator == "In":
-            return self.key in labels and labels[self.key] in values
-        if self.operator == "NotIn":
-            return self.key not in labels or labels[self.key] not in values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels
-
-    def describe(self) -> str:
-        if self.operator in ("Exists", "DoesNotExist"):
-            return self.key if self.operator == "Exists" else f"!{self.key}"
-        word = "in" if self.operator == "In" else "notin"
-        return f"{self.key} {word} ({','.join(self.values or [])})"
-
-
-class LabelSelector(_Model):
-    """A ``metav1.LabelSelector``: every matchLabels pair and every expression must
-    hold. An empty selector selects everything, as upstream's scheduler reads it."""
-
-    match_labels: dict[str, str] | None = Field(None, alias="matchLabels")
-    match_expressions: list[LabelSelectorRequirement] | None = Field(None, alias="matchExpressions")
-
-    def problems(self) -> list[str]:
-        found = (req.problem() for req in self.match_expressions or [])
-        return [p for p in found if p is not None]
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        pairs = self.match_labels or {}
-        if any(labels.get(key) != value for key, value in pairs.items()):
-            return False
-        return all(req.matches(labels) for req in self.match_expressions or [])
-
-    def describe(self) -> str:
-        """``kubectl``'s selector syntax: ``tier=gpu,zone in (a,b)``."""
-        parts = [f"{k}={v}" for k, v in sorted((self.match_labels or {}).items())]
-        parts += [req.describe() for req in self.match_expressions or []]
-        return ",".join(parts) or "(everything)"
 
 
 class ObjectMeta(_Model):
@@ -158,6 +128,17 @@ class WorkerPool(_Model):
     def labels(self) -> dict[str, str]:
         return dict(self.metadata.labels or {})
 
+    @cached_property
+    def sandbox_classes(self) -> frozenset[str]:
+        """The classes the pool runs, from either upstream shape: ``spec.sandboxClasses``
+        (current, kept as an extra field) or ``spec.sandboxClass`` (CRD era, default
+        gvisor). See :func:`app.substrate.read_pool_classes`."""
+        spec = self.spec
+        raw = dict(spec.model_extra or {})
+        if "sandbox_class" in spec.model_fields_set:
+            raw["sandboxClass"] = spec.sandbox_class
+        return pool_sandbox_classes({"spec": raw})
+
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:
     """``spec.sandboxClass`` of a raw object, defaulted; for indexes, which must not
@@ -165,3 +146,150 @@ def sandbox_class_of(obj: Mapping[str, Any]) -> str:
     spec = obj.get("spec")
     value = spec.get("sandboxClass") if isinstance(spec, Mapping) else None
     return value if isinstance(value, str) and value else DEFAULT_SANDBOX_CLASS
+
+
+# --------------------------------------------------------------------------- sizes
+
+Size = dict[str, Decimal]
+"""Amounts by resource name (cpu in cores, memory in bytes); a name that is absent
+was not declared, or was zero, and so constrains nothing."""
+
+
+def positive(values: Mapping[str, Any] | None) -> Size:
+    out: Size = {}
+    for name in ACTOR_RESOURCES:
+        if values and name in values:
+            try:
+                amount = parse_quantity(values[name])
+            except QuantityError:
+                continue  # reported by actor-limits / actor-pool-resources
+            if amount > 0:
+                out[name] = amount
+    return out
+
+
+def actor_size(template: ActorTemplate) -> Size:
+    """The actor's declared limits: the size of its sandbox."""
+    return positive(template.limits)
+
+
+def worker_capacity(pool: WorkerPool) -> Size:
+    """Per-worker capacity: the limits of the worker (``ateom``) container."""
+    return positive(pool.resources.limits)
+
+
+def offered(capacity: Size, name: str) -> Decimal | None:
+    """What a worker offers of ``name``; ``None`` is unconstrained. Absent CPU or
+    memory is unconstrained (the worker pod has no limit), an absent GPU is none."""
+    if name == GPU:
+        return capacity.get(GPU, Decimal(0))
+    return capacity.get(name)
+
+
+def shortfall(size: Size, capacity: Size) -> list[str]:
+    """Resource names on which an actor of ``size`` does not fit a worker."""
+    short = []
+    for name, amount in size.items():
+        most = offered(capacity, name)
+        if most is not None and amount > most:
+            short.append(name)
+    return short
+
+
+def largest_offer(capacities: list[Size], name: str) -> Decimal | None:
+    offers = [offered(c, name) for c in capacities]
+    if any(o is None for o in offers):
+        return None
+    return max((o for o in offers if o is not None), default=Decimal(0))
+
+
+_DECIMAL_BYTES = (("T", Decimal(10) ** 12), ("G", Decimal(10) ** 9), ("M", Decimal(10) ** 6),
+                  ("k", Decimal(10) ** 3))
+
+
+def show_bytes(amount: Decimal) -> str:
+    """``512Mi``, or a decimal unit when that is shorter: ``1G``, not ``1000000000``."""
+    binary = format_bytes(amount)
+    decimal = next((f"{amount // unit}{suffix}" for suffix, unit in _DECIMAL_BYTES
+                    if amount and amount % unit == 0), binary)
+    return decimal if len(decimal) < len(binary) else binary
+
+
+def show(name: str, amount: Decimal, *, unit: bool = True) -> str:
+    """``2 cpu``, ``512Mi memory``, ``1 GPU`` (``unit=False``: ``512Mi``)."""
+    text = show_bytes(amount) if name == "memory" else format_cpu(amount)
+    word = "GPU" if name == GPU else name
+    return f"{text} {word}" if unit else text
+
+
+def show_all(size: Size, names: list[str]) -> str:
+    return ", ".join(show(name, size[name]) for name in names)
+
+
+@dataclass(frozen=True)
+class MemoryFloor:
+    """The least memory a micro-VM actor can declare: VMM reserve + guest minimum."""
+
+    reserve: Decimal
+    guest_minimum: Decimal
+
+    @property
+    def total(self) -> Decimal:
+        return self.reserve + self.guest_minimum
+
+    def describe(self) -> str:
+        return (f"{show_bytes(self.total)} ({show_bytes(self.reserve)} VMM reserve + "
+                f"{show_bytes(self.guest_minimum)} guest minimum)")
+
+
+# --------------------------------------------------------------------------- placement
+
+def selects(selector: LabelSelector | None, pool: WorkerPool) -> bool:
+    """Upstream's scheduler matches ``workerSelector`` against the Worker's labels,
+    which the worker syncer copies from the WorkerPool's ``metadata.labels``."""
+    return selector is None or selector.matches(pool.labels)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an actor could go, narrowed step by step as upstream's scheduler does."""
+
+    namespace: str
+    sandbox_class: str
+    selector: LabelSelector | None
+    size: Size
+    candidates: list[WorkerPool]
+    """Same namespace and sandbox class."""
+    eligible: list[WorkerPool]
+    """... and selected by the template's ``workerSelector``."""
+    fitting: list[WorkerPool]
+    """... and with capacity >= the actor's size on every dimension."""
+
+    @property
+    def where(self) -> str:
+        return self.namespace or "(no namespace)"
+
+    def pools_phrase(self) -> str:
+        """``microvm WorkerPool in team-a`` (+ ``matching workerSelector``)."""
+        text = f"{self.sandbox_class} WorkerPool in {self.where}"
+        return f"{text} matching workerSelector" if self.selector is not None else text
+
+
+def place(template: ActorTemplate, namespace: str, pools: list[WorkerPool]) -> Placement:
+    size = actor_size(template)
+    selector = template.spec.worker_selector
+    eligible = [p for p in pools if selects(selector, p)]
+    fitting = [p for p in eligible if not shortfall(size, worker_capacity(p))]
+    return Placement(namespace, template.spec.sandbox_class, selector, size, pools, eligible, fitting)
+
+
+def no_fit_message(found: Placement) -> str:
+    capacities = [worker_capacity(p) for p in found.eligible]
+    largest = {name: largest_offer(capacities, name) for name in found.size}
+    short = [n for n, amount in found.size.items() if (most := largest[n]) is not None and amount > most]
+    if not short:
+        return (f"needs {show_all(found.size, list(found.size))} on one worker; "
+                f"no {found.pools_phrase()} offers all of it")
+    offers = [show(n, largest[n] or Decimal(0), unit=len(short) > 1 or n == GPU) for n in short]
+    return (f"needs {show_all(found.size, short)}; the largest {found.pools_phrase()} "
+            f"offers {', '.join(offers)}")

@@ -16,9 +16,12 @@ from app.cluster.static import LoadError, Manifest, load_manifests
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
+from app.exemptions import needs_namespaces
 from app.limits import add_arguments as add_limit_arguments
 from app.limits import limits_from_args, uvicorn_options
-from app.rules import Subject
+from app.rules.base import Subject
+from app.ruleset import RuleSet, default_ruleset
+from app.substrate import as_crd_template, is_current_template, read_current_template
 
 __all__ = ["main"]
 
@@ -73,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
-    serve.add_argument("--bench-floor", action="store_true", help=argparse.SUPPRESS)
     add_limit_arguments(serve)
 
     check = sub.add_parser("check", help="run the rules over manifest files, offline")
@@ -81,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="file, directory or - for stdin (repeatable)")
     check.add_argument("-o", "--output", choices=("human", "json"), default="human")
     check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
+    check.add_argument("--kubeconfig", default=None,
+                       help="also place api.ate.dev ActorTemplates against the cluster's WorkerPools")
     return parser
 
 
@@ -96,22 +100,110 @@ def _entry(m: Manifest, subject: Subject, result: Evaluation) -> dict[str, Any]:
             "namespace": subject.namespace, "name": subject.name,
             "source": f"{m.source}#{m.document}",
             "findings": [f.as_dict() for f in result.findings],
+            "skipped": [{"rule": r, "reason": why} for r, why in result.skipped.items()],
             "patch": result.patch}
 
 
-def run_check(paths: list[str], policy: Policy, output: str) -> int:
+ANY_NAMESPACE = "any namespace"
+"""Where a substrate-API ActorTemplate is placed: it lives in an atespace, not a
+namespace, and upstream's scheduler matches workers of every namespace."""
+
+
+WORKERPOOLS = "/apis/ate.dev/v1alpha1/workerpools"
+
+
+def cluster_pools(kubeconfig: str) -> list[dict[str, Any]]:
+    """Every WorkerPool of the cluster (one paged LIST, no watch); none without the CRD."""
+    from app.cluster.kube import ApiError, KubeClient, kube_configuration  # the client is slow to import
+
+    client = KubeClient(kube_configuration(kubeconfig))
+    items: list[dict[str, Any]] = []
+    fields: dict[str, Any] = {"limit": 500}
+    while True:
+        try:
+            body = orjson.loads(client.get(WORKERPOOLS, fields, 30).data)
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        items.extend({"apiVersion": "ate.dev/v1alpha1", "kind": "WorkerPool", **item}
+                     for item in body.get("items") or [])
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+        fields = {"limit": 500, "continue": token}
+
+
+def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView:
+    """Every ate.dev WorkerPool given in one namespace, named ``<ns>/<name>``; a later
+    one replaces an earlier one of the same namespace and name (files over the cluster)."""
+    pools = []
+    for obj in objects:
+        if obj.get("kind") != "WorkerPool" or not str(obj.get("apiVersion", "")).startswith("ate.dev/"):
+            continue
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        name = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        pools.append({**obj, "metadata": {**meta, "namespace": ANY_NAMESPACE, "name": name}})
+    return StaticView(pools, rules.indexes)
+
+
+def _current_template_entry(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                            rules: RuleSet, policy: Policy) -> dict[str, Any]:
+    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion) judged by the
+    ActorTemplate rules, as the envelope ``app.substrate`` reads from it."""
+    obj = m.obj
+    selector_from = None
+    if obj.get("kind") == "ActorTemplateVersion":
+        parent = obj.get("actorTemplate") if isinstance(obj.get("actorTemplate"), dict) else {}
+        selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
+                              and o.obj.get("kind") == "ActorTemplate"
+                              and (o.obj.get("metadata") or {}).get("name") == parent.get("name")), None)
+    template = read_current_template(obj, selector_from)
+    crd = as_crd_template(template, ANY_NAMESPACE)
+    subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
+                      template.name, crd)
+    result = check_object(rules, subject, pools, policy)
+    findings = [{"severity": "error", "rule": "actor-limits", "path": p.split(":", 1)[0], "message": p}
+                for p in template.problems]
+    return {"kind": template.kind, "apiVersion": str(obj.get("apiVersion")),
+            "namespace": template.atespace, "name": template.name,
+            "source": f"{m.source}#{m.document}",
+            "findings": findings + [f.as_dict() for f in result.findings],
+            "patch": None, "internal": result.internal_errors, "changes": []}
+
+
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str,
+              kubeconfig: str | None = None) -> int:
     try:
         manifests = load_manifests(paths)
     except LoadError as exc:
         print(f"envelope check: {exc}", file=sys.stderr)
         return 2
-    view = StaticView(m.obj for m in manifests)
+    pool_objects: list[dict[str, Any]] = []
+    if kubeconfig is not None and any(is_current_template(m.obj) for m in manifests):
+        try:
+            pool_objects = cluster_pools(kubeconfig)
+        except Exception as exc:  # unreachable cluster, bad kubeconfig, refused LIST
+            print(f"envelope check: cannot list WorkerPools with {kubeconfig}: {exc}", file=sys.stderr)
+            return 2
+    pool_objects += [m.obj for m in manifests]
+    view = StaticView((m.obj for m in manifests), rules.indexes)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     entries = []
     failed = False
+    pools: StaticView | None = None
     for m in manifests:
+        if is_current_template(m.obj):
+            if pools is None:
+                pools = _pools_anywhere(pool_objects, rules)
+            entry = _current_template_entry(m, manifests, pools, rules, policy)
+            entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
+                                      "message": e} for e in entry.pop("internal"))
+            failed = failed or any(f["severity"] == "error" for f in entry["findings"])
+            entries.append(entry)
+            continue
         subject = subject_of(m.obj)
-        result = check_object(subject, view, policy)
+        result = check_object(rules, subject, view, policy)
         entry = _entry(m, subject, result)
         if result.internal_errors:
             entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
@@ -130,8 +222,9 @@ def run_check(paths: list[str], policy: Policy, output: str) -> int:
 
 def _print_human(entries: list[dict[str, Any]]) -> None:
     errors = warnings = mutated = 0
+    skipped = 0
     for e in entries:
-        if not e["findings"] and not e["changes"]:
+        if not e["findings"] and not e["changes"] and not e.get("skipped"):
             continue
         where = f"{e['namespace']}/{e['name']}" if e["namespace"] else e["name"]
         print(f"{e['kind']} {where} ({e['source']})")
@@ -139,23 +232,28 @@ def _print_human(entries: list[dict[str, Any]]) -> None:
             print(f"  {f['severity']:<7} {f['rule']}: {f['message']}")
             errors += f["severity"] == "error"
             warnings += f["severity"] == "warning"
+        for skip in e.get("skipped", ()):
+            print(f"  skip    {skip['rule']}: exempt ({skip['reason']})")
+            skipped += 1
         for change in e["changes"]:
             print(f"  change  {change}")
         mutated += bool(e["patch"])
     print(f"{len(entries)} objects: {errors} errors, {warnings} warnings, "
-          f"{mutated} would be mutated")
+          f"{mutated} would be mutated" + (f", {skipped} rules skipped as exempt" if skipped else ""))
 
 
-def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The live view (started) and its readiness check, or an empty static view."""
+def _cluster_view(args: argparse.Namespace, rules: RuleSet,
+                  policy: Policy) -> tuple[Any, dict[str, Any]]:
+    """The live view (started) of what the rules read, and its readiness check, or an
+    empty static view."""
     import logging
 
     from app.cluster.kube import kube_configuration
-    from app.cluster.live import LiveView
+    from app.cluster.live import LiveView, resources_for
 
     log = logging.getLogger("envelope")
     if args.cluster_view == "none":
-        return StaticView(), {}
+        return StaticView(indexes=rules.indexes), {}
     try:
         configuration = kube_configuration(args.kubeconfig)
     except Exception as exc:
@@ -164,8 +262,10 @@ def _cluster_view(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             return None, {}
         log.warning("no cluster configuration; rules see an empty cluster",
                     extra={"fields": {"reason": str(exc)[:200]}})
-        return StaticView(), {}
-    view = LiveView(configuration, staleness=args.staleness)
+        return StaticView(indexes=rules.indexes), {}
+    kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
+    view = LiveView(configuration, resources_for(kinds), staleness=args.staleness,
+                    indexes=rules.indexes)
     view.start()
     log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
     return view, {"cluster view": view.problems}
@@ -229,7 +329,7 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
     return state, {"certificate": manager.problems}
 
 
-def run_serve(args: argparse.Namespace, policy: Policy) -> int:
+def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
 
     from app.logs import setup_logging
@@ -242,11 +342,10 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args)
+    view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
-    app = create_app(policy, view, ready_checks={**checks, **view_checks}, metrics=metrics,
-                     floor_route=args.bench_floor)
+    app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
@@ -261,14 +360,15 @@ def run_serve(args: argparse.Namespace, policy: Policy) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    rules = default_ruleset()
     try:
-        policy = load_policy(args.config)
+        policy = load_policy(args.config, None, rules)
     except ConfigError as exc:
         print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        return run_check(args.paths, policy, args.output)
-    return run_serve(args, policy)
+        return run_check(args.paths, rules, policy, args.output, args.kubeconfig)
+    return run_serve(args, rules, policy)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
-from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -25,8 +24,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
+    model_validator,
 )
+
+from app.quantity import parse_quantity
+from app.selectors import StrictLabelSelector
+
+if TYPE_CHECKING:
+    from app.ruleset import RuleSet
 
 __all__ = ["ConfigError", "Mode", "Policy", "load_policy"]
 
@@ -50,8 +55,6 @@ class EnvelopeEnv(BaseModel):
 
 
 def _quantity(value: str) -> str:
-    from app.quantity import parse_quantity
-
     if parse_quantity(value) < 0:
         raise ValueError(f"{value!r} is negative")
     return value
@@ -77,8 +80,36 @@ class NodeSettings(BaseModel):
     reserve_cpu: Quantity = Field("0", alias="reserveCpu")
     reserve_memory: Quantity = Field("0", alias="reserveMemory")
     sandbox_parent_reserve_memory: Quantity = Field("0", alias="sandboxParentReserveMemory")
-    """Per-node memory for sandbox parents (seed 001), used when the
-    ``node-sandbox-reserve`` rule is on."""
+    """Per-node memory kept for sandbox parent processes (the runtime that hosts
+    sandboxes outside any pod's cgroup), added to ``reserve_memory`` by ``pod-fits-node``;
+    0 leaves it off."""
+
+
+class RuleException(BaseModel):
+    """Where rules do not apply: every condition given must hold (namespaces, selectors,
+    kinds), like a Kyverno PolicyException. Exempted objects are reported as ``skip``
+    with the reason, logged and counted, never silently passed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    rules: list[str] = Field(min_length=1)
+    """Rule ids, or ``"*"`` for every rule."""
+    namespaces: list[str] | None = None
+    namespace_selector: StrictLabelSelector | None = Field(None, alias="namespaceSelector")
+    """Labels of the object's Namespace (the view must hold Namespaces: ``envelope serve``
+    watches them when an exception uses this; ``envelope check`` reads them from the files)."""
+    object_selector: StrictLabelSelector | None = Field(None, alias="objectSelector")
+    """Labels of the object itself (``metadata.labels``; of the old object on DELETE)."""
+    kinds: list[str] | None = None
+    """``Kind`` or ``group/Kind`` (``Deployment``, ``apps/Deployment``, ``kai.resources/Project``)."""
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _narrowed(self) -> RuleException:
+        if not (self.namespaces or self.namespace_selector or self.object_selector or self.kinds):
+            raise ValueError("an exception needs at least one of namespaces, namespaceSelector, "
+                             "objectSelector, kinds (to turn a rule off everywhere, set its mode "
+                             "to off)")
+        return self
 
 
 class Policy(BaseModel):
@@ -92,37 +123,16 @@ class Policy(BaseModel):
     """What an internal error in a rule answers: ``deny`` (with the reason) or ``allow``."""
     actors: ActorSettings = Field(default_factory=ActorSettings)
     nodes: NodeSettings = Field(default_factory=NodeSettings)
-
-    @field_validator("rules")
-    @classmethod
-    def _known_rules(cls, value: dict[str, Mode]) -> dict[str, Mode]:
-        from app.rules import RULES  # late import: rules import this module
-
-        unknown = sorted(set(value) - set(RULES))
-        if unknown:
-            raise ValueError(f"unknown rule id(s) {unknown}; known: {sorted(RULES)}")
-        return value
-
-    def mode(self, rule_id: str) -> Mode:
-        try:
-            return self._modes[rule_id]
-        except KeyError:  # a rule registered after the first call (tests import families late)
-            from app.rules.base import RULES
-
-            return self.rules.get(rule_id, RULES[rule_id].default_mode)
-
-    @cached_property
-    def _modes(self) -> dict[str, Mode]:
-        """Every registered rule's mode, computed once: ``mode()`` is on the hot path."""
-        from app.rules import RULES
-
-        return {rid: self.rules.get(rid, rule.default_mode) for rid, rule in RULES.items()}
+    exceptions: list[RuleException] = Field(default_factory=list)
+    allow_object_exemptions: bool = Field(True, alias="allowObjectExemptions")
+    """Honour ``exemptAnnotation`` on objects. Anyone who may edit an object may write it,
+    so a platform that does not trust its tenants with that turns it off."""
+    exempt_annotation: str = Field("envelope.io/exempt", alias="exemptAnnotation")
+    """Rule ids (comma-separated) an object exempts itself from."""
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    from app.rules import RULES
-
-    by_env = {"ENVELOPE_RULE_" + rid.upper().replace("-", "_"): rid for rid in RULES}
+def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:
+    by_env = rules.env_names()
     data: dict[str, Any] = {}
     for key, value in environ.items():
         if key == "ENVELOPE_FAILURE_MODE":
@@ -142,8 +152,9 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_policy(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Policy:
-    """Read the policy file (if any), then apply environment overrides."""
+def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rules: RuleSet) -> Policy:
+    """Read the policy file (if any), then apply environment overrides; every rule id
+    must be one of ``rules``."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path:
@@ -159,11 +170,21 @@ def load_policy(path: str | Path | None = None, environ: Mapping[str, str] | Non
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         data = loaded
-    overrides = _env_overrides(os.environ if environ is None else environ)
+    overrides = _env_overrides(os.environ if environ is None else environ, rules)
     if overrides:
-        rules = {**(data.get("rules") or {}), **overrides.pop("rules", {})}
-        data = {**data, **overrides, **({"rules": rules} if rules else {})}
+        modes = {**(data.get("rules") or {}), **overrides.pop("rules", {})}
+        data = {**data, **overrides, **({"rules": modes} if modes else {})}
     try:
-        return Policy.model_validate(data)
+        policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from exc
+    unknown = rules.unknown(policy.rules)
+    for i, exception in enumerate(policy.exceptions):
+        bad = rules.unknown(r for r in exception.rules if r != "*")
+        if bad:
+            raise ConfigError(f"{source}: exceptions[{i}].rules: unknown rule id(s) {bad}; known: "
+                              f"{sorted(rules)}")
+    if unknown:
+        raise ConfigError(f"{source}: rules: unknown rule id(s) {unknown}; known: "
+                          f"{sorted(rules)}")
+    return policy

@@ -1,24 +1,40 @@
-"""Runs the registered rules over one write, applying each rule's mode.
+"""Runs a rule set over one write: modes, reads, updates and failures are decided here,
+once, for every rule.
 
-The same engine serves ``/mutate``, ``/validate`` and ``envelope check``.
+The same engine serves ``/mutate``, ``/validate`` and ``envelope check``. For each rule
+that applies to the subject's kind, phase and operation it
+
+1. skips the rule when its mode is ``off``, or when an UPDATE leaves the part of the
+   object the rule judges (``Rule.judges``) as it was, or when a guard that ran
+   earlier holds it back (``Rule.holds_back``);
+2. hands the rule a view of the kinds it declared (``Rule.reads``) and nothing else,
+   and does not run it when what it reads is stale: in ``enforce`` mode that is an
+   internal error (answered per the failure mode), in ``warn`` mode a warning;
+3. ratchets UPDATEs (``Rule.ratchet``): what the old object already had is not
+   refused again;
+4. applies the mode: ``enforce`` keeps errors and changes, ``warn`` turns both into
+   warnings and drops the changes;
+5. turns a rule's crash into an internal error that leaves no half-made patch.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from decimal import DecimalException
 from typing import Any
 
 import orjson
 
-from app.cluster.view import ClusterView
+from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
+from app.exemptions import ALL, exemptions
 from app.jsonpatch import diff
 from app.quantity import QuantityError
-from app.rules import RULES, Finding, Rule, Subject
-from app.rules.base import COPIERS, Phase
+from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
+from app.ruleset import RuleSet
 
-__all__ = ["Evaluation", "check_object", "evaluate", "json_copy", "rules_for"]
+__all__ = ["Evaluation", "check_object", "evaluate", "json_copy"]
 
 log = logging.getLogger("envelope.engine")
 
@@ -33,7 +49,9 @@ class Evaluation:
     """The object after enforced mutations."""
     patch: list[dict[str, Any]] = field(default_factory=list)
     internal_errors: list[str] = field(default_factory=list)
-    """Rules that crashed: ``"rule-id: ExceptionType: text"``."""
+    """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Rules that did not run because the object is exempt from them: id -> why."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -53,15 +71,12 @@ def json_copy(obj: Any) -> Any:
     return orjson.loads(orjson.dumps(obj))
 
 
-_BY_KIND: dict[tuple[str, str, str], list[Rule]] = {}
-
-
-def rules_for(group: str, kind: str, phase: Phase) -> list[Rule]:
-    key = (group, kind, phase)
-    if key not in _BY_KIND:
-        matching = [r for r in RULES.values() if r.phase == phase and (group, kind) in r.kinds]
-        _BY_KIND[key] = sorted(matching, key=lambda r: r.order)
-    return _BY_KIND[key]
+def _stamp(rule: Rule, found: list[Finding]) -> list[Finding]:
+    """Findings carry the id of the rule that returned them (they are the rule's fresh
+    values, so the id is written in place)."""
+    for f in found:
+        f.rule = rule.id
+    return found
 
 
 def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
@@ -72,52 +87,93 @@ def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
             out.findings.append(Finding("warning", f.rule, f.path,
                                         f"not applied ({f.rule} in warn mode): {f.message}"))
         else:
-            out.findings.append(Finding("warning", f.rule, f.path, f.message))
+            out.findings.append(Finding("warning", f.rule, f.path, f.as_warning or f.message))
 
 
-def _grandfathered(rule: Rule, subject: Subject, found: list[Finding], view: ClusterView,
-                   policy: Policy) -> list[Finding]:
-    """Errors the old object already had, as warnings (see ``Rule.grandfather``)."""
+def _unchanged(rule: Rule, subject: Subject, obj: dict[str, Any] | None) -> bool:
+    """An UPDATE that leaves what the rule judges as it was."""
+    if rule.judges is None or subject.operation != "UPDATE" or not isinstance(subject.old, dict):
+        return False
+    after = rule.judges(subject, obj or {})
+    return after is not None and after == rule.judges(subject, subject.old)
+
+
+def _ratchet(rule: Rule, subject: Subject, found: list[Finding], view: ClusterView,
+             policy: Policy) -> list[Finding]:
+    """On UPDATE, what the old object already had: a warning or nothing (``Rule.ratchet``)."""
+    if not any(f.severity == "error" for f in found):
+        return found
     before = Subject(subject.group, subject.version, subject.kind, "CREATE", subject.namespace,
                      subject.name, subject.old, None, subject.dry_run)
     try:
-        had = {(f.path, f.message) for f in rule.fn(before, subject.old or {}, view, policy)
-               if f.severity == "error"}
+        had = {(f.severity, f.path, f.message)
+               for f in rule.fn(before, subject.old or {}, view, policy)}
     except Exception:  # the old object is judged only to forgive; never fail on it
         return found
+    if rule.ratchet is Ratchet.DROP:
+        return [f for f in found if (f.severity, f.path, f.message) not in had]
     return [Finding("warning", f.rule, f.path, f"already so before this update: {f.message}")
-            if f.severity == "error" and (f.path, f.message) in had else f for f in found]
+            if f.severity == "error" and (f.severity, f.path, f.message) in had else f
+            for f in found]
 
 
-def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) -> Evaluation:
-    """Run the ``phase`` rules for the subject's kind and operation."""
+def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy,
+             phase: Phase) -> Evaluation:
+    """Run the ``phase`` rules of ``rules`` for the subject's kind and operation."""
     out = Evaluation(obj=subject.obj)
-    rules = [r for r in rules_for(subject.group, subject.kind, phase)
-             if subject.operation in r.operations and policy.mode(r.id) is not Mode.OFF]
-    if not rules:
+    applicable = rules.applicable(subject.group, subject.kind, phase, subject.operation, policy)
+    if not applicable:
         return out
     original = subject.obj
     working, copied = original, False
-    copier = COPIERS.get((subject.group, subject.kind))
-    for rule in rules:
-        mode = policy.mode(rule.id)
+    held: set[str] = set()
+    update = subject.operation == "UPDATE"
+    exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
+        else {}
+    gates: dict[object, bool] = {}
+    for rule, mode in applicable:
+        if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
+            continue
+        if rule.requires is not None:
+            ok = gates.get(rule.requires)
+            if ok is None:
+                ok = gates[rule.requires] = rule.requires(subject, original or {})
+            if not ok:
+                continue
+        if exempt:
+            why = exempt.get(rule.id) or exempt.get(ALL)
+            if why is not None:
+                out.skipped[rule.id] = why
+                continue
+        if rule.reads:
+            stale = view.problems(rule.reads)
+            if stale:
+                text = f"cluster view not current ({', '.join(stale)})"
+                if mode is Mode.ENFORCE:
+                    out.internal_errors.append(f"{rule.id}: {text}")
+                else:
+                    out.findings.append(Finding("warning", rule.id, "", f"not evaluated: {text}"))
+                continue
         target = working
         if phase == "mutate" and rule.mutates and original is not None:
             if mode is not Mode.ENFORCE:  # warn: run on a scratch copy, then drop it
                 target = json_copy(working)
             elif not copied:
+                copier = rules.copiers.get((subject.group, subject.kind))
                 working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
-        if rule.reads:
-            problems = view.problems(rule.reads)
-            if problems:
-                out.internal_errors.append(
-                    f"{rule.id}: cluster view not current ({', '.join(problems)})")
-                continue
+        scoped = ScopedView(view, rule.reads, rule.id) if rule.reads else rules.blind(rule)
         try:
-            found = rule.fn(subject, target if target is not None else {}, view, policy)
+            found = rule.fn(subject, target if target is not None else {}, scoped, policy)
+            if found and rule.ratchet is not Ratchet.NONE and subject.operation == "UPDATE" \
+                    and isinstance(subject.old, dict):
+                found = _ratchet(rule, subject, found, scoped, policy)
         except QuantityError as exc:
             found = [Finding("error", rule.id, "", str(exc))]
+        except DecimalException as exc:  # a valid quantity beyond what can be compared
+            found = [Finding("error", rule.id, "", f"a quantity is too large or too precise to "
+                                                   f"compare ({type(exc).__name__}); use a value "
+                                                   f"a node could hold")]
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
             out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
@@ -127,25 +183,27 @@ def evaluate(subject: Subject, view: ClusterView, policy: Policy, phase: Phase) 
                 working, copied = original, False
                 break
             continue
-        if rule.grandfather and found and subject.operation == "UPDATE" and subject.old:
-            found = _grandfathered(rule, subject, found, view, policy)
-        _apply_mode(found, mode, out)
+        if found:
+            found = _stamp(rule, found)
+            if rule.holds_back and any(f.severity != "change" for f in found):
+                held |= rule.holds_back
+            _apply_mode(found, mode, out)
     out.obj = working
     if copied:
         out.patch = diff(original, working)
     return out
 
 
-def check_object(subject: Subject, view: ClusterView, policy: Policy) -> Evaluation:
+def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy) -> Evaluation:
     """What the webhook pair would answer: mutate, then validate the mutated object."""
-    mutated = evaluate(subject, view, policy, "mutate")
-    after = Subject(subject.group, subject.version, subject.kind, subject.operation,
-                    subject.namespace, subject.name, mutated.obj, subject.old, subject.dry_run)
-    validated = evaluate(after, view, policy, "validate")
+    mutated = evaluate(rules, subject, view, policy, "mutate")
+    after = replace(subject, obj=mutated.obj)
+    validated = evaluate(rules, after, view, policy, "validate")
     return Evaluation(
         findings=mutated.findings + validated.findings,
         changes=mutated.changes,
         obj=mutated.obj,
         patch=mutated.patch,
         internal_errors=mutated.internal_errors + validated.internal_errors,
+        skipped={**mutated.skipped, **validated.skipped},
     )

@@ -18,19 +18,18 @@ number's shortest text), so 0.1 + 0.2 cards fit in 0.3 cards.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from app.quantity import QuantityError, parse_quantity
+from app.util import Memo, plain_number
 
 __all__ = [
     "DEFAULT_POOL",
@@ -41,7 +40,6 @@ __all__ = [
     "Amounts",
     "DepartmentSpec",
     "KaiQueueSpec",
-    "Memo",
     "NodePoolSpec",
     "ProjectSpec",
     "QueueEntry",
@@ -204,39 +202,7 @@ class SchemaError:
 
 
 M = TypeVar("M", bound=_Model)
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
 Parsed = tuple[_Model | None, tuple[SchemaError, ...]]
-
-
-_ABSENT = object()
-
-
-class Memo(Generic[K, V]):
-    """A bounded, thread-safe LRU map: what many requests read, computed once."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K, default: Any = None) -> Any:
-        """The value, or ``default`` when absent (a stored None is a value)."""
-        found = self._items.get(key, _ABSENT)  # atomic under the GIL; only writers lock
-        if found is _ABSENT:
-            return default
-        try:  # noqa: SIM105 (contextlib.suppress costs a context manager per hit)
-            self._items.move_to_end(key)
-        except KeyError:  # evicted meanwhile: still a good answer
-            pass
-        return found
-
-    def put(self, key: K, value: V) -> V:
-        with self._lock:
-            self._items[key] = value
-            if len(self._items) > self._size:
-                self._items.popitem(last=False)
-        return value
 
 
 _parsed: Memo[tuple[type[_Model], bytes], Parsed] = Memo(20_000)
@@ -375,17 +341,12 @@ def grew(old: Decimal, new: Decimal) -> bool:
 
 # --- units ----------------------------------------------------------------------------
 
-def _number(value: Decimal) -> str:
-    text = format(value.normalize(), "f")
-    return text
-
-
 def describe(resource: Resource, value: Decimal) -> str:
     """An amount in the resource's own units: ``1 card``, ``2.5 cards``, ``500 mCPU``,
     ``64000 MB``, ``unlimited``."""
     if value == UNLIMITED:
         return "unlimited"
-    number = _number(value)
+    number = plain_number(value)
     if resource == "gpu":
         return f"{number} card" if value == 1 else f"{number} cards"
     return f"{number} mCPU" if resource == "cpu" else f"{number} MB"

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "issue_serving", "make_ca",
-           "not_after", "peer_names", "server_context", "write_self_signed"]
+           "not_after", "peer_names", "write_self_signed"]
 
 log = logging.getLogger("envelope.tls")
 
@@ -117,14 +117,6 @@ def write_self_signed(directory: Path, names: list[str] | None = None,
     paths.key.touch(mode=0o600)
     paths.key.write_bytes(serving.key_pem)
     return paths
-
-
-def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
-    """A server context that refuses anything older than TLS 1.2."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(str(cert_file), str(key_file))
-    return context
 
 
 class TlsState:

@@ -54,6 +54,10 @@ from app.cli import subject_of  # noqa: E402
 from app.cluster.view import StaticView  # noqa: E402
 from app.config import Policy  # noqa: E402
 from app.engine import check_object  # noqa: E402
+from app.ruleset import default_ruleset  # noqa: E402
+
+FLOOR = ROOT / "bench" / "floor.py"
+RULES = default_ruleset()
 
 ROUNDS = ("none", "floor", "floor-patch", "go-h2", "go-h1", "envelope")
 NOOP_SOURCE = ROOT / "bench" / "noopwebhook"
@@ -96,10 +100,10 @@ def own_cpu_seconds() -> float:
 
 def compliant_deployment() -> dict[str, Any]:
     """The bench Deployment as Envelope would store it: a second pass changes nothing."""
-    result = check_object(subject_of(deployment()), StaticView(), Policy())
+    result = check_object(RULES, subject_of(deployment()), StaticView(), Policy())
     if result.errors or not result.patch:
         raise RuntimeError(f"the bench Deployment should need a patch and no error: {result.findings}")
-    again = check_object(subject_of(result.obj), StaticView(), Policy())
+    again = check_object(RULES, subject_of(result.obj), StaticView(), Policy())
     if again.patch or again.errors:
         raise RuntimeError(f"the stored form still changes: {again.patch} {again.findings}")
     return result.obj
@@ -183,8 +187,10 @@ def main() -> int:
         for label in rounds:
             proc: harness.ManagedProcess | None = None
             if label in ("floor", "floor-patch", "envelope"):
+                command = ("-m", "app", "serve") if label == "envelope" else (str(FLOOR),)
                 webhook = harness.start_webhook(work / label, kubeconfig=cluster.kubeconfig,
-                                                extra_args=["--log-level", "warning", "--bench-floor"])
+                                                extra_args=["--log-level", "warning"],
+                                                command=command)
                 proc = webhook.process
                 if label == "envelope":
                     harness.register_webhook(cluster, webhook)

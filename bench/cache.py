@@ -32,6 +32,9 @@ from app.cluster.live import trim_node, trim_whole, trim_workload  # noqa: E402
 from app.cluster.view import Store  # noqa: E402
 from app.config import Policy  # noqa: E402
 from app.engine import evaluate  # noqa: E402
+from app.ruleset import default_ruleset  # noqa: E402
+
+RULES = default_ruleset()
 
 GPU = "nvidia.com/gpu.product"
 
@@ -98,8 +101,8 @@ def time_admission(store: Store, rounds: int) -> list[float]:
     for _ in range(rounds):
         subject = subject_of(copy.deepcopy(obj))
         started = time.perf_counter()
-        evaluate(subject, store, policy, "mutate")
-        evaluate(subject, store, policy, "validate")
+        evaluate(RULES, subject, store, policy, "mutate")
+        evaluate(RULES, subject, store, policy, "validate")
         samples.append(time.perf_counter() - started)
     return samples
 
@@ -117,13 +120,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3000)
     args = parser.parse_args()
 
-    empty = Store()
+    empty = Store(indexes=RULES.indexes)
     time_admission(empty, 300)
     base = time_admission(empty, args.rounds)
 
     gc.collect()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    big = Store()
+    big = Store(indexes=RULES.indexes)
     held = fill(big, args.nodes, args.workloads, args.namespaces)
     gc.collect()
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

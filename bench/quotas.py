@@ -34,11 +34,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import app.rules.quotas  # noqa: E402, F401  (registers the rules and their indexes)
 from app.cluster.view import StaticView  # noqa: E402
 from app.config import Policy  # noqa: E402
 from app.engine import evaluate  # noqa: E402
 from app.rules import Subject  # noqa: E402
+from app.ruleset import default_ruleset  # noqa: E402
+
+RULES = default_ruleset()
 
 
 def _generator() -> ModuleType:
@@ -90,7 +92,7 @@ def latencies(view: StaticView, subjects: list[Subject]) -> list[float]:
     out = []
     for subject in subjects:
         start = time.perf_counter_ns()
-        result = evaluate(subject, view, policy, "validate")
+        result = evaluate(RULES, subject, view, policy, "validate")
         out.append((time.perf_counter_ns() - start) / 1e6)
         assert not result.errors and not result.internal_errors, (result.findings, result.internal_errors)
     return sorted(out)
@@ -113,7 +115,7 @@ def admission(n: int, rounds: int) -> dict[str, dict[str, float]]:
         print(f"{label} view: {counts}")
         project = _named(objects, "Project", "dept-0000-p09")  # 3 of the department's 39 cards
         department = _named(objects, "Department", "dept-0000")
-        views[label] = (StaticView(objects), {
+        views[label] = (StaticView(objects, RULES.indexes), {
             "project": _update(project, 4), "department": _update(department, 40),
             "default-pool": _update(_named(objects, "Department", "shared"), 21)})
     gc.collect()

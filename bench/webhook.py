@@ -1,7 +1,8 @@
 """Throughput and latency of /mutate over HTTPS keep-alive, against a floor route.
 
 Run by hand (`make bench`), not in the test suite. Needs `wrk` (Debian: apt-get install
-wrk). Starts one `envelope serve` process, drives it with wrk at concurrency 16 on one
+wrk). Starts one server — Envelope's app plus the floor routes of ``bench/floor.py`` —
+and drives it with wrk at concurrency 16 on one
 wrk thread, first /floor (reads the body, answers a canned allow: the cost of
 uvicorn + TLS + HTTP alone), then /floor-decode (the floor plus decoding the review and
 encoding an allow, as every review does before its rules), then /mutate with a
@@ -142,9 +143,9 @@ def main() -> int:
     script.write_text(LUA.format(body=tmp / "body.json"))
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--cert-file", str(certs.cert), "--key-file", str(certs.key), "--metrics-port", "0",
-         "--log-level", args.log_level, "--bench-floor"],
+        [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), "--host", "127.0.0.1",
+         "--port", str(port), "--cert-file", str(certs.cert), "--key-file", str(certs.key),
+         "--log-level", args.log_level],
         stdout=subprocess.DEVNULL, stderr=(tmp / "server.log").open("wb"))
     try:
         for _ in range(100):

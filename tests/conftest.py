@@ -10,8 +10,9 @@ import pytest
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import Evaluation, check_object, evaluate
-from app.rules import Subject
+from app.rules.base import Subject
 from app.rules.workloads import POD_SPEC_PATHS
+from app.ruleset import default_ruleset
 
 API = {("", "Pod"): "v1", ("", "ReplicationController"): "v1"}
 
@@ -69,6 +70,10 @@ def container(name: str = "app", requests: dict[str, Any] | None = None,
     return c
 
 
+RULES = default_ruleset()
+"""The rule set every test judges with, as ``envelope serve`` builds it."""
+
+
 def subject(obj: dict[str, Any], operation: str = "CREATE",
             old: dict[str, Any] | None = None) -> Subject:
     group, _, version = obj["apiVersion"].rpartition("/")
@@ -79,11 +84,11 @@ def subject(obj: dict[str, Any], operation: str = "CREATE",
 
 def run(obj: dict[str, Any], policy: Policy | None = None, operation: str = "CREATE",
         old: dict[str, Any] | None = None, view: StaticView | None = None) -> Evaluation:
-    return check_object(subject(obj, operation, old), view or StaticView(), policy or Policy())
+    return check_object(RULES, subject(obj, operation, old), view or StaticView(), policy or Policy())
 
 
 def mutate(obj: dict[str, Any], policy: Policy | None = None, **kw: Any) -> Evaluation:
-    return evaluate(subject(obj, **kw), StaticView(), policy or Policy(), "mutate")
+    return evaluate(RULES, subject(obj, **kw), StaticView(), policy or Policy(), "mutate")
 
 
 def resources_of(obj: dict[str, Any], index: int = 0, field: str = "containers") -> Any:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-import app.rules.actors  # noqa: F401  (registers the actor rules until app.rules imports them)
 from app.cli import main
 from app.cluster.view import StaticView
 from app.config import Policy, load_policy
 from app.engine import Evaluation, check_object
-from app.rules import RULES, Subject
-from app.rules.actors import BY_CLASS
+from app.rules.actors import POOLS_BY_CLASS
+from app.rules.base import Subject
+from tests.conftest import RULES
 
 NS = "team-a"
 
@@ -55,7 +55,7 @@ def run(obj: dict[str, Any], cluster: list[dict[str, Any]] | None = None, operat
     meta = obj["metadata"]
     subject = Subject("ate.dev", "v1alpha1", obj["kind"], operation, meta["namespace"], meta["name"],
                       obj, old)
-    return check_object(subject, view or StaticView(cluster or []), policy or Policy())
+    return check_object(RULES, subject, view or StaticView(cluster or []), policy or Policy())
 
 
 def by_rule(result: Evaluation, rule: str) -> list[str]:
@@ -348,8 +348,8 @@ def test_placement_modes(mode: str, expected: list[str]) -> None:
 
 
 def test_modes_come_from_the_environment_too() -> None:
-    policy = load_policy(environ={"ENVELOPE_RULE_ACTOR_MICROVM_MEMORY_FLOOR": "warn",
-                                  "ENVELOPE_RULE_ACTOR_PLACEMENT": "off"})
+    policy = load_policy(None, {"ENVELOPE_RULE_ACTOR_MICROVM_MEMORY_FLOOR": "warn",
+                                "ENVELOPE_RULE_ACTOR_PLACEMENT": "off"}, RULES)
     result = run(template({"memory": "255Mi"}), [pool({"memory": "128Mi"})], policy=policy)
     assert result.errors == []
     assert [f.rule for f in result.warnings] == ["actor-microvm-memory-floor"]
@@ -366,7 +366,7 @@ def test_rules_read_the_cluster_through_indexes_only() -> None:
     cluster = [*LABELLED, *(pool({"memory": "1Gi"}, namespace=f"ns-{i}", name=f"p{i}") for i in range(50)),
                template({"memory": "512Mi"}, name="placed")]
     view = IndexOnlyView(cluster)
-    assert len(view.by_index("WorkerPool", BY_CLASS, f"{NS}/microvm")) == 3
+    assert len(view.by_index(POOLS_BY_CLASS, f"{NS}/microvm")) == 3
     assert run(template({"cpu": "1", "memory": "1Gi"}), view=view).errors == []
     shrunk = pool({"memory": "256Mi"}, name="big", labels={"tier": "big", "zone": "b"})
     result = run(shrunk, operation="UPDATE", old=LABELLED[1], view=view)

@@ -14,7 +14,10 @@ forward (``lookup``), the NOTES verification command and ``helm uninstall`` are 
 exercised against the API server.
 
 helm (and kubectl) are found as the e2e harness finds them: ``$ENVELOPE_CONTROLPLANE_BIN``
-or ``bash e2e/controlplane/build.sh | tail -n 1``. A missing tool fails, never skips.
+or ``bash e2e/controlplane/build.sh | tail -n 1``. A missing tool fails, never skips —
+except under ``make unit`` (``ENVELOPE_CONTROLPLANE_CACHED_ONLY=1``), which needs no
+control plane: there the chart tests are skipped, saying why, when helm is not cached
+yet. ``make test`` always runs them.
 """
 
 from __future__ import annotations
@@ -158,6 +161,9 @@ def _locate_bin_dir() -> Path:
     else:
         proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, cwd=REPO,
                               check=False)
+        if proc.returncode == 3 and os.environ.get("ENVELOPE_CONTROLPLANE_CACHED_ONLY") == "1":
+            pytest.skip("helm is not built yet and `make unit` builds nothing: run `make controlplane` "
+                        "(or `make test`, which builds it and runs these tests)")
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
             pytest.fail(
@@ -852,13 +858,15 @@ def _policy_of(rendered: Rendered) -> str:
 
 def test_policy_configmap_is_a_valid_policy(tmp_path: Path) -> None:
     from app.config import load_policy
+    from app.ruleset import default_ruleset
 
     for case in ("self", "customised"):
         path = tmp_path / f"{case}.yaml"
         path.write_text(_policy_of(render(CASES[case])))
-        policy = load_policy(path, environ={})
+        rules = default_ruleset()
+        policy = load_policy(path, {}, rules)
         if case == "customised":
-            assert policy.mode("cpu-limits") == "warn" and policy.failure_mode == "allow"
+            assert rules.modes(policy)["cpu-limits"] == "warn" and policy.failure_mode == "allow"
     rendered = render()
     [volume] = [v for v in rendered.pod_spec["volumes"] if v["name"] == "config"]
     [source] = [s["configMap"] for s in volume["projected"]["sources"] if "configMap" in s]

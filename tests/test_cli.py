@@ -11,6 +11,7 @@ import pytest
 
 from app.cli import main
 from app.config import ConfigError, Mode, load_policy
+from tests.conftest import RULES
 
 GOOD = """\
 apiVersion: apps/v1
@@ -102,10 +103,10 @@ def test_config_file_and_env_overrides(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text("rules:\n  cpu-limits: warn\nfailureMode: allow\n"
                     "envelopeEnv: {limits: LIM}\n")
-    policy = load_policy(path, environ={"ENVELOPE_RULE_MEMORY_LIMIT": "off"})
-    assert policy.mode("cpu-limits") is Mode.WARN
-    assert policy.mode("memory-limit") is Mode.OFF
-    assert policy.mode("memory-request-equals-limit") is Mode.ENFORCE
+    policy = load_policy(path, {"ENVELOPE_RULE_MEMORY_LIMIT": "off"}, RULES)
+    assert RULES.modes(policy)["cpu-limits"] is Mode.WARN
+    assert RULES.modes(policy)["memory-limit"] is Mode.OFF
+    assert RULES.modes(policy)["memory-request-equals-limit"] is Mode.ENFORCE
     assert policy.failure_mode == "allow"
     assert policy.envelope_env.limits == "LIM"
     assert policy.envelope_env.requests == "RESOURCE_REQUESTS"
@@ -125,14 +126,14 @@ def test_invalid_config_names_the_key(tmp_path: Path, text: str, fragment: str) 
     path = tmp_path / "policy.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=None) as info:
-        load_policy(path, environ={})
+        load_policy(path, {}, RULES)
     assert fragment in str(info.value)
     assert main(["check", "--config", str(path), "-f", str(path)]) == 2
 
 
 def test_unknown_env_rule_is_refused() -> None:
     with pytest.raises(ConfigError, match="ENVELOPE_RULE_NOPE"):
-        load_policy(None, environ={"ENVELOPE_RULE_NOPE": "off"})
+        load_policy(None, {"ENVELOPE_RULE_NOPE": "off"}, RULES)
 
 
 def test_serve_without_certificates_refuses_to_start() -> None:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from app.config import ActorSettings, NodeSettings, Policy
-from app.rules import RULES
+from tests.conftest import RULES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

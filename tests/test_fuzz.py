@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import check_object
-from app.rules import RULES, Subject
+from app.rules.base import Subject
+from tests.conftest import RULES
 
 KINDS = sorted({(group, kind) for rule in RULES.values() for group, kind in rule.kinds})
 VERSIONS = {"": "v1", "apps": "v1", "batch": "v1", "kai.resources": "v1alpha1",
@@ -52,7 +53,7 @@ def test_no_rule_crashes_on_arbitrary_json(target: tuple[str, str, dict[str, Any
     subject = Subject(group, VERSIONS[group], kind, operation, "ns", "x",
                       None if operation == "DELETE" else obj,
                       old if isinstance(old, dict) else (obj if operation != "CREATE" else None))
-    result = check_object(subject, view, Policy())
+    result = check_object(RULES, subject, view, Policy())
     assert result.internal_errors == []
     for finding in result.findings:
         assert finding.message and finding.severity in ("error", "warning")
@@ -82,6 +83,6 @@ def test_any_body_is_a_review_or_a_bad_review(body: Any) -> None:
         assert str(exc)
         return
     for phase in ("mutate", "validate"):
-        evaluation = evaluate(subject, StaticView(), Policy(), phase)  # type: ignore[arg-type]
+        evaluation = evaluate(RULES, subject, StaticView(), Policy(), phase)  # type: ignore[arg-type]
         out = orjson.loads(review_response(uid, decide(evaluation, "deny")))
         assert out["response"]["uid"] == uid

@@ -1,11 +1,12 @@
-"""AtomicStore.replace: the whole set of a kind swapped at once, indexes included."""
+"""Store.replace swaps the whole set of a kind at once, indexes included; the trimmed
+objects share their repeated parts."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-from app.cluster.live import AtomicStore, trim_node
+from app.cluster.live import trim_node
 from app.cluster.view import NODE_LABEL, Store
 
 
@@ -16,46 +17,40 @@ def node(i: int, zone: str) -> dict[str, Any]:
 
 
 def test_replace_swaps_objects_and_indexes() -> None:
-    store = AtomicStore()
+    store = Store()
     store.replace("Node", [node(i, "a") for i in range(10)])
     v1 = store.version("Node")
     assert store.count("Node") == 10
-    assert len(store.by_index("Node", NODE_LABEL, "zone=a")) == 10
+    assert len(store.by_index(NODE_LABEL, "zone=a")) == 10
     store.replace("Node", [node(i, "b") for i in range(3)])
     assert store.version("Node") > v1
     assert store.count("Node") == 3
-    assert store.by_index("Node", NODE_LABEL, "zone=a") == []
-    assert len(store.by_index("Node", NODE_LABEL, "zone=b")) == 3
+    assert store.by_index(NODE_LABEL, "zone=a") == []
+    assert len(store.by_index(NODE_LABEL, "zone=b")) == 3
     store.add(node(7, "a"), "Node")
     store.remove("Node", "n0")
     assert {n["metadata"]["name"] for n in store.list("Node")} == {"n1", "n2", "n7"}
-    assert [n["metadata"]["name"] for n in store.by_index("Node", NODE_LABEL, "zone=a")] == ["n7"]
+    assert [n["metadata"]["name"] for n in store.by_index(NODE_LABEL, "zone=a")] == ["n7"]
 
 
 def test_readers_never_see_a_partial_set() -> None:
-    """The plain Store empties the kind and adds one by one; AtomicStore never shows
-    anything but a complete set."""
     sets = [[node(i, "a") for i in range(2000)], [node(i, "b") for i in range(2000)]]
+    store = Store()
+    store.replace("Node", sets[0])
+    seen: set[int] = set()
+    stop = threading.Event()
 
-    def partial_sizes(store: Store) -> set[int]:
-        store.replace("Node", sets[0])
-        seen: set[int] = set()
-        stop = threading.Event()
+    def reader() -> None:
+        while not stop.is_set():
+            seen.add(len(store.list("Node")))
 
-        def reader() -> None:
-            while not stop.is_set():
-                seen.add(len(store.list("Node")))
-
-        thread = threading.Thread(target=reader)
-        thread.start()
-        for i in range(20):
-            store.replace("Node", sets[i % 2])
-        stop.set()
-        thread.join()
-        return seen - {2000}
-
-    assert partial_sizes(AtomicStore()) == set()
-    assert partial_sizes(Store()), "the reader never overlapped a plain re-list"
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for i in range(20):
+        store.replace("Node", sets[i % 2])
+    stop.set()
+    thread.join()
+    assert seen == {2000}
 
 
 def test_shared_parts_are_equal_and_stored_once() -> None:

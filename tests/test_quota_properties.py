@@ -8,12 +8,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-import app.rules.quotas  # noqa: F401  (registers the kai-* rules and indexes)
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import check_object
 from app.kai import UNLIMITED, describe, exact, exceeds, grew, shortfall, total
-from app.rules import Subject
+from app.rules.base import Subject
+from tests.conftest import RULES
 
 finite = st.decimals(min_value=0, max_value=10**9, places=3, allow_nan=False, allow_infinity=False)
 amount = st.one_of(st.just(UNLIMITED), finite)
@@ -118,7 +118,7 @@ def _flagged(objects: list[dict[str, Any]]) -> set[str]:
         if obj["kind"] != "Project":
             continue
         name = obj["metadata"]["name"]
-        result = check_object(Subject("kai.resources", "v1alpha1", "Project", "CREATE", "", name, obj),
+        result = check_object(RULES, Subject("kai.resources", "v1alpha1", "Project", "CREATE", "", name, obj),
                               view, Policy())
         if any(f.rule == "kai-guarantee-sum" for f in result.findings):
             out.add(name)
@@ -144,7 +144,7 @@ def test_admitted_object_replaces_its_cached_copy(cap: Decimal, guarantees: list
     new = {**old, "spec": {**old["spec"], "queues": [
         {**old["spec"]["queues"][0], "resources": {"gpu": {"deserved": as_json(guarantees[0] + 1),
                                                            "limit": -1}}}]}}
-    result = check_object(Subject("kai.resources", "v1alpha1", "Project", "UPDATE", "", "p0", new, old),
-                          StaticView(objects), Policy())
+    result = check_object(RULES, Subject("kai.resources", "v1alpha1", "Project", "UPDATE", "", "p0",
+                                         new, old), StaticView(objects), Policy())
     denied = any(f.rule == "kai-guarantee-sum" for f in result.findings)
     assert denied == exceeds(total([guarantees[0] + 1, *guarantees[1:]]), cap)

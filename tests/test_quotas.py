@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-import app.rules.quotas  # noqa: F401  (registers the kai-* rules and indexes)
 from app.cli import main
 from app.cluster.view import StaticView
 from app.config import Mode, Policy
 from app.engine import Evaluation, check_object
 from app.kai import DepartmentSpec, parse
-from app.rules import RULES, Subject
+from app.rules.base import Subject
+from tests.conftest import RULES
 
 KRM = "kai.resources/v1alpha1"
 KAI = "scheduling.run.ai/v2"
@@ -121,7 +121,7 @@ def judge(obj: dict[str, Any] | None, operation: str = "CREATE", old: dict[str, 
     group, _, version = target["apiVersion"].rpartition("/")
     subject = Subject(group, version, target["kind"], operation, "", target["metadata"]["name"],
                       obj, old)
-    result = check_object(subject, view, policy or Policy())
+    result = check_object(RULES, subject, view, policy or Policy())
     assert not result.internal_errors, result.internal_errors
     for warning in result.warnings:
         assert len(warning.message) < 120, warning.message
@@ -479,7 +479,7 @@ def test_admission_never_lists_tenants(obj: dict[str, Any]) -> None:
     old = named(base(), obj["kind"], obj["metadata"]["name"])
     group, _, version = obj["apiVersion"].rpartition("/")
     subject = Subject(group, version, obj["kind"], "UPDATE", "", obj["metadata"]["name"], obj, old)
-    check_object(subject, view, Policy())
+    check_object(RULES, subject, view, Policy())
     assert set(view.listed) <= {"NodePool"}, view.listed
 
 

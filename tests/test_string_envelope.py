@@ -1,4 +1,5 @@
-"""String envelopes in env vars (seed 000): the cases that diverged between twins."""
+"""String envelopes in env vars: the cases where the env string and the pod's resources
+can disagree."""
 
 from __future__ import annotations
 

@@ -78,7 +78,11 @@ def test_init_containers_sidecars_and_pod_level_resources() -> None:
                                                         "requests": {"cpu": "1"}}
     assert resources_of(after, 1, "initContainers") == {"limits": {"memory": "128Mi"},
                                                         "requests": {"cpu": "250m"}}
-    assert after["spec"]["resources"] == {"limits": {"memory": "2Gi"}, "requests": {"cpu": "4"}}
+    # The pod-level CPU request is what the API server would have defaulted with the
+    # limit in place: the containers' aggregate request, max(2 + 250m sidecar, 1 +
+    # 0 sidecars before it) = 2.25 -- not the pod-level limit 4
+    # (pkg/apis/core/v1/defaults.go defaultPodRequests; the defaulting oracle).
+    assert after["spec"]["resources"] == {"limits": {"memory": "2Gi"}, "requests": {"cpu": "2.250"}}
     assert after["spec"]["initContainers"][1]["restartPolicy"] == "Always"
 
 
@@ -207,16 +211,19 @@ def test_unparsable_cpu_limit_is_reported_where_it_was_written() -> None:
 def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from app.rules import RULES
+    from app.cluster.view import StaticView
+    from app.engine import evaluate
     from app.rules.workloads import fill_memory_limit
+    from app.ruleset import RuleSet
+    from tests.conftest import RULES, subject
 
     def half_then_crash(subject, obj, view, policy):  # type: ignore[no-untyped-def]
         fill_memory_limit(subject, obj, view, policy)
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(RULES, "memory-limit", replace(RULES["memory-limit"], fn=half_then_crash))
-    monkeypatch.setattr("app.engine._BY_KIND", {})
+    crashing = RuleSet([replace(r, fn=half_then_crash) if r.id == "memory-limit" else r
+                        for r in RULES.values()], RULES.copiers)
     obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"cpu": "2"})])
-    result = mutate(obj)
+    result = evaluate(crashing, subject(obj), StaticView(), Policy(), "mutate")
     assert result.patch == [] and result.obj is obj
     assert result.internal_errors == ["memory-limit: RuntimeError: boom"]

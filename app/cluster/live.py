@@ -10,7 +10,7 @@ Memory follows what is kept, not what the API server sends: each LIST page is
 trimmed as it arrives and dropped (one page of full objects at a time, never the
 whole set), an object whose resourceVersion did not change is reused from the old
 store on a re-list instead of copied, and the new set replaces the old one in one
-swap (:class:`AtomicStore`), so a reader sees the old set or the new one, never a
+swap (``Store.replace``), so a reader sees the old set or the new one, never a
 half-built one.
 
 Liveness: the API server sends a bookmark 2 s before a watch's ``timeoutSeconds``
@@ -38,10 +38,10 @@ import orjson
 from kubernetes.client import Configuration
 
 from app.cluster.kube import ApiError, KubeClient
-from app.cluster.view import _CHANGES, INDEXES, Store, _key
+from app.cluster.view import Index, Store
 
-__all__ = ["LIVENESS_GRACE", "RESOURCES", "AtomicStore", "Informer", "LiveView", "Resource",
-           "Shared", "share"]
+__all__ = ["LIVENESS_GRACE", "RESOURCES", "Informer", "LiveView", "Resource", "Shared",
+           "resources_for", "share"]
 
 LIVENESS_GRACE = 10.0
 """Seconds past a watch's expected end (its bookmark) before silence means hung."""
@@ -202,32 +202,16 @@ RESOURCES: tuple[Resource, ...] = (
 )
 
 
-class AtomicStore(Store):
-    """A :class:`Store` whose ``replace`` swaps a kind's whole set at once.
-
-    ``Store.replace`` empties the kind and then adds objects one by one, so a reader
-    during a re-list saw a part of the set (2,256 of 5,000 Nodes). Here the new
-    dictionaries and indexes are built aside and swapped under the lock; readers,
-    which take no lock, see either the old dictionaries or the new ones.
-    (Proposed as ``Store.replace`` itself; it lives here until view.py takes it.)
-    """
-
-    def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
-        by_key: dict[tuple[str, str], dict[str, Any]] = {}
-        for obj in objects:
-            by_key[_key(obj)] = obj
-        by_ns: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
-        indexes: dict[tuple[str, str], dict[str, dict[tuple[str, str], dict[str, Any]]]] = {
-            (k, name): {} for k, name in INDEXES if k == kind}
-        for key, obj in by_key.items():
-            by_ns.setdefault(key[0], {})[key] = obj
-            for name, value in self._index_values(kind, obj):
-                indexes[(kind, name)].setdefault(value, {})[key] = obj
-        with self._lock:
-            self._by_kind[kind] = by_key
-            self._by_ns[kind] = by_ns
-            self._indexes.update(indexes)
-            self._versions[kind] = next(_CHANGES)
+def resources_for(kinds: Iterable[str]) -> tuple[Resource, ...]:
+    """What to watch for rules that read ``kinds``: a rule set's reads decide the watch
+    list, so a rule that reads a new kind gets its watch without a second edit (and a
+    kind nobody reads is not watched)."""
+    wanted = set(kinds)
+    missing = wanted - {r.kind for r in RESOURCES}
+    if missing:
+        raise ValueError(f"no watch is defined for kind(s) {sorted(missing)}; add them to "
+                         f"RESOURCES in app/cluster/live.py")
+    return tuple(r for r in RESOURCES if r.kind in wanted)
 
 
 @dataclass
@@ -393,13 +377,12 @@ class Informer:
         self._stop.set()
 
 
-class LiveView(AtomicStore):
+class LiveView(Store):
     """A :class:`Store` fed by informers; readiness follows their state."""
 
-    def __init__(self, configuration: Configuration,
-                 resources: tuple[Resource, ...] = RESOURCES,
-                 staleness: float = 60.0) -> None:
-        super().__init__()
+    def __init__(self, configuration: Configuration, resources: tuple[Resource, ...],
+                 staleness: float = 60.0, indexes: Iterable[Index] = ()) -> None:
+        super().__init__(indexes=indexes)
         client = KubeClient(configuration)
         self.staleness = staleness
         # A watch hears at least every ``watch_timeout`` s; hung ones are caught within

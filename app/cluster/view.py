@@ -12,24 +12,35 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["INDEXES", "NODE_LABEL", "ClusterView", "StaticView", "Store", "register_index"]
+__all__ = ["NODE_LABEL", "ClusterView", "Index", "ScopedView", "StaticView", "Store",
+           "UndeclaredRead"]
 
-Indexer = Callable[[dict[str, Any]], Iterable[str]]
 Key = tuple[str, str]
 
 #: Versions come from one counter for every Store, so a version names one state of one
 #: kind in one store: caches may key on it alone (an id() of a view can be reused).
 _CHANGES = itertools.count(1)
 
-#: (kind, index name) -> function giving the index values of an object.
-INDEXES: dict[tuple[str, str], Indexer] = {}
 
+@dataclass(frozen=True)
+class Index:
+    """A lookup a rule needs instead of a list: objects of ``kind`` by the values
+    ``fn`` yields for them. Declared as a constant next to the rules that use it; a
+    store builds it the first time it is asked for (or at start, when a rule set hands
+    its indexes to the view) and keeps it current on every change."""
 
-def register_index(kind: str, name: str, fn: Indexer) -> None:
-    """Declare an index; rule modules call this at import time."""
-    INDEXES[(kind, name)] = fn
+    kind: str
+    name: str
+    fn: Callable[[dict[str, Any]], Iterable[str]] = field(compare=False)
+
+    def values(self, obj: dict[str, Any]) -> list[str]:
+        try:
+            return list(self.fn(obj))
+        except (AttributeError, TypeError, KeyError):
+            return []  # malformed objects are indexed nowhere
 
 
 def _node_labels(node: dict[str, Any]) -> list[str]:
@@ -39,8 +50,7 @@ def _node_labels(node: dict[str, Any]) -> list[str]:
 
 #: Nodes by ``key=value`` label pair: shared by node-fit (nodeSelector) and KAI node
 #: pools (labelKey/labelValue), so the pairs are indexed once.
-NODE_LABEL = "label"
-register_index("Node", NODE_LABEL, _node_labels)
+NODE_LABEL = Index("Node", "label", _node_labels)
 
 
 class ClusterView(Protocol):
@@ -51,8 +61,8 @@ class ClusterView(Protocol):
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         ...
 
-    def by_index(self, kind: str, index: str, value: str) -> list[dict[str, Any]]:
-        """Objects of ``kind`` whose ``index`` function yields ``value``."""
+    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+        """Objects of ``index.kind`` for which the index yields ``value``."""
         ...
 
     def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
@@ -81,33 +91,47 @@ def _key(obj: dict[str, Any]) -> Key:
 class Store:
     """Objects by kind and key, with indexes kept up to date on every change.
 
-    Safe for one writer thread (a watch) and many readers: writes take a lock,
-    reads return new lists.
+    Safe for one writer thread per kind (a watch) and many readers: writes take a lock,
+    reads return new lists, and a re-list swaps the whole kind at once.
     """
 
-    def __init__(self, objects: Iterable[dict[str, Any]] = ()) -> None:
+    def __init__(self, objects: Iterable[dict[str, Any]] = (), indexes: Iterable[Index] = ()) -> None:
         self._lock = threading.Lock()
         self._by_kind: dict[str, dict[Key, dict[str, Any]]] = {}
         self._by_ns: dict[str, dict[str, dict[Key, dict[str, Any]]]] = {}
-        self._indexes: dict[tuple[str, str], dict[str, dict[Key, dict[str, Any]]]] = {}
+        self._index_of: dict[str, tuple[Index, ...]] = {}
+        self._indexes: dict[Index, dict[str, dict[Key, dict[str, Any]]]] = {}
         self._versions: dict[str, int] = {}
+        for index in indexes:
+            self._build(index)
         for obj in objects:
             self.add(obj)
 
-    def _index_values(self, kind: str, obj: dict[str, Any]) -> Iterable[tuple[str, str]]:
-        for (k, name), fn in INDEXES.items():
-            if k == kind:
-                try:
-                    values = list(fn(obj))
-                except (AttributeError, TypeError, KeyError):
-                    values = []  # malformed objects are indexed nowhere
-                for value in values:
-                    yield name, value
+    def _build(self, index: Index) -> dict[str, dict[Key, dict[str, Any]]]:
+        with self._lock:
+            table = self._indexes.get(index)
+            if table is None:
+                table = {}
+                for key, obj in self._by_kind.get(index.kind, {}).items():
+                    for value in index.values(obj):
+                        table.setdefault(value, {})[key] = obj
+                self._indexes[index] = table
+                self._index_of[index.kind] = (*self._index_of.get(index.kind, ()), index)
+            return table
 
     def _unlink(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
         self._by_ns.get(kind, {}).get(key[0], {}).pop(key, None)
-        for name, value in self._index_values(kind, obj):
-            self._indexes.get((kind, name), {}).get(value, {}).pop(key, None)
+        for index in self._index_of.get(kind, ()):
+            table = self._indexes[index]
+            for value in index.values(obj):
+                table.get(value, {}).pop(key, None)
+
+    def _link(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
+        self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
+        for index in self._index_of.get(kind, ()):
+            table = self._indexes[index]
+            for value in index.values(obj):
+                table.setdefault(value, {})[key] = obj
 
     def add(self, obj: dict[str, Any], kind: str | None = None) -> None:
         kind = kind or str(obj.get("kind"))
@@ -120,9 +144,7 @@ class Store:
                 self._unlink(kind, key, old)
             self._versions[kind] = next(_CHANGES)
             self._by_kind.setdefault(kind, {})[key] = obj
-            self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
-            for name, value in self._index_values(kind, obj):
-                self._indexes.setdefault((kind, name), {}).setdefault(value, {})[key] = obj
+            self._link(kind, key, obj)
 
     def remove(self, kind: str, name: str, namespace: str | None = None) -> None:
         key = (namespace or "", name)
@@ -133,14 +155,25 @@ class Store:
                 self._versions[kind] = next(_CHANGES)
 
     def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
-        """Swap every object of ``kind`` (after a re-list)."""
-        with self._lock:
-            for key, old in list(self._by_kind.get(kind, {}).items()):
-                self._unlink(kind, key, old)
-            self._by_kind[kind] = {}
-            self._versions[kind] = next(_CHANGES)
+        """Swap every object of ``kind`` at once (after a re-list): the new tables are
+        built aside and swapped under the lock, so a reader sees the old set or the new
+        one, never a half."""
+        by_key: dict[Key, dict[str, Any]] = {}
+        by_ns: dict[str, dict[Key, dict[str, Any]]] = {}
         for obj in objects:
-            self.add(obj, kind)
+            key = _key(obj)
+            by_key[key] = obj
+            by_ns.setdefault(key[0], {})[key] = obj
+        with self._lock:
+            self._by_kind[kind] = by_key
+            self._by_ns[kind] = by_ns
+            for index in self._index_of.get(kind, ()):
+                table: dict[str, dict[Key, dict[str, Any]]] = {}
+                for key, obj in by_key.items():
+                    for value in index.values(obj):
+                        table.setdefault(value, {})[key] = obj
+                self._indexes[index] = table
+            self._versions[kind] = next(_CHANGES)
 
     def version(self, kind: str) -> int:
         return self._versions.get(kind, 0)
@@ -159,11 +192,56 @@ class Store:
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self._by_kind.get(kind, {}).get((namespace or "", name))
 
-    def by_index(self, kind: str, index: str, value: str) -> list[dict[str, Any]]:
-        if (kind, index) not in INDEXES:
-            raise KeyError(f"no index {index!r} registered for {kind}")
-        return list(self._indexes.get((kind, index), {}).get(value, {}).values())
+    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+        table = self._indexes.get(index)
+        if table is None:
+            table = self._build(index)
+        return list(table.get(value, {}).values())
 
 
 class StaticView(Store):
     """A view over a fixed set of objects (manifest files, test fixtures)."""
+
+
+class UndeclaredRead(LookupError):
+    """A rule read a kind it did not declare in ``reads``: a bug in the rule. Tests see
+    the exception; the webhook answers it as an internal error (per the failure mode)."""
+
+
+class ScopedView:
+    """What one rule may see of a view: the kinds it declared, nothing else."""
+
+    __slots__ = ("_kinds", "_rule", "_view")
+
+    def __init__(self, view: ClusterView, kinds: frozenset[str], rule: str) -> None:
+        self._view = view
+        self._kinds = kinds
+        self._rule = rule
+
+    def _check(self, kind: str) -> None:
+        if kind not in self._kinds:
+            declared = ", ".join(sorted(self._kinds)) or "nothing"
+            raise UndeclaredRead(f"rule {self._rule} read {kind} but declares reads of {declared}")
+
+    def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        self._check(kind)
+        return self._view.list(kind, namespace)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        self._check(kind)
+        return self._view.get(kind, name, namespace)
+
+    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+        self._check(index.kind)
+        return self._view.by_index(index, value)
+
+    def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
+        return self._view.problems(self._kinds if kinds is None else kinds)
+
+    def version(self, kind: str) -> int:
+        self._check(kind)
+        return self._view.version(kind)
+
+    def count(self, kind: str) -> int:
+        self._check(kind)
+        return self._view.count(kind)

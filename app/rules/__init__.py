@@ -1,11 +1,7 @@
-"""The rules, one module per object family, and the registry they join.
+"""The rules, one module per object family: ``workloads`` (CPU limits and memory
+envelopes), ``namespace`` (workload rules that read the namespace and the nodes),
+``quotas`` (KAI quota trees) and ``actors`` (agent-substrate sandboxes).
 
-Importing a family module registers its rules; this package imports them all.
+Each declares its rules with :func:`app.rules.base.rule`; :mod:`app.ruleset` collects
+them. Importing this package registers nothing.
 """
-
-from app.rules import actors, namespace, quotas, workloads
-from app.rules.base import RULES, Finding, Rule, Subject
-
-FAMILIES = (workloads, namespace, quotas, actors)
-
-__all__ = ["FAMILIES", "RULES", "Finding", "Rule", "Subject"]

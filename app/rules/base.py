@@ -1,40 +1,70 @@
-"""What a rule is: a pure function from an object (and what it may read) to findings."""
+"""What a rule is: a pure function from an object (and what it may read) to findings,
+declared once with :func:`rule`.
+
+A rule function is ``fn(subject, obj, view, policy) -> list[Finding]``. It never does
+I/O, never reads its own mode (the engine applies modes) and never writes its id: it
+returns findings made with :func:`error`, :func:`warning` and :func:`change`, and the
+engine stamps them with the id of the rule that returned them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
+
+from app.config import Mode
 
 if TYPE_CHECKING:
     from app.cluster.view import ClusterView
-    from app.config import Mode, Policy
+    from app.config import Policy
 
-__all__ = ["COPIERS", "RULES", "Finding", "Phase", "Rule", "Subject", "register"]
+__all__ = ["Finding", "Phase", "Ratchet", "Rule", "Subject", "change", "error", "rule",
+           "rules_of", "warning"]
 
 Severity = Literal["error", "warning", "change"]
 Phase = Literal["mutate", "validate"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Finding:
     """One thing a rule says about an object.
 
     ``error`` denies (in ``enforce`` mode), ``warning`` is shown to the user,
     ``change`` describes a mutation the rule made (the patch carries it).
+
+    Treat it as a value: only the engine writes ``rule``, once, on a finding a rule has
+    just returned (not frozen: a frozen dataclass costs 2 µs per finding to build, and
+    a mutation yields several per request).
     """
 
     severity: Severity
     rule: str
     path: str
     message: str
+    as_warning: str | None = None
+    """What to say instead when the rule runs in ``warn`` mode (an error's text often
+    tells the user what to change before a refusal; a warning says what was done)."""
 
     def as_dict(self) -> dict[str, str]:
         return {"severity": self.severity, "rule": self.rule, "path": self.path,
                 "message": self.message}
 
 
-@dataclass(frozen=True)
+def error(path: str, message: str, *, as_warning: str | None = None) -> Finding:
+    return Finding("error", "", path, message, as_warning)
+
+
+def warning(path: str, message: str) -> Finding:
+    return Finding("warning", "", path, message)
+
+
+def change(path: str, message: str) -> Finding:
+    return Finding("change", "", path, message)
+
+
+@dataclass(frozen=True, slots=True)
 class Subject:
     """The write being judged: the same shape for the webhook and `envelope check`."""
 
@@ -47,7 +77,6 @@ class Subject:
     obj: dict[str, Any] | None = None
     old: dict[str, Any] | None = None
     dry_run: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def api_version(self) -> str:
@@ -55,6 +84,22 @@ class Subject:
 
 
 RuleFn = Callable[["Subject", dict[str, Any], "ClusterView", "Policy"], list[Finding]]
+Part = Callable[["Subject", dict[str, Any]], Any]
+"""The part of an object a rule judges (see :attr:`Rule.judges`)."""
+
+
+class Ratchet(Enum):
+    """What an UPDATE does with a finding the old object already had (same path and
+    message: a finding whose numbers changed is new)."""
+
+    NONE = "none"
+    """Judge the new object alone."""
+    WARN = "warn"
+    """Errors become warnings "already so before this update": an unrelated write
+    (``kubectl rollout restart``, a label) to an object that predates the policy, or
+    that a shrunken cluster no longer fits, is not refused for what it did not change."""
+    DROP = "drop"
+    """Findings are dropped, as the API server ratchets CRD validation on update."""
 
 
 @dataclass(frozen=True)
@@ -71,29 +116,48 @@ class Rule:
     """A mutate-phase rule that only reads (a guard) says False: no copy is made for it."""
     order: int = 100
     """Rules of a phase run in this order (guards that others consult run first)."""
-    grandfather: bool = False
-    """On UPDATE, an error the old object already had is only a warning: an unrelated
-    write (``kubectl rollout restart``, a label) to an object that predates the policy,
-    or that a shrunken cluster no longer fits, is not blocked for what it did not change."""
     reads: frozenset[str] = frozenset()
-    """Kinds the rule reads from the cluster view; a stale view of them is an
-    internal error, answered per the failure mode."""
+    """Kinds the rule reads from the cluster view. The rule is handed a view of these
+    kinds only; a stale view of them is answered per the failure mode (enforce) or
+    warned about (warn)."""
+    judges: Part | None = None
+    """On UPDATE, the rule is not run when this part of the old and new object is
+    equal (``None`` from it: the whole object is judged)."""
+    ratchet: Ratchet = Ratchet.NONE
+    holds_back: frozenset[str] = frozenset()
+    """Mutating rules not run on an object for which this rule reported an error or a
+    warning: a guard that decides the namespace needs CPU limits holds back the rules
+    that would remove them."""
+    requires: Callable[[Subject, dict[str, Any]], bool] | None = None
+    """The rule judges only objects for which this holds (e.g. workload rules need the
+    shape Kubernetes gives a pod spec; the ``quantities`` rule reports what is wrong).
+    Asked once per object and phase, however many rules share it."""
 
 
-RULES: dict[str, Rule] = {}
+def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode, summary: str,
+         *, reads: Iterable[str] = (), operations: Iterable[str] = ("CREATE", "UPDATE"),
+         mutates: bool = True, order: int = 100, judges: Part | None = None,
+         ratchet: Ratchet = Ratchet.NONE, holds_back: Iterable[str] = (),
+         requires: Callable[[Subject, dict[str, Any]], bool] | None = None,
+         ) -> Callable[[RuleFn], RuleFn]:
+    """Declare a rule: the one place its id, kinds, phase, mode and reads are written.
 
-Copier = Callable[["Subject", dict[str, Any]], dict[str, Any]]
+    The declaration is kept on the function (``fn.rule``); :class:`app.ruleset.RuleSet`
+    collects the declarations of the family modules. Nothing is registered globally.
+    """
 
-#: (API group, kind) -> how to copy an object before mutating rules change it: a family
-#: that knows which parts its rules touch copies only those and shares the rest, which
-#: also lets the patch diff skip shared parts by identity. Kinds without one get a
-#: full copy.
-COPIERS: dict[tuple[str, str], Copier] = {}
+    def declare(fn: RuleFn) -> RuleFn:
+        declared = Rule(id, phase, frozenset(kinds), default, fn, summary, frozenset(operations),
+                        mutates, order, frozenset(reads), judges, ratchet, frozenset(holds_back),
+                        requires)
+        fn.rule = declared  # type: ignore[attr-defined]
+        return fn
+
+    return declare
 
 
-def register(*rules: Rule) -> None:
-    """Add a family's rules to the registry, in the order they should run."""
-    for rule in rules:
-        if rule.id in RULES:
-            raise ValueError(f"rule id {rule.id!r} registered twice")
-        RULES[rule.id] = rule
+def rules_of(namespace: dict[str, Any]) -> list[Rule]:
+    """The rules declared among a module's functions, in declaration order."""
+    return [value.rule for value in namespace.values()
+            if callable(value) and isinstance(getattr(value, "rule", None), Rule)
+            and value.rule.fn is value]

@@ -1,30 +1,46 @@
-"""Workload rules that read the namespace and the nodes (seeds 000, 001, 002).
+"""Workload rules that read the namespace and the nodes.
 
-Stripping CPU limits is only safe where the namespace lets pods live without them,
-and a memory envelope is only honest when it fits somewhere: on a node, and in
-the namespace's memory budget.
+Stripping CPU limits is only safe where the namespace lets pods live without them (a
+ResourceQuota on ``limits.cpu`` or a LimitRange ``max.cpu`` refuses such pods, and the
+ReplicaSet only shows FailedCreate), and a memory envelope is only honest when it fits
+somewhere: on a node, and in the namespace's memory budget.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
 from app.cluster.view import NODE_LABEL, ClusterView
 from app.config import Mode, Policy
-from app.envelope import pod_amount
+from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
+from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Rule, Subject, register
+from app.rules.base import Finding, Ratchet, Subject, error, rule
 from app.rules.workloads import (
-    KEEP_CPU_LIMITS,
+    CPU_LIMIT_RULES,
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
+    keeps_cpu_limit,
+    pod_resources,
     pod_spec,
+    well_formed,
 )
+from app.scheduling import (
+    CORDONED,
+    default_pod,
+    effective_pod_requests,
+    evaluate,
+    fit_node,
+    node_from_object,
+)
+from app.scheduling import Node as SchedNode
+from app.util import Memo
 
-__all__ = ["node_capacity", "replicas_of"]
+__all__ = ["INDEXES", "node_capacity", "replicas_of"]
+
+INDEXES = (NODE_LABEL,)
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -38,29 +54,60 @@ def _has_cpu_limit_to_strip(subject: Subject, obj: dict[str, Any]) -> bool:
     return any(isinstance(r, dict) and "cpu" in (r.get("limits") or {}) for r in holders)
 
 
-def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, rule: str,
-           reasons: list[str]) -> list[Finding]:
-    """Keep CPU limits (warn) or refuse the write (enforce) where the namespace needs them."""
-    if not reasons or (subject.operation == "UPDATE" and subject.kind == "Pod"):
-        return []
-    if not _has_cpu_limit_to_strip(subject, obj):
-        return []
-    subject.extra[KEEP_CPU_LIMITS] = rule
-    why = "; ".join(reasons)
-    if policy.mode(rule) is Mode.ENFORCE:
-        text = (f"{why}: pods without CPU limits would be refused there, and Envelope removes "
-                f"CPU limits; drop limits.cpu from that object or opt this workload out")
-    else:
-        text = f"CPU limits kept: {why}"
-    return [Finding("error", rule, "metadata.namespace", text)]
+def _without_cpu_limits(spec: dict[str, Any]) -> dict[str, Any]:
+    """The pod Envelope would let through: API defaults applied (a Pod made from the
+    template), every CPU limit removed as the cpu-limits rule removes it."""
+    out = default_pod({"spec": spec})["spec"]
+    for key in ("containers", "initContainers"):
+        for container in out.get(key) or []:
+            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
+                move_cpu_limit_to_request(container["resources"])
+    move_pod_level_cpu_limit(out)
+    return out
 
 
+def _cpu_limit_needs(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                     kind: str) -> list[CpuLimitNeed]:
+    """app.namespace_policy.cpu_limit_needs for this workload's pods without CPU
+    limits: the LimitRanges (both types, their defaults applied) and the quotas whose
+    scopes match the pod (checked against the API server by the admission oracle);
+    only the needs of ``kind`` (quotas need the LimitRanges too, for their defaults)."""
+    spec = pod_spec(subject, obj)
+    if spec is None:
+        return []
+    try:
+        stripped = _without_cpu_limits(spec)
+        quotas = view.list("ResourceQuota", subject.namespace) if kind == "ResourceQuota" else []
+        # A Pod reaches the webhook after LimitRanger's defaults; once stripped, nothing
+        # puts them back. A template's Pods get them after the strip.
+        needs = cpu_limit_needs(stripped, view.list("LimitRange", subject.namespace), quotas,
+                                limit_range_defaults=subject.kind != "Pod")
+    except QuantityError:
+        return []  # the quantities rule names the value that does not parse
+    return [n for n in needs if n.kind == kind]
+
+
+def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, needs: list[CpuLimitNeed]) -> list[Finding]:
+    """Keep CPU limits (warn) or refuse the write (enforce) where the namespace needs
+    them. Either way the rule holds back the rules that would strip them. A workload
+    that opted out keeps its CPU limits anyway: nothing to keep or refuse (class 5)."""
+    if not needs or not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
+        return []
+    why = "; ".join(str(n) for n in needs)
+    return [error("metadata.namespace",
+                  f"{why}: pods without CPU limits would be refused there, and Envelope removes "
+                  f'CPU limits; change that object or annotate {policy.opt_out_annotation}: "true"',
+                  as_warning=f"CPU limits kept: {why}")]
+
+
+@rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
+      "a ResourceQuota matching the pod needs CPU limits: keep them (warn) or refuse (enforce)",
+      mutates=False, order=10, reads={"ResourceQuota", "LimitRange"}, judges=pod_resources,
+      holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
-    reasons = [f'ResourceQuota "{_name(q)}" sets limits.cpu'
-               for q in view.list("ResourceQuota", subject.namespace)
-               if "limits.cpu" in ((q.get("spec") or {}).get("hard") or {})]
-    return _guard(subject, obj, policy, "quota-needs-cpu-limits", reasons)
+    needs = _cpu_limit_needs(subject, obj, view, "ResourceQuota")
+    return _guard(subject, obj, policy, needs)
 
 
 def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict[str, Any]]]:
@@ -72,16 +119,19 @@ def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict
     return out
 
 
+@rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
+      "a LimitRange (type Container or Pod) needs CPU limits: keep them or refuse",
+      mutates=False, order=10, reads={"LimitRange"}, judges=pod_resources,
+      holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    reasons = []
-    for name, item in _container_limits(view, subject.namespace):
-        for field in ("max", "maxLimitRequestRatio"):
-            if "cpu" in (item.get(field) or {}):
-                reasons.append(f'LimitRange "{name}" sets {field}.cpu={item[field]["cpu"]}')
-    return _guard(subject, obj, policy, "limitrange-needs-cpu-limits", reasons)
+    needs = _cpu_limit_needs(subject, obj, view, "LimitRange")
+    return _guard(subject, obj, policy, needs)
 
 
+@rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
+      "a LimitRange default CPU limit below a container's CPU request",
+      reads={"LimitRange"}, judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                      policy: Policy) -> list[Finding]:
     """LimitRanger puts ``default.cpu`` on every Pod created without a CPU limit; below the
@@ -103,8 +153,8 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
             continue
         for name, default in defaults:
             if parse_quantity(request) > parse_quantity(default):
-                findings.append(Finding(
-                    "error", "limitrange-default-below-request", f"{path}.resources.requests.cpu",
+                findings.append(error(
+                    f"{path}.resources.requests.cpu",
                     f'{label}: LimitRange "{name}" default cpu limit {default} < request '
                     f"{request}; pods fail without Envelope's Pod webhook"))
     return findings
@@ -113,7 +163,7 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 # --- pod fits a node --------------------------------------------------------------
 
 
-_CAPACITY_CACHE: OrderedDict[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = OrderedDict()
+_capacity: Memo[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = Memo(256)
 
 
 def _allocatable(node: dict[str, Any], name: str) -> Decimal:
@@ -136,11 +186,11 @@ def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]
     """
     pairs = tuple(sorted(selector.items()))
     key = (view.version("Node"), pairs)
-    cached = _CAPACITY_CACHE.get(key)
+    cached = _capacity.get(key)
     if cached is not None:
         return cached
     if pairs:
-        candidates = min((view.by_index("Node", NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
+        candidates = min((view.by_index(NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
     else:
         candidates = view.list("Node")
     best: dict[str, Any] = {"nodes": 0, "cpu": (Decimal(0), ""), "memory": (Decimal(0), "")}
@@ -154,44 +204,90 @@ def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]
             amount = _allocatable(node, name)
             if amount > best[name][0]:
                 best[name] = (amount, _name(node))
-    _CAPACITY_CACHE[key] = best
-    while len(_CAPACITY_CACHE) > 256:
-        _CAPACITY_CACHE.popitem(last=False)
-    return best
+    return _capacity.put(key, best)
 
 
+_nodes: Memo[tuple[int, str, str], list[SchedNode]] = Memo(64)
+
+
+def _scheduler_nodes(view: ClusterView, reserve_cpu: Decimal, reserve_memory: Decimal) -> list[SchedNode]:
+    """Every Node as app.scheduling sees it, the policy's reserves taken off its
+    allocatable cpu and memory. Cached per (Node version, reserves). The view holds no
+    Pods, so nodes are judged empty; a node that reports no ``pods`` allocatable is
+    not limited by pod count."""
+    key = (view.version("Node"), str(reserve_cpu), str(reserve_memory))
+    cached = _nodes.get(key)
+    if cached is not None:
+        return cached
+    out = []
+    for node in view.list("Node"):
+        status = node.get("status") or {}
+        merged = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
+        merged.setdefault("pods", "1000000")
+        try:
+            built = node_from_object({**node, "status": {"allocatable": merged}})
+        except QuantityError:
+            continue
+        alloc = dict(built.allocatable)
+        alloc["cpu"] = alloc.get("cpu", 0) - int(reserve_cpu * 1000)
+        alloc["memory"] = alloc.get("memory", 0) - int(reserve_memory)
+        out.append(SchedNode(name=built.name, allocatable=alloc, labels=built.labels, taints=built.taints,
+                             unschedulable=built.unschedulable))
+    return _nodes.put(key, out)
+
+
+def _units(resource: str, units: int) -> str:
+    if resource == "cpu":
+        return format_cpu(Decimal(units) / 1000)
+    if resource == "memory" or resource == "ephemeral-storage" or resource.startswith("hugepages-"):
+        return format_bytes(Decimal(units))
+    return str(units)
+
+
+@rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
+      reads={"Node"}, judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
+    """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
+    the real kube-scheduler by the scheduling oracle): schedulable, nodeSelector and
+    required node affinity, NoSchedule/NoExecute taints vs tolerations, and the pod's
+    effective request (sidecars, init containers, overhead, pod-level resources) on
+    cpu, memory, ephemeral-storage and every extended resource. Refused when no node
+    takes it; the message names the closest node and what it lacks."""
     spec = pod_spec(subject, obj)
-    if spec is None or (subject.kind == "Pod" and subject.operation == "UPDATE"):
-        return []
-    selector = spec.get("nodeSelector") or {}
-    selector = {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
-    if view.count("Node") == 0:
+    if spec is None or view.count("Node") == 0:
         return []  # no nodes known: nothing to judge against
-    capacity = node_capacity(view, selector)
-    which = f"node matching nodeSelector {selector}" if selector else "schedulable node"
-    path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
-    if capacity["nodes"] == 0:
-        return [Finding("error", "pod-fits-node", path,
-                        f"no {which} is known; the pods cannot be placed")] if selector else []
     settings = policy.nodes
-    reserves = {"cpu": parse_quantity(settings.reserve_cpu),
-                "memory": parse_quantity(settings.reserve_memory)
-                + parse_quantity(settings.sandbox_parent_reserve_memory)}
-    fmt = {"cpu": format_cpu, "memory": format_bytes}
-    findings = []
-    for name in ("cpu", "memory"):
-        need = pod_amount(spec, name)
-        largest, node = capacity[name]
-        offer = largest - reserves[name]
-        if need > offer:
-            findings.append(Finding(
-                "error", "pod-fits-node", path,
-                f"each pod needs {fmt[name](need)} {name}; the largest {which} "
-                f"({node}) offers {fmt[name](max(offer, Decimal(0)))} "
-                f"(allocatable {fmt[name](largest)}, reserve {fmt[name](reserves[name])})"))
-    return findings
+    reserve_cpu = parse_quantity(settings.reserve_cpu)
+    reserve_memory = parse_quantity(settings.reserve_memory) + parse_quantity(
+        settings.sandbox_parent_reserve_memory)
+    nodes = _scheduler_nodes(view, reserve_cpu, reserve_memory)
+    try:
+        # A Pod arrives defaulted; a template's Pods will be (defaulting is idempotent).
+        requests = effective_pod_requests({"spec": spec}) if subject.kind == "Pod" \
+            else effective_pod_requests(spec, is_pod=False)
+    except QuantityError:
+        return []  # the quantities rule names the value that does not parse
+    if any(fit_node(spec, n, requests).fits for n in nodes):
+        return []
+    path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
+    verdict = evaluate(spec, nodes, requests=requests)
+    closest = verdict.closest
+    if closest is None:
+        if any(v.blocked == (CORDONED,) for v in verdict.nodes):
+            return []  # only cordoned nodes would take it: maintenance, not a bad spec
+        selector = spec.get("nodeSelector") or {}
+        which = f"node matching nodeSelector {selector}" if selector else "node the pod may land on"
+        reasons = sorted({r for v in verdict.nodes for r in v.blocked})
+        return [error(path, f"no {which} is known; the pods cannot be placed "
+                            f"({len(verdict.nodes)} nodes: {'; '.join(reasons)})")]
+    short = closest.shortfalls
+    needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
+    offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
+    reserve = f"reserve {format_cpu(reserve_cpu)} cpu, {format_bytes(reserve_memory)} memory"
+    return [error(path, f"each pod needs {needs}; no node it may land on has room: the closest "
+                        f"({closest.node.name}) offers {offers} ({reserve})")]
 
 
 # --- namespace memory composition -------------------------------------------------
@@ -216,6 +312,10 @@ def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
     return int(value) if isinstance(value, int) else 1
 
 
+@rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
+      "replicas x pod memory over the namespace's workloads fits its memory quota",
+      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
+      requires=well_formed)
 def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  policy: Policy) -> list[Finding]:
     quotas = [(q, key, value) for q in view.list("ResourceQuota", subject.namespace)
@@ -250,28 +350,6 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
             shown.append(item)
         if len(shown) < len(parts):
             shown.append(f"+{len(parts) - len(shown)} more")
-        findings.append(Finding("error", "namespace-memory-composition", "metadata.namespace",
-                                ", ".join([*shown, tail])))
+        findings.append(error("metadata.namespace", ", ".join([*shown, tail])))
     return findings
 
-
-register(
-    Rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN, quota_needs_cpu_limits,
-         "a ResourceQuota on limits.cpu: keep CPU limits (warn) or refuse (enforce)",
-         mutates=False, order=10, reads=frozenset({"ResourceQuota"})),
-    Rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
-         limitrange_needs_cpu_limits,
-         "a LimitRange with max.cpu or maxLimitRequestRatio.cpu: keep CPU limits or refuse",
-         mutates=False, order=10, reads=frozenset({"LimitRange"})),
-    Rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
-         limitrange_default_below_request,
-         "a LimitRange default CPU limit below a container's CPU request",
-         reads=frozenset({"LimitRange"}), grandfather=True),
-    Rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE, pod_fits_node,
-         "each pod's CPU and memory fit the largest matching schedulable node",
-         reads=frozenset({"Node"}), grandfather=True),
-    Rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
-         namespace_memory_composition,
-         "replicas x pod memory over the namespace's workloads fits its memory quota",
-         reads=frozenset({"ResourceQuota", *COUNTED_KINDS}), grandfather=True),
-)

@@ -17,17 +17,18 @@ from app.envelope import (
     compare_quantities,
     is_integer_cpu,
     move_cpu_limit_to_request,
+    move_pod_level_cpu_limit,
     parse_envelope_string,
 )
 from app.quantity import QuantityError, parse_quantity
-from app.rules.base import COPIERS, Finding, Rule, Subject, register
+from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
+from app.util import dig, dotted
 
-__all__ = ["KEEP_CPU_LIMITS", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder", "containers",
-           "holders", "pod_spec"]
+__all__ = ["COPIERS", "CPU_LIMIT_RULES", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder",
+           "containers", "holders", "pod_resources", "pod_spec", "shape_problems", "well_formed"]
 
-KEEP_CPU_LIMITS = "keep-cpu-limits"
-"""``Subject.extra`` key set by a guard rule (namespace.py) when the namespace needs
-CPU limits: a ResourceQuota on limits.cpu, a LimitRange max.cpu."""
+CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
+"""The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
 
 #: Where the pod spec lives in each workload kind, keyed by (API group, kind).
 POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -41,23 +42,13 @@ POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
 }
 WORKLOAD_KINDS = frozenset(POD_SPEC_PATHS)
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
+_SPEC_TEXT = {kind: ".".join(path) for kind, path in POD_SPEC_PATHS.items()}
+"""The same paths as message text, e.g. ``spec.template.spec``."""
 
 
 def pod_spec(subject: Subject, obj: dict[str, Any]) -> dict[str, Any] | None:
-    spec = _dig(obj, POD_SPEC_PATHS[(subject.group, subject.kind)])
+    spec = dig(obj, POD_SPEC_PATHS[(subject.group, subject.kind)])
     return spec if isinstance(spec, dict) else None
-
-
-def _dotted(path: tuple[str, ...]) -> str:
-    return ".".join(path)
 
 
 @dataclass
@@ -74,7 +65,7 @@ class Holder:
 
 def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
     """Every resources block of the pod spec: initContainers, containers, pod level."""
-    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
     spec = pod_spec(subject, obj)
     if spec is None:
         return
@@ -87,34 +78,101 @@ def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
                 continue
             resources = container.get("resources")
             if isinstance(resources, dict):
-                name = container.get("name", i)
-                yield Holder(f'{word} "{name}"', f"{_dotted(base)}.{field}[{i}].resources",
+                name = container.get("name") if isinstance(container.get("name"), str) else i
+                yield Holder(f'{word} "{name}"', f"{base}.{field}[{i}].resources",
                              resources, container)
     resources = spec.get("resources")
     if isinstance(resources, dict):
-        yield Holder("pod-level resources", f"{_dotted(base)}.resources", resources, None)
+        yield Holder("pod-level resources", f"{base}.resources", resources, None)
+
+
+_SCALAR = (str, int, float)
+
+
+def _quantity_map(value: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append((path, f"expected a map of resource name to quantity, got {type(value).__name__}"))
+        return
+    for key, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, _SCALAR):
+            out.append((f"{path}.{key}", f"expected a quantity, got {type(amount).__name__}"))
+
+
+def _resources_shape(resources: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if resources is None:
+        return
+    if not isinstance(resources, dict):
+        out.append((path, f"expected an object, got {type(resources).__name__}"))
+        return
+    for section in ("limits", "requests"):
+        _quantity_map(resources.get(section), f"{path}.{section}", out)
+
+
+def shape_problems(subject: Subject, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the pod spec lacks the shape the API server decodes it into (it refuses
+    such objects before any webhook; ``envelope check`` reads raw files): lists that are
+    not lists, resources that are not maps of quantities, env entries that are not
+    objects. Empty when every workload rule can read it."""
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
+    out: list[tuple[str, str]] = []
+    node: Any = obj
+    for key in POD_SPEC_PATHS[(subject.group, subject.kind)]:
+        node = node.get(key) if isinstance(node, dict) else None
+    if node is None:
+        return out
+    if not isinstance(node, dict):
+        return [(base, f"expected an object, got {type(node).__name__}")]
+    for field in ("initContainers", "containers"):
+        items = node.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            out.append((f"{base}.{field}", f"expected a list, got {type(items).__name__}"))
+            continue
+        for i, c in enumerate(items):
+            where = f"{base}.{field}[{i}]"
+            if not isinstance(c, dict):
+                out.append((where, f"expected an object, got {type(c).__name__}"))
+                continue
+            _resources_shape(c.get("resources"), f"{where}.resources", out)
+            env = c.get("env")
+            if env is not None and not (isinstance(env, list) and all(isinstance(e, dict) for e in env)):
+                out.append((f"{where}.env", "expected a list of objects"))
+    _resources_shape(node.get("resources"), f"{base}.resources", out)
+    _quantity_map(node.get("overhead"), f"{base}.overhead", out)
+    for field, kind in (("nodeSelector", dict), ("tolerations", list), ("affinity", dict)):
+        value = node.get(field)
+        if value is not None and not isinstance(value, kind):
+            out.append((f"{base}.{field}", f"expected {'an object' if kind is dict else 'a list'}, "
+                                           f"got {type(value).__name__}"))
+    return out
+
+
+def well_formed(subject: Subject, obj: dict[str, Any]) -> bool:
+    """What every workload rule but ``quantities`` requires (see :func:`shape_problems`)."""
+    return not shape_problems(subject, obj)
 
 
 def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(label, dotted path, container) for every container and initContainer."""
-    base = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
     spec = pod_spec(subject, obj) or {}
     for field, word in (("initContainers", "initContainer"), ("containers", "container")):
         items = spec.get(field)
         for i, container in enumerate(items if isinstance(items, list) else []):
             if isinstance(container, dict):
-                name = container.get("name", i)
-                yield f'{word} "{name}"', f"{_dotted(base)}.{field}[{i}]", container
+                name = container.get("name") if isinstance(container.get("name"), str) else i
+                yield f'{word} "{name}"', f"{base}.{field}[{i}]", container
 
 
 def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bool:
-    """The opt-out annotation on the object or its pod template, or a guard's word."""
-    if subject.extra.get(KEEP_CPU_LIMITS):
-        return True
+    """The opt-out annotation on the object or its pod template."""
     spec_path = POD_SPEC_PATHS[(subject.group, subject.kind)]
     places = [("metadata",), (*spec_path[:-1], "metadata")]
     for place in places:
-        annotations = _dig(obj, (*place, "annotations"))
+        annotations = dig(obj, (*place, "annotations"))
         if isinstance(annotations, dict):
             value = annotations.get(policy.opt_out_annotation)
             if isinstance(value, str) and value.strip().lower() == "true":
@@ -130,18 +188,15 @@ def _parses(value: object) -> bool:
     return True
 
 
-def _frozen_pod(subject: Subject) -> bool:
-    """Pod resources are immutable after creation (bar in-place resize): never
-    mutate a Pod UPDATE, and do not re-judge an update that leaves resources alone."""
-    return subject.kind == "Pod" and subject.operation == "UPDATE"
-
-
-def _resources_unchanged(subject: Subject, obj: dict[str, Any]) -> bool:
-    if subject.old is None:
-        return False
-    before = [h.resources for h in holders(subject, subject.old)]
-    after = [h.resources for h in holders(subject, obj)]
-    return before == after
+def pod_resources(subject: Subject, obj: dict[str, Any]) -> Any:
+    """What workload rules judge of a Pod: its resources blocks and container env
+    (both immutable after creation, bar in-place resize), so a Pod UPDATE that leaves
+    them alone — a label, a finalizer — is not judged again. Pod templates have no
+    such part (``None``): every write of a Deployment is judged, and ratcheted."""
+    if subject.kind != "Pod":
+        return None
+    return ([h.resources for h in holders(subject, obj)],
+            [c.get("env") for _, _, c in containers(subject, obj)])
 
 
 def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
@@ -167,11 +222,12 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
     return whole
 
 
+@rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "remove CPU limits; keep the CPU request they implied", judges=pod_resources, requires=well_formed)
 def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                      policy: Policy) -> list[Finding]:
-    if _frozen_pod(subject) or keeps_cpu_limit(subject, obj, policy):
+    if keeps_cpu_limit(subject, obj, policy):
         return []
-    rule = "cpu-limits"
     qos_lost = _guaranteed_with_whole_cores(subject, obj)
     findings = []
     for holder in holders(subject, obj):
@@ -179,6 +235,17 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
         limit = limits.get("cpu") if isinstance(limits, dict) else None
         if limit is not None and not _parses(limit):
             continue  # left where it was written; the quantities rule names it
+        if holder.container is None:
+            # Pod level: the request the API server would have defaulted, not the limit.
+            pod_moved = move_pod_level_cpu_limit(pod_spec(subject, obj) or {})
+            if pod_moved is None:
+                continue
+            value, request = pod_moved
+            text = f"{holder.label}: CPU limit {value} removed"
+            if request is not None:
+                text += f"; CPU request set to {request} (what the pods would get) so they keep it"
+            findings.append(change(f"{holder.path}.limits.cpu", text))
+            continue
         moved = move_cpu_limit_to_request(holder.resources)
         if moved is None:
             continue
@@ -186,20 +253,20 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
         text = f"{holder.label}: CPU limit {value} removed"
         if wrote_request:
             text += f"; CPU request set to {value} so the pods keep it"
-        findings.append(Finding("change", rule, f"{holder.path}.limits.cpu", text))
+        findings.append(change(f"{holder.path}.limits.cpu", text))
     if findings and qos_lost:
-        findings.append(Finding(
-            "warning", rule, _dotted(POD_SPEC_PATHS[(subject.group, subject.kind)]),
+        findings.append(warning(
+            dotted(POD_SPEC_PATHS[(subject.group, subject.kind)]),
             f"pods become Burstable and lose exclusive cores; to keep them annotate "
             f'{policy.opt_out_annotation}: "true"'))
     return findings
 
 
+@rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "a memory request without a limit gets a limit equal to it", judges=pod_resources, requires=well_formed)
 def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """Only a memory request: write the limit equal to it (memory is not borrowable)."""
-    if _frozen_pod(subject):
-        return []
     findings = []
     for holder in holders(subject, obj):
         requests = holder.resources.get("requests")
@@ -211,16 +278,42 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
         if not isinstance(limits, dict):
             limits = holder.resources["limits"] = {}
         limits["memory"] = requests["memory"]
-        findings.append(Finding("change", "memory-limit", f"{holder.path}.limits.memory",
-                                f"{holder.label}: memory limit set to the request "
+        findings.append(change(f"{holder.path}.limits.memory",
+                              f"{holder.label}: memory limit set to the request "
                                 f"{requests['memory']}"))
     return findings
 
 
+@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "pod specs have Kubernetes' shape and resource quantities parse",
+      judges=pod_resources, ratchet=Ratchet.WARN)
+def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                              policy: Policy) -> list[Finding]:
+    """The shape the API server decodes a pod spec into, and quantities that parse (the
+    API server refuses both before any webhook, but ``envelope check`` reads raw files
+    and anyone who reaches the port can send anything)."""
+    problems = shape_problems(subject, obj)
+    if problems:
+        return [error(path, f"{path}: {why}") for path, why in problems[:5]]
+    findings = []
+    for holder in holders(subject, obj):
+        for section in ("requests", "limits"):
+            values = holder.resources.get(section)
+            if not isinstance(values, dict):
+                continue
+            for key, value in values.items():
+                try:
+                    parse_quantity(value)
+                except QuantityError as exc:
+                    findings.append(error(f"{holder.path}.{section}.{key}",
+                                          f"{holder.label}: {section}.{key}: {exc}"))
+    return findings
+
+
+@rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    if _frozen_pod(subject) and _resources_unchanged(subject, obj):
-        return []
     findings = []
     for holder in holders(subject, obj):
         requests = holder.resources.get("requests") or {}
@@ -231,12 +324,11 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
         try:
             order = compare_quantities(requests["memory"], limits["memory"])
         except QuantityError as exc:
-            findings.append(Finding("error", "memory-request-equals-limit", path,
-                                    f"{holder.label}: {exc}"))
+            findings.append(error(path, f"{holder.label}: {exc}"))
             continue
         if order != 0:
-            findings.append(Finding(
-                "error", "memory-request-equals-limit", path,
+            findings.append(error(
+                path,
                 f"{holder.label}: memory request {requests['memory']} differs from limit "
                 f"{limits['memory']}; memory cannot be borrowed back, so request must "
                 f"equal limit"))
@@ -253,10 +345,13 @@ def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | Non
     return None
 
 
+@rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "remove cpu pairs from string limits envelopes", judges=pod_resources, requires=well_formed)
 def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"`` (seed 000)."""
-    if _frozen_pod(subject) or keeps_cpu_limit(subject, obj, policy):
+    """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
+    sizes itself from a string envelope must not see a CPU cap the pod no longer has."""
+    if keeps_cpu_limit(subject, obj, policy):
         return []
     findings = []
     name = policy.envelope_env.limits
@@ -277,17 +372,17 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             env = list(container["env"])
             env[i] = {**env[i], "value": stripped}
             container["env"] = env
-            findings.append(Finding("change", "env-envelope-cpu", f"{path}.env[{i}].value",
-                                    f"{label}: {name} {text!r} -> {stripped!r}"))
+            findings.append(change(f"{path}.env[{i}].value",
+                                  f"{label}: {name} {text!r} -> {stripped!r}"))
     return findings
 
 
+@rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "string envelopes agree on memory; CPU limit >= request", judges=pod_resources,
+      ratchet=Ratchet.WARN, requires=well_formed)
 def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: ClusterView,
                              policy: Policy) -> list[Finding]:
     """The two string envelopes agree on memory; a remaining CPU limit covers the request."""
-    if _frozen_pod(subject) and _resources_unchanged(subject, obj):
-        return []
-    rule = "env-envelope-consistency"
     findings = []
     names = policy.envelope_env
     for label, path, container in containers(subject, obj):
@@ -302,8 +397,8 @@ def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: Cluste
                 for key in ("cpu", "memory"):
                     envelope.quantity(key)
             except QuantityError as exc:
-                findings.append(Finding("error", rule, f"{path}.env[{found[0]}].value",
-                                        f"{label}: {var}={found[1]!r}: {exc}"))
+                findings.append(error(f"{path}.env[{found[0]}].value",
+                                      f"{label}: {var}={found[1]!r}: {exc}"))
                 continue
             parsed[var] = envelope
         if len(parsed) != 2:
@@ -312,38 +407,18 @@ def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: Cluste
         where = f"{path}.env[{lim[0]}].value" if lim else path
         lim_mem, req_mem = limits.quantity("memory"), requests.quantity("memory")
         if lim_mem is not None and req_mem is not None and lim_mem != req_mem:
-            findings.append(Finding(
-                "error", rule, where,
+            findings.append(error(
+                where,
                 f"{label}: {names.limits} memory={limits.get('memory')} differs from "
                 f"{names.requests} memory={requests.get('memory')}; memory request must "
                 f"equal limit"))
         lim_cpu, req_cpu = limits.quantity("cpu"), requests.quantity("cpu")
         if lim_cpu is not None and req_cpu is not None and lim_cpu < req_cpu:
-            findings.append(Finding(
-                "error", rule, where,
+            findings.append(error(
+                where,
                 f"{label}: {names.limits} cpu={limits.get('cpu')} is below {names.requests} "
                 f"cpu={requests.get('cpu')}; Kubernetes rejects a CPU limit under the "
                 f"request"))
-    return findings
-
-
-def _check_resource_quantities(subject: Subject, obj: dict[str, Any], view: ClusterView,
-                               policy: Policy) -> list[Finding]:
-    """Quantities we compare must parse (the API server decodes Pods, but
-    ``envelope check`` reads raw files)."""
-    findings = []
-    for holder in holders(subject, obj):
-        for section in ("requests", "limits"):
-            values = holder.resources.get(section)
-            if not isinstance(values, dict):
-                continue
-            for key, value in values.items():
-                try:
-                    parse_quantity(value)
-                except QuantityError as exc:
-                    findings.append(Finding("error", "quantities",
-                                            f"{holder.path}.{section}.{key}",
-                                            f"{holder.label}: {section}.{key}: {exc}"))
     return findings
 
 
@@ -380,20 +455,4 @@ def copy_for_mutation(subject: Subject, obj: dict[str, Any]) -> dict[str, Any]:
     return root
 
 
-COPIERS.update(dict.fromkeys(WORKLOAD_KINDS, copy_for_mutation))
-
-register(
-    Rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, _check_resource_quantities,
-         "resource quantities parse", grandfather=True),
-    Rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, strip_cpu_limits,
-         "remove CPU limits; keep the CPU request they implied"),
-    Rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE, fill_memory_limit,
-         "a memory request without a limit gets a limit equal to it"),
-    Rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-         strip_cpu_from_env_envelope, "remove cpu pairs from string limits envelopes"),
-    Rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-         memory_request_equals_limit, "memory request equals memory limit", grandfather=True),
-    Rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-         env_envelope_consistency, "string envelopes agree on memory; CPU limit >= request",
-         grandfather=True),
-)
+COPIERS = dict.fromkeys(WORKLOAD_KINDS, copy_for_mutation)

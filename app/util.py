@@ -1,0 +1,82 @@
+"""Small helpers every layer shares: reading nested JSON, paths for messages, one
+bounded cache, one warning length, plain numbers."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from decimal import Decimal
+from typing import Any, Generic, TypeVar
+
+__all__ = ["WARNING_LIMIT", "Memo", "brief", "dig", "dotted", "plain_number"]
+
+WARNING_LIMIT = 120
+"""Warnings travel as HTTP ``Warning`` headers; kubectl shows them whole below this
+many characters."""
+
+
+def dig(obj: Any, path: Iterable[str | int]) -> Any:
+    """``obj[path[0]][path[1]]...``, or None where the shape does not allow it."""
+    for part in path:
+        if type(obj) is dict:  # on the hot path: no isinstance chain for the common case
+            obj = obj.get(part)
+        elif isinstance(obj, list) and isinstance(part, int) and 0 <= part < len(obj):
+            obj = obj[part]
+        else:
+            return None
+    return obj
+
+
+def dotted(path: tuple[Any, ...] | list[Any]) -> str:
+    """``("spec", "queues", 2, "name")`` -> ``spec.queues[2].name``."""
+    if all(type(p) is str for p in path):
+        return ".".join(path)
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def brief(text: str, limit: int = WARNING_LIMIT) -> str:
+    """``text`` under ``limit`` characters, cutting the advice (what follows the last
+    ". " or "; " that fits) before cutting words."""
+    if len(text) < limit:
+        return text
+    cut = max(text.rfind(". ", 0, limit + 1), text.rfind("; ", 0, limit + 1))
+    return text[:cut] if cut > 0 else text[: limit - 4] + "..."
+
+
+def plain_number(value: Decimal) -> str:
+    """A decimal without exponent or trailing zeros: ``64000``, ``0.5``."""
+    return format(value.normalize(), "f")
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+_ABSENT = object()
+
+
+class Memo(Generic[K, V]):
+    """A bounded, thread-safe LRU map: what many requests read, computed once. (Pure
+    functions of hashable arguments use ``functools.lru_cache`` instead.)"""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K, default: Any = None) -> Any:
+        """The value, or ``default`` when absent (a stored None is a value)."""
+        found = self._items.get(key, _ABSENT)  # atomic under the GIL; only writers lock
+        if found is _ABSENT:
+            return default
+        try:  # noqa: SIM105 (contextlib.suppress costs a context manager per hit)
+            self._items.move_to_end(key)
+        except KeyError:  # evicted meanwhile: still a good answer
+            pass
+        return found
+
+    def put(self, key: K, value: V) -> V:
+        with self._lock:
+            self._items[key] = value
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value

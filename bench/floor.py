@@ -1,0 +1,105 @@
+"""The benchmarks' floor: Envelope's own app (FastAPI, the raw review endpoint, TLS
+1.2+, uvicorn) with three more review routes that skip the rules.
+
+- ``/floor``: read the body, answer an allow for its uid (found by a regex, not by
+  decoding) — uvicorn + TLS + HTTP alone;
+- ``/floor-patch``: the same, answering with a one-op JSON patch — what a mutating
+  answer costs the API server, apart from any rule;
+- ``/floor-decode``: the floor plus what every review does before its rules — the body
+  decoded and checked as an AdmissionReview, an allow encoded as a review does it.
+
+``/mutate`` and ``/validate`` are Envelope's, unchanged. Run as
+``python bench/floor.py --host H --port P --cert-file C --key-file K`` (the serving
+flags of ``envelope serve``; others are accepted and ignored). Never part of
+``envelope serve``: benchmark code stays out of the product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import re
+import sys
+from pathlib import Path
+
+import orjson
+from fastapi import FastAPI
+from starlette.routing import Route
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.admission import BadReview, Decision, parse_review, review_response
+from app.config import Policy
+from app.ruleset import default_ruleset
+from app.server import Handler, ReviewEndpoint, create_app
+
+_UID = re.compile(rb'"uid"\s*:\s*"([^"]*)"')
+_PATCH = base64.b64encode(orjson.dumps(
+    [{"op": "add", "path": "/metadata/annotations", "value": {"envelope.io/floor": "1"}}]))
+
+
+def _uid(body: bytes) -> bytes:
+    found = _UID.search(body)
+    return found.group(1) if found else b""
+
+
+async def floor(body: bytes) -> tuple[int, bytes]:
+    return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
+                 b'"response":{"uid":"' + _uid(body) + b'","allowed":true}}')
+
+
+async def floor_patch(body: bytes) -> tuple[int, bytes]:
+    return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
+                 b'"response":{"uid":"' + _uid(body) + b'","allowed":true,'
+                 b'"patchType":"JSONPatch","patch":"' + _PATCH + b'"}}')
+
+
+async def floor_decode(body: bytes) -> tuple[int, bytes]:
+    try:
+        uid, _ = parse_review(body)
+    except BadReview as exc:
+        return 400, orjson.dumps({"error": f"not an AdmissionReview: {exc}"})
+    return 200, review_response(uid, Decision(True))
+
+
+FLOOR_ROUTES: dict[str, Handler] = {"/floor": floor, "/floor-patch": floor_patch,
+                                    "/floor-decode": floor_decode}
+
+
+def floor_app() -> FastAPI:
+    """Envelope's app (default rules and policy, empty cluster view) plus the floors."""
+    app = create_app(default_ruleset(), Policy())
+    for path, handler in FLOOR_ROUTES.items():
+        app.router.routes.append(Route(path, ReviewEndpoint(handler)))
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    from app.logs import setup_logging
+    from app.tls import KeyPair, TlsState
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("command", nargs="?", default="serve")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cert-file", required=True)
+    parser.add_argument("--key-file", required=True)
+    parser.add_argument("--log-level", default="info")
+    args, _ = parser.parse_known_args(argv)
+    setup_logging(args.log_level)
+    state = TlsState()
+    if not state.load(KeyPair(Path(args.cert_file).read_bytes(), Path(args.key_file).read_bytes())):
+        print("floor: cannot load the certificate", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(floor_app(), host=args.host, port=args.port, log_config=None,
+                            access_log=False, server_header=False)
+    config.load()
+    config.ssl = state.context
+    uvicorn.Server(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
