@@ -1,5 +1,4 @@
-"""Store.replace swaps the whole set of a kind at once, indexes included; the trimmed
-objects share their repeated parts."""
+"""Store.replace: the whole set of a kind swapped at once, indexes included."""
 
 from __future__ import annotations
 
@@ -34,23 +33,36 @@ def test_replace_swaps_objects_and_indexes() -> None:
 
 
 def test_readers_never_see_a_partial_set() -> None:
+    """A re-list that empties the kind and adds one by one (as Store.replace once did)
+    shows readers partial sets; Store.replace never shows anything but a complete set."""
     sets = [[node(i, "a") for i in range(2000)], [node(i, "b") for i in range(2000)]]
-    store = Store()
-    store.replace("Node", sets[0])
-    seen: set[int] = set()
-    stop = threading.Event()
 
-    def reader() -> None:
-        while not stop.is_set():
-            seen.add(len(store.list("Node")))
+    def partial_sizes(store: Store) -> set[int]:
+        store.replace("Node", sets[0])
+        seen: set[int] = set()
+        stop = threading.Event()
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    for i in range(20):
-        store.replace("Node", sets[i % 2])
-    stop.set()
-    thread.join()
-    assert seen == {2000}
+        def reader() -> None:
+            while not stop.is_set():
+                seen.add(len(store.list("Node")))
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        for i in range(20):
+            store.replace("Node", sets[i % 2])
+        stop.set()
+        thread.join()
+        return seen - {2000}
+
+    class OneByOne(Store):
+        def replace(self, kind: str, objects: Any) -> None:
+            for obj in self.list(kind):
+                self.remove(kind, obj["metadata"]["name"])
+            for obj in objects:
+                self.add(obj, kind)
+
+    assert partial_sizes(Store()) == set()
+    assert partial_sizes(OneByOne()), "the reader never overlapped a one-by-one re-list"
 
 
 def test_shared_parts_are_equal_and_stored_once() -> None:
