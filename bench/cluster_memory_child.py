@@ -32,7 +32,7 @@ def main() -> int:
 
     import app.server  # noqa: F401  (what serve imports: FastAPI, rules, engine)
     from app.cluster.kube import kube_configuration
-    from app.cluster.live import LiveView
+    from app.cluster.live import RESOURCES, LiveView
 
     def say(event: str, **fields: Any) -> None:
         sys.stdout.write(orjson.dumps({"event": event, **_status(), **fields}).decode() + "\n")
@@ -40,7 +40,7 @@ def main() -> int:
 
     say("imported")
     started = time.monotonic()
-    view = LiveView(kube_configuration(kubeconfig))
+    view = LiveView(kube_configuration(kubeconfig), RESOURCES)  # every resource
     view.start()
     while any(not i.synced for i in view.informers):
         time.sleep(0.2)

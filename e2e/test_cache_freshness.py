@@ -22,6 +22,7 @@ import pytest
 import harness
 from app.cluster.kube import KubeClient, kube_configuration
 from app.cluster.live import RESOURCES, LiveView
+from app.cluster.view import NODE_LABEL
 from harness import Cluster
 
 NODES = 400
@@ -81,7 +82,7 @@ def test_relist_is_atomic_for_readers(own_cluster: Cluster) -> None:
         def reader() -> None:
             while not stop.is_set():
                 seen.add(len(view.list("Node")))
-                seen.add(len(view.by_index("Node", "label", "zone=z0")))
+                seen.add(len(view.by_index(NODE_LABEL, "zone=z0")))
 
         thread = threading.Thread(target=reader)
         thread.start()

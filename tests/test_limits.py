@@ -21,12 +21,11 @@ from app.tls import write_self_signed
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 1.0
+HEAD = b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
 REVIEW = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1",'
           b'"kind":{"group":"","version":"v1","kind":"ConfigMap"},"operation":"CREATE",'
           b'"namespace":"a","object":{"apiVersion":"v1","kind":"ConfigMap",'
           b'"metadata":{"name":"x"}}}}')
-
-JSON_POST = b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
 
 @dataclass
@@ -125,7 +124,7 @@ def test_a_stalled_body_is_closed_after_the_body_timeout(serve: Serve) -> None:
     socks = []
     for _ in range(8):
         s = serve.connect()
-        s.sendall(JSON_POST + b"Content-Length: 400000\r\n\r\n"
+        s.sendall(HEAD + b"400000\r\n\r\n"
                   + b"{" * 300_000)
         socks.append(s)
     waits = [closed_after(s, 10)[0] for s in socks]
@@ -138,10 +137,10 @@ def test_a_stalled_body_is_closed_after_the_body_timeout(serve: Serve) -> None:
 
 def test_bodies_beyond_the_inflight_budget_get_503_at_once(serve: Serve) -> None:
     held = serve.connect()  # reserves 3 MiB of the 4 MiB budget, then stalls
-    held.sendall(JSON_POST + b"Content-Length: 3000000\r\n\r\n{")
+    held.sendall(HEAD + b"3000000\r\n\r\n{")
     time.sleep(0.2)
     with serve.connect() as s:
-        s.sendall(JSON_POST + b"Content-Length: 2000000\r\n\r\n{")
+        s.sendall(HEAD + b"2000000\r\n\r\n{")
         waited, got = closed_after(s, 10)
     held.close()
     assert got.startswith(b"HTTP/1.1 503") and waited < TIMEOUT, (waited, got[:100])
