@@ -81,7 +81,14 @@ def parse_review(body: bytes) -> tuple[str, Subject]:
             found = meta.get("name") or meta.get("generateName")
             name = found if isinstance(found, str) else ""  # a rule reports a wrong type
     dry_run = _field(request, "dryRun", bool, "request.", required=False) or False
-    return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run)
+    user_info = request.get("userInfo")
+    user, groups = "", 0
+    if isinstance(user_info, dict):
+        found = user_info.get("username")
+        user = found[:256] if isinstance(found, str) else ""
+        groups = len(user_info["groups"]) if isinstance(user_info.get("groups"), list) else 0
+    return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run,
+                        user, groups)
 
 
 @dataclass
@@ -101,14 +108,14 @@ class Decision:
 
 def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     """Turn findings into an admission decision."""
-    warnings = [brief(f.message) for f in evaluation.warnings]
+    warnings = [brief(f"envelope[{f.rule}]: {f.message}") for f in evaluation.warnings]
     if evaluation.internal_errors:
         reason = "; ".join(evaluation.internal_errors)
         if failure_mode == "deny":
             return Decision(False, f"Envelope could not evaluate this object ({reason}); "
                                    f"denied because failureMode is deny", 500,
                             warnings=warnings or None)
-        warnings.append(brief(f"Envelope skipped a rule after an internal error: {reason}"))
+        warnings.append(brief(f"envelope: skipped a rule after an internal error: {reason}"))
     errors = evaluation.errors
     if errors:
         message = "; ".join(f"{f.message} [{f.rule}]" for f in errors)

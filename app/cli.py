@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 
-from app.cluster.static import LoadError, Manifest, load_manifests
+from app.cluster.static import Manifest, load
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
 from app.exemptions import needs_namespaces
+from app.limits import add_arguments as add_limit_arguments
+from app.limits import limits_from_args, uvicorn_options
+from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset
 from app.substrate import as_crd_template, is_current_template, read_current_template
@@ -25,42 +28,65 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="envelope", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="envelope", description=(
+        "Envelope: a Kubernetes admission webhook that strips CPU limits while keeping memory "
+        "request = limit, and rejects GPU quota trees and actor sandboxes that cannot hold. "
+        "`envelope serve` runs the webhook; `envelope check` runs the same rules over files."))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check}")
 
     serve = sub.add_parser("serve", help="run the admission webhook over HTTPS")
-    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)))
-    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"))
-    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"))
+    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"),
+                       help='address to serve HTTPS on (env ENVELOPE_HOST)')
+    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)),
+                       help='HTTPS port for /mutate, /validate, /healthz, /readyz (env ENVELOPE_PORT)')
+    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"),
+                       help='serving certificate (PEM), reloaded when it changes (env ENVELOPE_CERT_FILE)')
+    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"),
+                       help='its private key (PEM) (env ENVELOPE_KEY_FILE)')
     serve.add_argument("--self-signed", action="store_true",
                        help="make a CA and serving certificate for localhost/127.0.0.1")
     serve.add_argument("--self-signed-dir", default=os.environ.get(
-        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")))
+        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")),
+        help="where --self-signed keeps its CA and pair")
     serve.add_argument("--metrics-host", default=os.environ.get("ENVELOPE_METRICS_HOST"),
                        help="address for the metrics listener (default: --host)")
     serve.add_argument("--metrics-port", type=int,
                        default=int(os.environ.get("ENVELOPE_METRICS_PORT", 9090)),
                        help="plain-HTTP Prometheus port; 0 disables it")
-    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
-    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"))
+    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                       help='policy file (docs/configuration.md) (env ENVELOPE_CONFIG)')
+    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"),
+                       help="debug, info, warning or error; below info the per-review line is "
+                            "off (env ENVELOPE_LOG_LEVEL)")
     env = os.environ.get
     serve.add_argument("--tls-mode", choices=("files", "self"), default=env("ENVELOPE_TLS_MODE", "files"),
                        help="files: --cert-file/--key-file, reloaded on change; self: own CA in a "
                             "Secret, injected into the webhook configurations")
-    serve.add_argument("--namespace", default=env("POD_NAMESPACE"))
-    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"))
-    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"))
+    serve.add_argument("--namespace", default=env("POD_NAMESPACE"),
+                       help="Envelope's namespace, for --tls-mode self (env POD_NAMESPACE)")
+    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"),
+                       help="the Service in front of Envelope, for the certificate's names "
+                            "(env ENVELOPE_SERVICE_NAME)")
+    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"),
+                       help='Secret holding the CA and serving pair in --tls-mode self')
     serve.add_argument("--tls-extra-san", action="append",
-                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s])
+                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s],
+                       help="another DNS name or IP for the certificate (repeatable)")
     serve.add_argument("--mutating-webhook-configuration", dest="mutating_config",
-                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"))
+                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"),
+                       help="MutatingWebhookConfiguration whose caBundle --tls-mode self keeps")
     serve.add_argument("--validating-webhook-configuration", dest="validating_config",
-                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"))
-    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"))
-    serve.add_argument("--cert-validity-days", type=int, default=365)
-    serve.add_argument("--ca-validity-days", type=int, default=3650)
-    serve.add_argument("--renew-before-days", type=float, default=30)
+                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"),
+                       help="ValidatingWebhookConfiguration whose caBundle --tls-mode self keeps")
+    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"),
+                       help='Lease the replicas elect the certificate manager with')
+    serve.add_argument("--cert-validity-days", type=int, default=365,
+                       help='serving certificate lifetime (--tls-mode self)')
+    serve.add_argument("--ca-validity-days", type=int, default=3650,
+                       help='CA lifetime (--tls-mode self)')
+    serve.add_argument("--renew-before-days", type=float, default=30,
+                       help='renew this many days before expiry (--tls-mode self)')
     serve.add_argument("--tls-interval", type=float, default=5.0,
                        help="seconds between certificate checks (self mode)")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
@@ -74,14 +100,35 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
+    add_limit_arguments(serve)
 
-    check = sub.add_parser("check", help="run the rules over manifest files, offline")
-    check.add_argument("-f", "--filename", action="append", required=True, dest="paths",
-                       help="file, directory or - for stdin (repeatable)")
-    check.add_argument("-o", "--output", choices=("human", "json"), default="human")
-    check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
-    check.add_argument("--kubeconfig", default=None,
-                       help="also place api.ate.dev ActorTemplates against the cluster's WorkerPools")
+    check = sub.add_parser(
+        "check", help="run the rules over manifest files, offline",
+        description="Run Envelope's rules over manifests, read as kubectl reads them. Exit 0: "
+                    "nothing at or above --fail-on; 1: findings at or above it; 2: unreadable "
+                    "input or no Kubernetes objects found.")
+    check.add_argument("paths", nargs="*", metavar="PATH",
+                       help="file or directory to check, like -f")
+    check.add_argument("-f", "--filename", action="append", default=[], dest="filenames",
+                       metavar="PATH", help="file, directory (walked recursively) or - for "
+                                            "stdin; repeatable")
+    check.add_argument("-o", "--output", choices=FORMATS, default="text",
+                       help="text (alias human), json, sarif (SARIF 2.1.0), junit (one testcase "
+                            "per object) or github (workflow-command annotations)")
+    check.add_argument("--fail-on", choices=("error", "warning"), default="error",
+                       help="lowest severity that makes the exit status 1 (default: error)")
+    check.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                       help="leave out files and directories whose path (relative to a walked "
+                            "directory, or as given) or name matches GLOB; repeatable")
+    check.add_argument("--allow-empty", action="store_true",
+                       help="exit 0 instead of 2 when no Kubernetes objects are found")
+    check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                       help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
+    check.add_argument("--kubeconfig", metavar="PATH",
+                       help="also read Nodes, LimitRanges, ResourceQuotas, KAI trees and "
+                            "WorkerPools from this cluster (one LIST each; api.ate.dev "
+                            "ActorTemplates are placed against its WorkerPools); the files' "
+                            "objects replace the cluster's of the same name")
     _audit_parser(sub)
     return parser
 
@@ -169,18 +216,33 @@ def urllib3_errors() -> type[Exception]:
 
 def subject_of(obj: dict[str, Any]) -> Subject:
     group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     return Subject(group, version, str(obj.get("kind", "")), "CREATE",
                    str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
 
 
-def _entry(m: Manifest, subject: Subject, result: Evaluation) -> dict[str, Any]:
-    return {"kind": subject.kind, "apiVersion": subject.api_version,
-            "namespace": subject.namespace, "name": subject.name,
-            "source": f"{m.source}#{m.document}",
-            "findings": [f.as_dict() for f in result.findings],
-            "skipped": [{"rule": r, "reason": why} for r, why in result.skipped.items()],
-            "patch": result.patch}
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("envelope")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+
+
+def _entry(m: Manifest, subject: Subject, result: Evaluation) -> ObjectResult:
+    findings = [{**f.as_dict(), "line": m.line_of(f.path)} for f in result.findings]
+    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
+                  "line": m.line} for e in result.internal_errors]
+    changes = [{"rule": f.rule, "path": f.path, "message": f.message, "line": m.line_of(f.path)}
+               for f in result.changes]
+    return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
+                        m.source, m.document, m.line, findings, changes, result.patch,
+                        [{"rule": r, "reason": why} for r, why in result.skipped.items()])
 
 
 ANY_NAMESPACE = "any namespace"
@@ -251,74 +313,80 @@ def _current_template_entry(m: Manifest, manifests: list[Manifest], pools: Stati
             "patch": None, "internal": result.internal_errors, "changes": []}
 
 
-def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str,
+def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                             rules: RuleSet, policy: Policy) -> ObjectResult:
+    entry = _current_template_entry(m, manifests, pools, rules, policy)
+    findings = [{**f, "line": m.line_of(f["path"])} for f in entry["findings"]]
+    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
+                  "line": m.line} for e in entry["internal"]]
+    return ObjectResult(entry["kind"], entry["apiVersion"], entry["namespace"] or "",
+                        entry["name"], m.source, m.document, m.line, findings)
+
+
+def _kinds(objects: list[dict[str, Any]]) -> set[str]:
+    return {str(o.get("kind")) for o in objects}
+
+
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
+              fail_on: str = "error",
+              exclude: list[str] | None = None, allow_empty: bool = False,
               kubeconfig: str | None = None) -> int:
-    try:
-        manifests = load_manifests(paths)
-    except LoadError as exc:
-        print(f"envelope check: {exc}", file=sys.stderr)
+    loaded = load(paths, exclude or ())
+    if loaded.errors:
+        for error in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line)):
+            print(f"envelope check: {error}", file=sys.stderr)
+            if output == "github":
+                print(f"::error file={error.source},line={error.line or 1},"
+                      f"title=envelope[parse]::{error.problem}")
+        print(f"envelope check: {len(loaded.errors)} input problem(s); nothing was checked",
+              file=sys.stderr)
         return 2
-    pool_objects: list[dict[str, Any]] = []
-    if kubeconfig is not None and any(is_current_template(m.obj) for m in manifests):
+    manifests = loaded.manifests
+    skipped = [(s.path, s.reason) for s in loaded.skipped]
+    if not manifests:
+        for path, reason in skipped[:20]:
+            print(f"envelope check: skipped {path}: {reason}", file=sys.stderr)
+        print(f"envelope check: no Kubernetes objects found in {' '.join(paths)}"
+              + (f" ({len(skipped)} path(s) skipped)" if skipped else "")
+              + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
+              file=sys.stderr)
+        return 0 if allow_empty else 2
+    context: list[dict[str, Any]] = []
+    if kubeconfig:
+        from app.cluster.kube import KubeClient, kube_configuration
+        from app.cluster.snapshot import merge, snapshot
+
         try:
-            pool_objects = cluster_pools(kubeconfig)
-        except Exception as exc:  # unreachable cluster, bad kubeconfig, refused LIST
-            print(f"envelope check: cannot list WorkerPools with {kubeconfig}: {exc}", file=sys.stderr)
+            client = KubeClient(kube_configuration(kubeconfig))
+        except Exception as exc:
+            print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
             return 2
-    pool_objects += [m.obj for m in manifests]
-    view = StaticView((m.obj for m in manifests), rules.indexes)
+        live = snapshot(client)
+        if live.problems:
+            for problem in live.problems:
+                print(f"envelope check: {problem}", file=sys.stderr)
+            return 2
+        context = merge(live.objects, (m.obj for m in manifests))
+    view = StaticView(context or (m.obj for m in manifests), rules.indexes)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
-    entries = []
-    failed = False
+    objects = []
     pools: StaticView | None = None
     for m in manifests:
-        if is_current_template(m.obj):
+        if is_current_template(m.obj):  # api.ate.dev: placed against every namespace's pools
             if pools is None:
-                pools = _pools_anywhere(pool_objects, rules)
-            entry = _current_template_entry(m, manifests, pools, rules, policy)
-            entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
-                                      "message": e} for e in entry.pop("internal"))
-            failed = failed or any(f["severity"] == "error" for f in entry["findings"])
-            entries.append(entry)
+                pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
+            objects.append(_current_template_result(m, manifests, pools, rules, policy))
             continue
         subject = subject_of(m.obj)
-        result = check_object(rules, subject, view, policy)
-        entry = _entry(m, subject, result)
-        if result.internal_errors:
-            entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
-                                      "message": e} for e in result.internal_errors)
-        failed = failed or any(f["severity"] == "error" for f in entry["findings"])
-        entry["changes"] = [f.message for f in result.changes]
-        entries.append(entry)
-    if output == "json":
-        for e in entries:
-            e.pop("changes")
-        sys.stdout.write(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        _print_human(entries)
-    return 1 if failed else 0
-
-
-def _print_human(entries: list[dict[str, Any]]) -> None:
-    errors = warnings = mutated = 0
-    skipped = 0
-    for e in entries:
-        if not e["findings"] and not e["changes"] and not e.get("skipped"):
-            continue
-        where = f"{e['namespace']}/{e['name']}" if e["namespace"] else e["name"]
-        print(f"{e['kind']} {where} ({e['source']})")
-        for f in e["findings"]:
-            print(f"  {f['severity']:<7} {f['rule']}: {f['message']}")
-            errors += f["severity"] == "error"
-            warnings += f["severity"] == "warning"
-        for skip in e.get("skipped", ()):
-            print(f"  skip    {skip['rule']}: exempt ({skip['reason']})")
-            skipped += 1
-        for change in e["changes"]:
-            print(f"  change  {change}")
-        mutated += bool(e["patch"])
-    print(f"{len(entries)} objects: {errors} errors, {warnings} warnings, "
-          f"{mutated} would be mutated" + (f", {skipped} rules skipped as exempt" if skipped else ""))
+        objects.append(_entry(m, subject, check_object(rules, subject, view, policy)))
+    declared = list(rules.values())
+    report = Report(objects, declared,
+                    not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
+                                          for o in objects),
+                                  present=_kinds(context)),
+                    skipped, _version())
+    sys.stdout.write(render(report, output, fail_on))  # type: ignore[arg-type]
+    return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
 
 
 def _cluster_view(args: argparse.Namespace, rules: RuleSet,
@@ -405,14 +473,15 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
             break
         time.sleep(2)
     manager.start()
+    metrics.leader.set_function(lambda: 1.0 if manager.leader else 0.0)
     return state, {"certificate": manager.problems}
 
 
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
-    from prometheus_client import start_http_server
 
     from app.logs import setup_logging
+    from app.metrics_server import MetricsServer
     from app.server import Metrics, create_app
 
     setup_logging(args.log_level)
@@ -424,17 +493,47 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
+    metrics.watches.view = view
     app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
-                          registry=metrics.registry)
+        MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            **uvicorn_options(limits_from_args(args)))
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()
     return 0
+
+
+def _serve_problem(args: argparse.Namespace) -> str | None:
+    """What would make ``serve`` fail at start, said before anything starts."""
+    import logging
+    import socket
+
+    if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
+        return (f"unknown log level {args.log_level!r}; use one of debug, info, warning, "
+                f"error, critical")
+    ports = [(args.host, args.port, "--port")]
+    if args.metrics_port:
+        ports.append((args.metrics_host or args.host, args.metrics_port, "--metrics-port"))
+    for host, port, flag in ports:
+        if not port:
+            continue
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (OSError, UnicodeError) as exc:
+            return f"cannot listen on {host}:{port} ({flag}): {exc}"
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return (f"cannot listen on {host}:{port} ({flag}): {exc.strerror or exc}; "
+                        f"is another envelope (or anything else) using it?")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,10 +545,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        return run_check(args.paths, rules, policy, args.output, args.kubeconfig)
+        paths = [*args.paths, *args.filenames]
+        if not paths:
+            print("envelope check: give at least one file or directory (PATH or -f PATH)",
+                  file=sys.stderr)
+            return 2
+        try:
+            return run_check(paths, rules, policy, args.output, fail_on=args.fail_on,
+                             exclude=args.exclude, allow_empty=args.allow_empty,
+                             kubeconfig=args.kubeconfig)
+        except Exception as exc:  # a bug of ours: say so in one line, the details on request
+            if os.environ.get("ENVELOPE_DEBUG"):
+                raise
+            print(f"envelope check: internal error {type(exc).__name__}: {str(exc)[:300]} "
+                  f"(a bug; ENVELOPE_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 2
     if args.command == "audit":
         return run_audit(args, rules, policy)
-    return run_serve(args, rules, policy)
+    problem = _serve_problem(args)
+    if problem:
+        print(f"envelope serve: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return run_serve(args, rules, policy)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # a port taken between the check and the bind, an unreadable file
+        print(f"envelope serve: {exc.strerror or exc}"
+              + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -129,6 +129,12 @@ class Policy(BaseModel):
     so a platform that does not trust its tenants with that turns it off."""
     exempt_annotation: str = Field("envelope.io/exempt", alias="exemptAnnotation")
     """Rule ids (comma-separated) an object exempts itself from."""
+    mutations_annotation: str = Field("envelope.io/mutations", alias="mutationsAnnotation")
+    """Written on every object Envelope mutates, in the same patch, naming what changed
+    (``cpu-limits:app,sidecar;memory-limit:app``); "" writes nothing."""
+    annotate_pods: bool = Field(False, alias="annotatePods")
+    """Also annotate Pods (off: their template's owner already carries it, and a Pod
+    annotation per pod is noise in every ``kubectl get -o yaml``)."""
 
 
 def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:

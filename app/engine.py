@@ -33,6 +33,7 @@ from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
 from app.ruleset import RuleSet
+from app.util import dig, undotted
 
 __all__ = ["Evaluation", "check_object", "evaluate", "json_copy"]
 
@@ -52,6 +53,11 @@ class Evaluation:
     """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Rules that did not run because the object is exempt from them: id -> why."""
+    results: dict[str, str] = field(default_factory=dict)
+    """Each applicable rule's result, as Kyverno reports them: ``pass`` (nothing to say,
+    or its mutation applied), ``fail`` (an error that denies), ``warn``, ``skip`` (exempt,
+    unchanged by an UPDATE, held back, or not the shape it judges), ``error`` (crashed or
+    read a stale view)."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -131,19 +137,23 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
         else {}
     gates: dict[object, bool] = {}
+    results = out.results
     for rule, mode in applicable:
         if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
+            results[rule.id] = "skip"
             continue
         if rule.requires is not None:
             ok = gates.get(rule.requires)
             if ok is None:
                 ok = gates[rule.requires] = rule.requires(subject, original or {})
             if not ok:
+                results[rule.id] = "skip"
                 continue
         if exempt:
             why = exempt.get(rule.id) or exempt.get(ALL)
             if why is not None:
                 out.skipped[rule.id] = why
+                results[rule.id] = "skip"
                 continue
         if rule.reads:
             stale = view.problems(rule.reads)
@@ -153,6 +163,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                     out.internal_errors.append(f"{rule.id}: {text}")
                 else:
                     out.findings.append(Finding("warning", rule.id, "", f"not evaluated: {text}"))
+                results[rule.id] = "error"
                 continue
         target = working
         if phase == "mutate" and rule.mutates and original is not None:
@@ -177,6 +188,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
             out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
+            results[rule.id] = "error"
             if target is working and copied:
                 # It may have half-changed the object: patch nothing at all, and let
                 # the failure mode decide (allow then means "unmodified", like Ignore).
@@ -188,10 +200,51 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
             if rule.holds_back and any(f.severity != "change" for f in found):
                 held |= rule.holds_back
             _apply_mode(found, mode, out)
+            severities = {f.severity for f in found}
+            results[rule.id] = ("fail" if "error" in severities and mode is Mode.ENFORCE
+                                else "warn" if severities - {"change"} or mode is not Mode.ENFORCE
+                                else "pass")
+        else:
+            results[rule.id] = "pass"
+    if copied and out.changes and policy.mutations_annotation and (
+            subject.kind != "Pod" or policy.annotate_pods):
+        working = _annotated(working, out.changes, policy.mutations_annotation)
     out.obj = working
     if copied:
         out.patch = diff(original, working)
     return out
+
+
+def _where(change: Finding, obj: dict[str, Any]) -> str:
+    """A container's name for a change inside it, else the changed field's path."""
+    parts = undotted(change.path)
+    for i, part in enumerate(parts):
+        if part in ("containers", "initContainers") and i + 1 < len(parts) and \
+                isinstance(parts[i + 1], int):
+            name = dig(obj, (*parts[:i + 2], "name"))
+            return name if isinstance(name, str) else f"{part}[{parts[i + 1]}]"
+    return "pod" if change.path.endswith((".resources.limits.cpu", ".resources.limits.memory")) \
+        else change.path
+
+
+def _annotated(obj: dict[str, Any], changes: list[Finding], key: str) -> dict[str, Any]:
+    """``obj`` (a copy the engine owns, whose metadata may be shared with the admitted
+    object) with ``key`` naming what the mutations changed, so ``kubectl get -o yaml``
+    explains the difference from the manifest: ``cpu-limits:app,sidecar;memory-limit:app``."""
+    by_rule: dict[str, list[str]] = {}
+    for change in changes:
+        places = by_rule.setdefault(change.rule, [])
+        where = _where(change, obj)
+        if where not in places:
+            places.append(where)
+    value = ";".join(f"{rule}:{','.join(places)}" for rule, places in by_rule.items())
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return obj
+    annotations = meta.get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        return obj
+    return {**obj, "metadata": {**meta, "annotations": {**(annotations or {}), key: value}}}
 
 
 def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy) -> Evaluation:
@@ -206,4 +259,5 @@ def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Po
         patch=mutated.patch,
         internal_errors=mutated.internal_errors + validated.internal_errors,
         skipped={**mutated.skipped, **validated.skipped},
+        results={**mutated.results, **validated.results},
     )

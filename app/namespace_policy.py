@@ -37,7 +37,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
-from app.scheduling import is_supported_pod_level_resource
+from app.scheduling import clamp_quantity, is_supported_pod_level_resource
 
 __all__ = [
     "CpuLimitNeed",
@@ -71,10 +71,11 @@ class CpuLimitNeed:
 
 
 def _q(value: object) -> Decimal | None:
+    """A quantity, saturated at 10^24 like app.scheduling's (cheap sums, no overflow)."""
     if isinstance(value, Decimal):
-        return value
+        return clamp_quantity(value)
     try:
-        return parse_quantity(value)
+        return clamp_quantity(parse_quantity(value))
     except QuantityError:
         return None
 

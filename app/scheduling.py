@@ -50,6 +50,7 @@ __all__ = [
     "Shortfall",
     "Verdict",
     "aggregate_container_requests",
+    "clamp_quantity",
     "default_pod",
     "effective_pod_requests",
     "evaluate",
@@ -73,11 +74,23 @@ _INT64 = re.compile(r"^[+-]?[0-9]+$")
 # ------------------------------------------------------------------ resource lists
 
 
+_CAP = Decimal("1e24")
+
+
+def clamp_quantity(value: Decimal) -> Decimal:
+    """Quantities beyond 10^24 (no node has that much of anything; kube-scheduler's
+    int64 counters end near 9.2e18) count as 10^24, so that sums and integer
+    conversions of ``1e999999999`` stay cheap and cannot overflow a Decimal context."""
+    if value.is_finite() and value.adjusted() > 24:
+        return _CAP if value > 0 else -_CAP
+    return value
+
+
 def _resource_list(raw: object) -> ResourceList:
     """Parse a ResourceList; unparseable values raise QuantityError."""
     if not isinstance(raw, Mapping):
         return {}
-    return {str(k): parse_quantity(v) for k, v in raw.items()}
+    return {str(k): clamp_quantity(parse_quantity(v)) for k, v in raw.items()}
 
 
 def _add(into: ResourceList, other: Mapping[str, Decimal]) -> None:
@@ -190,6 +203,8 @@ def _round_up_milli(value: object) -> object:
     try:
         q = parse_quantity(value)
     except QuantityError:
+        return value
+    if q.is_finite() and q.adjusted() > 24:
         return value
     exponent = q.as_tuple().exponent
     if not isinstance(exponent, int) or exponent >= -3:
@@ -534,14 +549,20 @@ def fit_node(spec: Mapping[str, Any], node: Node,
              requests: Mapping[str, Decimal] | None = None) -> NodeVerdict:
     """The scheduler's filters for one node. ``spec`` is the *stored* pod spec
     (defaulted: see ``default_pod``); ``requests`` overrides ``pod_requests(spec)``."""
+    counted = _counted(requests if requests is not None else pod_requests(spec))
+    return _fit(spec, node, counted, _tolerations(spec))
+
+
+def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
+         tolerations: list[Mapping[str, Any]]) -> NodeVerdict:
     blocked: list[str] = []
     if node.unschedulable and not any(
-        tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in _tolerations(spec)
+        tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in tolerations
     ):
         blocked.append(CORDONED)
     if not required_affinity_matches(spec, node):
         blocked.append("node does not match the pod's nodeSelector / required node affinity")
-    taint = untolerated_taint(spec, node)
+    taint = untolerated_taint(spec, node) if node.taints else None
     if taint is not None:
         value = f"={taint.get('value')}" if taint.get("value") else ""
         blocked.append(f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}")
@@ -549,7 +570,6 @@ def fit_node(spec: Mapping[str, Any], node: Node,
     allowed_pods = node.allocatable.get("pods", 0)
     if node.pods + 1 > allowed_pods:
         shortfalls.append(Shortfall("pods", 1, allowed_pods - node.pods, allowed_pods))
-    counted = _counted(requests if requests is not None else pod_requests(spec))
     for name in sorted(counted):
         want = counted[name]
         if want <= 0:
@@ -602,7 +622,7 @@ def _show(resource: str, units: int) -> str:
 
 
 def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mapping[str, Decimal] | None = None,
-             potential: Iterable[Node] = ()) -> Verdict:
+             potential: Iterable[Node] = (), first_fit: bool = False) -> Verdict:
     """``fit_node`` for every node; the pod fits when one existing node takes it.
 
     ``potential`` are node shapes an autoscaler could still create (class 10 in
@@ -610,15 +630,26 @@ def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mappin
     labels, taints and allocatable a new node would have. They never make
     ``fits`` true; ``fits_after_scale_up`` says a new node would take the pod, so
     a rule can choose to admit it. With no potential shapes the verdict is
-    exactly kube-scheduler's filter outcome.
+    exactly kube-scheduler's filter outcome. ``first_fit`` stops at the first node
+    that takes the pod (``nodes`` then holds only the nodes checked so far).
     """
     reqs = dict(requests) if requests is not None else pod_requests(spec)
-    verdicts = tuple(fit_node(spec, n, reqs) for n in nodes)
-    fits_on = next((v for v in verdicts if v.fits), None)
+    counted = _counted(reqs)
+    tolerations = _tolerations(spec)
+    checked: list[NodeVerdict] = []
+    fits_on = None
+    for node in nodes:
+        verdict = _fit(spec, node, counted, tolerations)
+        checked.append(verdict)
+        if verdict.fits:
+            fits_on = verdict
+            if first_fit:
+                break
+    verdicts = tuple(checked)
     scale_up = None
     if fits_on is None:
         for shape in potential:
-            v = fit_node(spec, shape, reqs)
+            v = _fit(spec, shape, counted, tolerations)
             if v.fits:
                 scale_up = v
                 break
@@ -634,7 +665,7 @@ def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[
     alloc: dict[str, int] = {}
     for res, raw in allocatable.items():
         try:
-            alloc[res] = _scheduler_units(res, parse_quantity(raw))
+            alloc[res] = _scheduler_units(res, clamp_quantity(parse_quantity(raw)))
         except QuantityError:
             continue
     return Node(name=name, allocatable=alloc, labels=dict(labels or {}), taints=tuple(taints), potential=True)

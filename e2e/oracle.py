@@ -25,11 +25,13 @@ def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         return list(pool.map(fn, items))
 
 
-def isolated_namespace(cluster: Cluster, prefix: str) -> str:
-    """A fresh namespace out of the Envelope webhook's path."""
+def isolated_namespace(cluster: Cluster, prefix: str, *, webhook: bool = False) -> str:
+    """A fresh namespace out of the Envelope webhook's path (``webhook=True``: in it)."""
     name = harness.unique_name(prefix, max_length=40)
-    cluster.create_namespace(name, labels={harness.ISOLATED_NAMESPACE_LABEL: "true",
-                                           "envelope.test/e2e": "true"})
+    labels = {"envelope.test/e2e": "true"}
+    if not webhook:
+        labels[harness.ISOLATED_NAMESPACE_LABEL] = "true"
+    cluster.create_namespace(name, labels=labels)
     return name
 
 

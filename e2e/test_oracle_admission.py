@@ -26,7 +26,7 @@ from oracle import create, isolated_namespace, parallel, status_message
 from app.envelope import move_cpu_limit_to_request
 from app.namespace_policy import cpu_limit_needs, cpu_limit_needs_in_order, limit_range_orders
 from app.scheduling import default_pod
-from harness import Cluster
+from harness import Cluster, Webhook
 
 DEFAULT_CASES = 420
 PRIORITY_CLASSES = ("oracle-high", "oracle-low")
@@ -185,9 +185,9 @@ def _ensure_priority_classes(cluster: Cluster) -> None:
             assert status == 201, body
 
 
-def _setup(cluster: Cluster, case: Case) -> str | None:
+def _setup(cluster: Cluster, case: Case, *, webhook: bool = False) -> str | None:
     """Namespace, LimitRanges, quotas (with status.hard); None or why it is invalid."""
-    case.namespace = isolated_namespace(cluster, f"oracle-adm-{case.index}")
+    case.namespace = isolated_namespace(cluster, f"oracle-adm-{case.index}", webhook=webhook)
     for lr in case.limit_ranges:
         status, body = create(cluster, case.namespace, "limitranges", lr)
         if status != 201:
@@ -260,3 +260,62 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
     assert not disagreements, "\n".join(disagreements[:10])
     assert judged >= min(200, len(cases) // 3), f"only {judged} cases judged"
     assert 0 < refused < judged, "the generator must produce both outcomes"
+
+
+WEBHOOK_CASES = 100
+CPU_RULES = {"cpu-limits", "quota-needs-cpu-limits", "limitrange-needs-cpu-limits", "env-envelope-cpu"}
+
+
+def _has_cpu_limit(container: dict[str, Any]) -> bool:
+    return "cpu" in (container.get("resources", {}).get("limits") or {})
+
+
+def test_pods_through_the_webhook_are_never_refused_for_lost_cpu_limits(
+        cluster: Cluster, webhook: Webhook, oracle_seed: int, request: pytest.FixtureRequest) -> None:
+    """The Pod path (docs/fidelity.md, deliberate difference): the same generated
+    namespaces and Pods, with the Envelope webhook in the path (guards in their default
+    warn mode). A Pod the API server accepts without Envelope must be accepted with
+    it: Envelope strips CPU limits only where the namespace lets Pods live without
+    them, judging the Pod after LimitRanger's defaults (``limit_range_defaults=False``).
+    Both outcomes must occur: some Pods stripped, some keeping their limits."""
+    cases = [generate(i, oracle_seed + 1) for i in range(oracle_cases(request, WEBHOOK_CASES))]
+    _ensure_priority_classes(cluster)
+    plain = [Case(c.index, c.limit_ranges, c.quotas, c.pod) for c in cases]
+    setups = parallel(lambda c: _setup(cluster, c), plain)
+    setups_hooked = parallel(lambda c: _setup(cluster, c, webhook=True), cases)
+    live = [(p, h) for p, h, a, b in zip(plain, cases, setups, setups_hooked, strict=True) if not a and not b]
+    time.sleep(2.0)  # the webhook's cluster view and the admission plugins see the new objects
+
+    def judge(pair: tuple[Case, Case]) -> tuple[int, int, Any]:
+        without, hooked = pair
+        s1, _ = create(cluster, without.namespace, "pods", without.pod, dry_run=True)
+        s2, b2 = create(cluster, hooked.namespace, "pods", hooked.pod, dry_run=True)
+        return s1, s2, b2
+
+    refused, stripped, kept, judged = [], 0, 0, 0
+    other: dict[str, int] = {}
+    for (without, _), (s1, s2, b2) in zip(live, parallel(judge, live), strict=True):
+        if s1 != 201:
+            continue
+        judged += 1
+        if s2 != 201:
+            message = status_message(b2)
+            rule = message.rsplit("[", 1)[-1].rstrip("]") if "admission webhook" in message else ""
+            if rule and rule not in CPU_RULES:
+                # Envelope's own verdict on something else (see docs/fidelity.md).
+                other[rule] = other.get(rule, 0) + 1
+                continue
+            refused.append(f"case {without.index}: {message}\n  pod={without.pod['spec']}\n"
+                           f"  limitranges={[lr['spec'] for lr in without.limit_ranges]}\n"
+                           f"  quotas={[q['spec'] for q in without.quotas]}")
+            continue
+        had = any(_has_cpu_limit(c) for c in without.pod["spec"]["containers"])
+        has = any(_has_cpu_limit(c) for c in b2["spec"]["containers"])
+        if had:
+            stripped += not has
+            kept += has
+    print(f"admission through the webhook: {judged} pods accepted without Envelope, {len(refused)} refused "
+          f"for CPU limits; of those with CPU limits, {stripped} stripped and {kept} kept; "
+          f"denied by other rules: {other}; seed {oracle_seed + 1}")
+    assert not refused, "\n".join(refused[:10])
+    assert stripped and kept, "both paths must be exercised"

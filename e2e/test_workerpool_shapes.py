@@ -162,7 +162,7 @@ def test_check_places_a_current_template_against_the_clusters_pools(
                           "--kubeconfig", str(cluster.kubeconfig)],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)
     assert out.returncode == 1, out.stderr
-    [entry] = json.loads(out.stdout)
+    [entry] = json.loads(out.stdout)["objects"]
     [finding] = entry["findings"]
     assert finding["rule"] == "actor-placement"
     assert finding["message"].startswith("needs 64Gi memory; the largest microvm WorkerPool in any "

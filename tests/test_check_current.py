@@ -48,7 +48,7 @@ def check(capsys: pytest.CaptureFixture[str], *paths: Path) -> tuple[int, list[d
     for p in paths:
         args += ["-f", str(p)]
     code = main(args)
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out)["objects"]
 
 
 def findings(entries: list[dict[str, Any]], name: str) -> list[str]:

@@ -116,7 +116,7 @@ def test_check_shows_the_skip_with_its_reason(tmp_path: Path) -> None:
     assert "skip    memory-request-equals-limit: exempt (annotation envelope.io/exempt)" in out.stdout
     out = subprocess.run([sys.executable, "-m", "app", "check", "-f", str(tmp_path / "d.yaml"),
                           "-o", "json"], capture_output=True, text=True, timeout=60)
-    [entry] = json.loads(out.stdout)
+    [entry] = json.loads(out.stdout)["objects"]
     assert entry["skipped"] == [{"rule": "memory-request-equals-limit",
                                  "reason": "annotation envelope.io/exempt"}]
 

@@ -260,3 +260,19 @@ def test_pods_are_judged_past_limitranger_templates_before_it() -> None:
     deploy = workload("Deployment", [container(requests={"cpu": "1", "memory": "1Gi"},
                                                limits={"cpu": "8", "memory": "1Gi"})])
     assert run(deploy, view=view).patch
+
+
+def test_huge_quantities_are_judged_quickly_not_crashed() -> None:
+    """Class 7: the API server takes 1e999999999; the node rule and the guards must
+    judge it (it fits nowhere), never hang on integer conversion or overflow."""
+    import time
+
+    view = StaticView([node("n1", "16", "32Gi"), quota({"limits.cpu": "1e999999999"}),
+                       limitrange({"type": "Pod", "max": {"cpu": "1e999999999"}})])
+    obj = workload("Deployment", [container(requests={"memory": "1e999999999", "cpu": "1e999999999"},
+                                            limits={"memory": "1e999999999", "cpu": "1e999999999"})])
+    start = time.monotonic()
+    result = run(obj, view=view)
+    assert time.monotonic() - start < 5
+    assert result.internal_errors == []
+    assert any(e.rule == "pod-fits-node" for e in result.errors)

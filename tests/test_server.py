@@ -172,7 +172,8 @@ def test_health_metrics_and_logs(server: Server) -> None:
     assert server.client.get("/healthz").status_code == 200
     assert server.client.get("/readyz").status_code == 200
     text = httpx.get(server.metrics + "/metrics").text
-    assert 'envelope_admission_requests_total{decision="patch",endpoint="mutate",kind="Deployment"}' in text
+    assert ('envelope_admission_requests_total{decision="patch",endpoint="mutate",kind="Deployment",'
+            'operation="CREATE"}') in text
     assert "envelope_admission_duration_seconds_bucket" in text
     lines = [json.loads(line) for line in server.log.read_text().splitlines()
              if line.startswith("{") and '"admission"' in line]

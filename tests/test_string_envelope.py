@@ -55,7 +55,9 @@ def test_webhook_strips_cpu_from_limits_env_only() -> None:
     after = jsonpatch.apply_patch(obj, result.patch)
     values = [e["value"] for e in after["spec"]["template"]["spec"]["containers"][0]["env"]]
     assert values == ["memory=29Gi", "cpu=7,memory=29Gi", "cpu=1"]
-    assert result.patch == [{"op": "replace",
+    assert result.patch == [{"op": "add", "path": "/metadata/annotations",
+                             "value": {"envelope.io/mutations": "env-envelope-cpu:app"}},
+                            {"op": "replace",
                              "path": "/spec/template/spec/containers/0/env/0/value",
                              "value": "memory=29Gi"}]
 

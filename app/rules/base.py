@@ -77,6 +77,10 @@ class Subject:
     obj: dict[str, Any] | None = None
     old: dict[str, Any] | None = None
     dry_run: bool = False
+    user: str = ""
+    """Who asks (``request.userInfo.username``): for logs only, never for rules."""
+    groups: int = 0
+    """How many groups the user is in (their names are not logged)."""
 
     @property
     def api_version(self) -> str:

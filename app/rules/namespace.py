@@ -29,16 +29,16 @@ from app.rules.workloads import (
 )
 from app.scheduling import (
     CORDONED,
+    clamp_quantity,
     default_pod,
     effective_pod_requests,
     evaluate,
-    fit_node,
     node_from_object,
 )
 from app.scheduling import Node as SchedNode
 from app.util import Memo
 
-__all__ = ["INDEXES", "node_capacity", "replicas_of"]
+__all__ = ["INDEXES", "replicas_of"]
 
 INDEXES = (NODE_LABEL,)
 
@@ -163,50 +163,6 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 # --- pod fits a node --------------------------------------------------------------
 
 
-_capacity: Memo[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = Memo(256)
-
-
-def _allocatable(node: dict[str, Any], name: str) -> Decimal:
-    status = node.get("status") or {}
-    value = (status.get("allocatable") or {}).get(name)
-    if value is None:
-        value = (status.get("capacity") or {}).get(name)
-    try:
-        return parse_quantity(value) if value is not None else Decimal(0)
-    except QuantityError:
-        return Decimal(0)
-
-
-def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]:
-    """The largest schedulable node's cpu and memory among nodes matching ``selector``.
-
-    Cached per (Node version, selector): recomputed only when a Node changes in
-    a way rules can see (heartbeats do not count), so admission cost does not grow
-    with the number of nodes.
-    """
-    pairs = tuple(sorted(selector.items()))
-    key = (view.version("Node"), pairs)
-    cached = _capacity.get(key)
-    if cached is not None:
-        return cached
-    if pairs:
-        candidates = min((view.by_index(NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
-    else:
-        candidates = view.list("Node")
-    best: dict[str, Any] = {"nodes": 0, "cpu": (Decimal(0), ""), "memory": (Decimal(0), "")}
-    for node in candidates:
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        if (node.get("spec") or {}).get("unschedulable") or any(
-                labels.get(k) != v for k, v in pairs):
-            continue
-        best["nodes"] += 1
-        for name in ("cpu", "memory"):
-            amount = _allocatable(node, name)
-            if amount > best[name][0]:
-                best[name] = (amount, _name(node))
-    return _capacity.put(key, best)
-
-
 _nodes: Memo[tuple[int, str, str], list[SchedNode]] = Memo(64)
 
 
@@ -259,9 +215,9 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if spec is None or view.count("Node") == 0:
         return []  # no nodes known: nothing to judge against
     settings = policy.nodes
-    reserve_cpu = parse_quantity(settings.reserve_cpu)
-    reserve_memory = parse_quantity(settings.reserve_memory) + parse_quantity(
-        settings.sandbox_parent_reserve_memory)
+    reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
+    reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
+        parse_quantity(settings.sandbox_parent_reserve_memory))
     nodes = _scheduler_nodes(view, reserve_cpu, reserve_memory)
     try:
         # A Pod arrives defaulted; a template's Pods will be (defaulting is idempotent).
@@ -269,10 +225,10 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
             else effective_pod_requests(spec, is_pod=False)
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
-    if any(fit_node(spec, n, requests).fits for n in nodes):
+    verdict = evaluate(spec, nodes, requests=requests, first_fit=True)
+    if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
-    verdict = evaluate(spec, nodes, requests=requests)
     closest = verdict.closest
     if closest is None:
         if any(v.blocked == (CORDONED,) for v in verdict.nodes):
