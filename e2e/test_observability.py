@@ -33,7 +33,8 @@ def test_warnings_name_envelope_and_the_rule(cluster: Cluster, webhook: Webhook,
                         container(requests={"cpu": "2", "memory": "1Gi"},
                                   limits={"cpu": "2", "memory": "1Gi"}))
     out = cluster.apply(pinned)
-    assert "Warning: envelope[cpu-limits]: pods become Burstable" in out.stderr, out.stderr
+    assert ('Warning: envelope[cpu-limits]: pods become Burstable, losing exclusive cores; to keep '
+            'them: envelope.io/keep-cpu-limit: "true"') in out.stderr, out.stderr
     refused = deployment("refused", namespace,
                          container(requests={"memory": "1Gi"}, limits={"memory": "2Gi"}))
     out = cluster.apply(refused, check=False)
