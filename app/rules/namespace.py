@@ -268,6 +268,29 @@ def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
     return int(value) if isinstance(value, int) else 1
 
 
+Row = tuple[str, str, int, Decimal]
+_rows: Memo[tuple[str, str, int, int, int], tuple[list[Row], Decimal]] = Memo(1024)
+
+
+def _namespace_rows(view: ClusterView, namespace: str, section: str) -> tuple[list[Row], Decimal]:
+    """(kind, name, replicas, pod memory) of every counted workload in the namespace, and
+    their total, remembered until one of those kinds changes in the view: a request (or
+    an audit of every object) sums the namespace once, not once per object."""
+    key = (namespace, section, *(view.version(kind) for kind in COUNTED_KINDS))
+    found = _rows.get(key)
+    if found is not None:
+        return found
+    rows: list[Row] = []
+    for kind in COUNTED_KINDS:
+        for w in view.list(kind, namespace):
+            replicas = (w.get("spec") or {}).get("replicas", 1)
+            n = int(replicas) if isinstance(replicas, int) else 1
+            if n:
+                template = ((w.get("spec") or {}).get("template") or {}).get("spec") or {}
+                rows.append((kind, _name(w), n, pod_amount(template, "memory", section)))
+    return _rows.put(key, (rows, sum((n * m for _, _, n, m in rows), Decimal(0))))
+
+
 @rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
       "replicas x pod memory over the namespace's workloads fits its memory quota",
       reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
@@ -279,23 +302,22 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
               if key in _QUOTA_KEYS]
     if not quotas:
         return []
-    rows: list[tuple[str, int, dict[str, Any]]] = []
-    for kind in COUNTED_KINDS:
-        for w in view.list(kind, subject.namespace):
-            if kind == subject.kind and _name(w) == subject.name:
-                continue  # the incoming object replaces its old version
-            template = ((w.get("spec") or {}).get("template") or {}).get("spec") or {}
-            rows.append((_name(w), int((w.get("spec") or {}).get("replicas", 1) or 0), template))
     spec = pod_spec(subject, obj)
-    if spec is not None:
-        rows.append((subject.name or "(this)", replicas_of(subject, obj), spec))
+    mine = (subject.name or "(this)", replicas_of(subject, obj), spec) if spec is not None else None
     findings = []
     for quota, key, hard in quotas:
         section = _QUOTA_KEYS[key]
-        parts = [(name, n, pod_amount(t, "memory", section)) for name, n, t in rows if n]
-        total = sum((n * m for _, n, m in parts), Decimal(0))
+        rows, total = _namespace_rows(view, subject.namespace, section)
+        me = (subject.kind, subject.name)  # the incoming object replaces its cached version
+        total -= sum((n * m for kind, name, n, m in rows if (kind, name) == me), Decimal(0))
+        amount = pod_amount(mine[2], "memory", section) if mine is not None and mine[1] else None
+        if amount is not None and mine is not None:
+            total += mine[1] * amount
         if total <= parse_quantity(hard):
             continue
+        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) != me]
+        if amount is not None and mine is not None:
+            parts.append((mine[0], mine[1], amount))
         parts.sort(key=lambda p: p[1] * p[2], reverse=True)
         tail = f"total {format_bytes(total)} > quota {_name(quota)} {key} {hard}"
         shown: list[str] = []
