@@ -1,8 +1,10 @@
-"""An install that cannot lock the cluster (charts' webhooks.safeInstall, the default),
-on the real API server: the chart's configurations start as Ignore, so writes pass while
-nothing answers behind them; once an Envelope replica is ready and answers through the
-configuration's own URL and caBundle, it raises each webhook to the failurePolicy the
-chart recorded, and enforcement begins."""
+"""An install that cannot lock the cluster (the chart's webhooks.safeInstall, the
+default), on the real API server with the real helm: (a) the chart installed with pods
+that never become ready — `helm install --wait` fails, and a Deployment in a user
+namespace is still created; (b) once an Envelope replica answers through the
+configuration's own URL and caBundle it raises each webhook to the failurePolicy the
+chart recorded, and the first refused `kubectl apply` comes within 30 s; (c) `helm
+uninstall` leaves no webhook configuration."""
 
 from __future__ import annotations
 
@@ -21,16 +23,24 @@ RELEASE = "safe-e2e"
 NAME = f"{RELEASE}-envelope"  # the chart's configuration name for that release
 
 
-def render(cluster: Cluster, url: str, ca_file: Path) -> str:
+RELEASE_NS = "envelope-safe-e2e"
+
+
+def install(cluster: Cluster, url: str, ca_file: Path) -> str:
+    """``helm install --wait`` of the whole chart in URL mode. Its pods can never become
+    ready here (no kubelet), exactly like an image that cannot be pulled."""
     selector = json.dumps([{"key": harness.ISOLATED_NAMESPACE_LABEL, "operator": "Exists"},
                            {"key": "envelope.test/safe", "operator": "Exists"}])
-    return cluster.helm(
-        "template", RELEASE, str(harness.CHART_DIR), "--namespace", harness.RELEASE_NAMESPACE,
+    out = cluster.helm(
+        "install", RELEASE, str(harness.CHART_DIR), "--namespace", RELEASE_NS,
+        "--create-namespace", "--wait", "--timeout", "20s",
         "--set", f"webhooks.url={url}", "--set", "certificates.mode=provided",
         "--set", "certificates.provided.secretName=unused-in-url-mode",
         "--set", f"certificates.provided.caBundle={base64.b64encode(ca_file.read_bytes()).decode()}",
         "--set-json", f"webhooks.namespaceSelectorExpressions={selector}",
-        "--show-only", "templates/webhooks.yaml").stdout
+        check=False, timeout=120)
+    assert out.returncode != 0, "helm install --wait cannot succeed without running pods"
+    return out.stderr
 
 
 def policies(cluster: Cluster) -> dict[str, str]:
@@ -51,7 +61,8 @@ def test_nothing_serving_locks_nothing_and_enforcement_begins_once_ready(
                     "envelope.test/safe=true")
     ca_file, cert_file, key_file = harness.make_serving_cert(tmp_path, name="safe")
     port = harness.free_port()
-    cluster.apply(render(cluster, f"https://127.0.0.1:{port}", ca_file))
+    failed = install(cluster, f"https://127.0.0.1:{port}", ca_file)
+    assert "context deadline exceeded" in failed or "not ready" in failed, failed
     try:
         assert set(policies(cluster).values()) == {"Ignore"}
         # (a) nothing answers (an image that cannot start, a policy that stops startup):
@@ -89,6 +100,13 @@ def test_nothing_serving_locks_nothing_and_enforcement_begins_once_ready(
         # Envelope has served; deleting the configurations always recovers.
         out = cluster.apply(bad("gone", namespace), check=False)
         assert out.returncode != 0 and "failed calling webhook" in out.stderr, out.stderr
+        # (c) helm uninstall leaves no webhook configuration behind.
+        cluster.helm("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout", "60s")
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            gone = cluster.kubectl("get", kind, NAME, check=False)
+            assert gone.returncode != 0 and "NotFound" in gone.stderr
+        assert cluster.apply(bad("after-uninstall", namespace), check=False).returncode == 0
     finally:
+        cluster.helm("uninstall", RELEASE, "--namespace", RELEASE_NS, check=False)
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration",
                         NAME, "--ignore-not-found", check=False)
