@@ -477,6 +477,26 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
     return state, {"certificate": manager.problems}
 
 
+def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any]) -> None:
+    """With the webhook configurations named, raise their webhooks to the failurePolicy
+    the chart recorded once this replica is ready and reachable through them
+    (``app.failurepolicy``)."""
+    configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
+                                   ("validatingwebhookconfigurations", args.validating_config))
+               if n]
+    if not configs:
+        return
+    from app.cluster.kube import KubeClient, kube_configuration
+    from app.failurepolicy import PolicyRaiser
+
+    try:
+        client = KubeClient(kube_configuration(args.kubeconfig))
+    except Exception as exc:  # no cluster: nothing to raise
+        print(f"envelope serve: cannot raise failure policies: {exc}", file=sys.stderr)
+        return
+    PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values())).start()
+
+
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
 
@@ -494,7 +514,9 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if view is None:
         return 2
     metrics.watches.view = view
-    app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
+    all_checks = {**checks, **view_checks}
+    _raise_failure_policies(args, all_checks)
+    app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics)
     if args.metrics_port:
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,

@@ -1244,6 +1244,9 @@ def webhook_configurations(cluster: Cluster, base_url: str, ca_file: Path) -> st
         "template", WEBHOOK_CONFIGURATION_NAME, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
         "--set", f"webhooks.url={base_url}",
         "--set", "webhooks.timeoutSeconds=10",
+        # The scenarios start the webhook themselves and want the policies as written;
+        # e2e/test_safe_install.py covers the chart's default (Ignore, then raised).
+        "--set", "webhooks.safeInstall=false",
         # Fail rather than Ignore: a webhook that cannot be reached must fail the test.
         "--set", "webhooks.workloads.mutate.failurePolicy=Fail",
         "--set", "certificates.mode=provided",
