@@ -73,6 +73,29 @@ class ActorSettings(BaseModel):
     guest_minimum: Quantity = Field("128Mi", alias="guestMinimum")
 
 
+class Taint(BaseModel):
+    """A node taint, as in a Node's ``spec.taints``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class NodeShape(BaseModel):
+    """A node an autoscaler can create that does not exist yet (issue 12, class 10): an
+    empty node with this allocatable, labels and taints (e.g. one per instance type of a
+    Karpenter NodePool or per cluster-autoscaler node group). ``pod-fits-node`` warns
+    instead of refusing a pod that fits no current node but fits one of these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    name: str = Field(min_length=1)
+    """Named in messages: ``would fit a node that <name> can create``."""
+    allocatable: dict[str, Quantity] = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+
+
 class NodeSettings(BaseModel):
     """What a node keeps back from its allocatable before pods are judged to fit."""
 
@@ -83,6 +106,8 @@ class NodeSettings(BaseModel):
     """Per-node memory kept for sandbox parent processes (the runtime that hosts
     sandboxes outside any pod's cgroup), added to ``reserve_memory`` by ``pod-fits-node``;
     0 leaves it off."""
+    autoscaled_shapes: list[NodeShape] = Field(default_factory=list, alias="autoscaledShapes")
+    """Nodes an autoscaler can add (see :class:`NodeShape`); the reserves apply to them too."""
 
 
 class RuleException(BaseModel):

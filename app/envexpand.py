@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EnvValue", "container_env", "expand"]
+__all__ = ["EnvValue", "container_env", "expand", "references"]
 
 _UNKNOWN = object()
 
@@ -47,6 +47,19 @@ def expand(text: str, mapping: Callable[[str], str | None]) -> str:
     return "".join(out) + text[checkpoint:]
 
 
+def references(text: str) -> tuple[str, ...]:
+    """The names ``text`` refers to with ``$(NAME)``, in order, once each (``$$(X)`` is
+    an escaped literal, not a reference)."""
+    found: list[str] = []
+
+    def record(name: str) -> str | None:
+        found.append(name)
+        return None  # left as written: only the names are wanted
+
+    expand(text, record)
+    return tuple(dict.fromkeys(found))
+
+
 def _read_variable_name(text: str, start: int) -> tuple[str, bool, int]:
     """expand.go ``tryReadVariableName`` on ``text[start:]``."""
     first = text[start]
@@ -71,9 +84,11 @@ class EnvValue:
     unresolved: tuple[str, ...] = ()
 
 
-def _expand_entry(text: str, values: Mapping[str, object]) -> tuple[object, tuple[str, ...]]:
+def _expand_entry(text: str, values: Mapping[str, object],
+                  unresolved: Mapping[str, tuple[str, ...]]) -> tuple[object, tuple[str, ...]]:
     """One entry's value (``_UNKNOWN`` when it refers to a value only the node
-    knows) and the names it refers to that nothing defined."""
+    knows) and the names it refers to that nothing defined, including those left in
+    the values it takes from earlier entries (their ``$(X)`` stays in its value)."""
     missing: list[str] = []
     unknown = False
 
@@ -83,6 +98,7 @@ def _expand_entry(text: str, values: Mapping[str, object]) -> tuple[object, tupl
             missing.append(ref)
             return None
         found = values[ref]
+        missing.extend(unresolved.get(ref, ()))
         if found is _UNKNOWN:
             unknown = True
             return ""
@@ -111,7 +127,7 @@ def container_env(env: Iterable[Mapping[str, Any]], *,
         missing: tuple[str, ...] = ()
         result: object
         if text:
-            result, missing = _expand_entry(text, values)
+            result, missing = _expand_entry(text, values, unresolved)
         elif entry.get("valueFrom") is not None:
             result = _UNKNOWN
         else:

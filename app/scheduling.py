@@ -64,6 +64,7 @@ ResourceList = dict[str, Decimal]
 
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 CORDONED = "node is unschedulable (cordoned)"
+NOT_SELECTED = "node does not match the pod's nodeSelector / required node affinity"
 _FILTERED_EFFECTS = ("NoSchedule", "NoExecute")
 _HUGEPAGES = "hugepages-"
 _QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -329,6 +330,16 @@ def _scheduler_units(name: str, value: Decimal) -> int:
         -int((-scaled).to_integral_value(rounding=ROUND_CEILING))
 
 
+def scheduler_units(name: str, value: Decimal) -> int:
+    """Public ``_scheduler_units`` (app/autoscaling.py sizes potential nodes with it)."""
+    return _scheduler_units(name, value)
+
+
+def counted_requests(requests: Mapping[str, Decimal]) -> dict[str, int]:
+    """The pod's request as NodeResourcesFit counts it, in scheduler units."""
+    return _counted(requests)
+
+
 def is_scalar_resource(name: str) -> bool:
     """pkg/scheduler/util/utils.go ``IsScalarResourceName``: extended resources,
     hugepages-*, ``*kubernetes.io/*`` prefixed names and attachable-volumes-*."""
@@ -561,7 +572,7 @@ def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
     ):
         blocked.append(CORDONED)
     if not required_affinity_matches(spec, node):
-        blocked.append("node does not match the pod's nodeSelector / required node affinity")
+        blocked.append(NOT_SELECTED)
     taint = untolerated_taint(spec, node) if node.taints else None
     if taint is not None:
         value = f"={taint.get('value')}" if taint.get("value") else ""

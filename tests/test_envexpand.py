@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.envexpand import EnvValue, container_env, expand
+from app.envexpand import EnvValue, container_env, expand, references
 
 CONTEXT = {"VAR_A": "A", "VAR_B": "B", "VAR_C": "C", "VAR_REF": "$(VAR_A)", "VAR_EMPTY": ""}
 
@@ -94,3 +94,21 @@ def test_env_from_is_seen_first() -> None:
     got = container_env([{"name": "X", "value": "$(FROM_CM)"}], env_from={"FROM_CM": "v", "SECRET": None})
     assert got["X"].value == "v"
     assert container_env([{"name": "X", "value": "$(SECRET)"}], env_from={"SECRET": None})["X"].value is None
+
+
+def test_unresolved_references_travel_with_the_value() -> None:
+    """B takes A's value, $(X) still in it: B's value holds an unresolved reference too."""
+    got = container_env([{"name": "A", "value": "$(X)"}, {"name": "B", "value": "m=$(A)"}])
+    assert got["B"] == EnvValue("m=$(X)", ("X",))
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("cpu=1", ()),
+    ("$(A)-$(B)-$(A)", ("A", "B")),
+    ("$$(A)", ()),  # an escape, not a reference
+    ("$$$(A)", ("A",)),
+    ("$(A", ()),  # unterminated: literal
+    ("$(A$(B))", ("A$(B",)),  # not nested: the name runs to the first ")"
+])
+def test_references(text: str, names: tuple[str, ...]) -> None:
+    assert references(text) == names

@@ -173,6 +173,23 @@ def trim_whole(kind: str) -> Trim:
     return trim
 
 
+def trim_karpenter_nodepool(obj: dict[str, Any]) -> dict[str, Any]:
+    """What ``pod-fits-node`` reads of a Karpenter NodePool (app/autoscaling.py): the
+    node template's labels, taints and requirements, ``spec.limits`` and
+    ``status.resources``."""
+    out = _base(obj, "NodePool")
+    spec = obj.get("spec") or {}
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels")
+    node_spec = template.get("spec") or {}
+    out["spec"] = {"template": {"metadata": {"labels": labels or {}},
+                                "spec": {k: node_spec[k] for k in ("taints", "requirements")
+                                         if k in node_spec}},
+                   "limits": spec.get("limits") or {}}
+    out["status"] = {"resources": (obj.get("status") or {}).get("resources") or {}}
+    return out
+
+
 @dataclass(frozen=True)
 class Resource:
     kind: str
@@ -192,6 +209,9 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("StatefulSet", "/apis/apps/v1/statefulsets", trim_workload("StatefulSet")),
     Resource("ReplicaSet", "/apis/apps/v1/replicasets", trim_workload("ReplicaSet")),
     Resource("NodePool", "/apis/kai.resources/v1alpha1/nodepools", trim_whole("NodePool"), True),
+    # Karpenter's NodePool: its own key (app/autoscaling.py KARPENTER_NODEPOOL), since the
+    # store swaps a whole key on a re-list and KAI's NodePool has the key "NodePool".
+    Resource("NodePool.karpenter.sh", "/apis/karpenter.sh/v1/nodepools", trim_karpenter_nodepool, True),
     Resource("Department", "/apis/kai.resources/v1alpha1/departments", trim_whole("Department"),
              True),
     Resource("Project", "/apis/kai.resources/v1alpha1/projects", trim_whole("Project"), True),

@@ -8,15 +8,17 @@ somewhere: on a node, and in the namespace's memory budget.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
 from app.cluster.view import NODE_LABEL, ClusterView
 from app.config import Mode, Policy
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
 from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Ratchet, Subject, error, rule
+from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
 from app.rules.workloads import (
     CPU_LIMIT_RULES,
     POD_SPEC_PATHS,
@@ -200,9 +202,16 @@ def _units(resource: str, units: int) -> str:
     return str(units)
 
 
+def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
+    """Karpenter NodePools: under their own key in the live view, under ``NodePool``
+    (beside KAI's) when read from files; told apart by apiVersion."""
+    return karpenter_pools(view.list(KARPENTER_NODEPOOL), view.list("NodePool"))
+
+
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
-      reads={"Node"}, judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
+      reads={"Node", "NodePool", KARPENTER_NODEPOOL}, judges=pod_resources, ratchet=Ratchet.WARN,
+      requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
     """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
@@ -210,11 +219,16 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     required node affinity, NoSchedule/NoExecute taints vs tolerations, and the pod's
     effective request (sidecars, init containers, overhead, pod-level resources) on
     cpu, memory, ephemeral-storage and every extended resource. Refused when no node
-    takes it; the message names the closest node and what it lacks."""
+    takes it; the message names the closest node and what it lacks.
+
+    Autoscaled clusters (class 10, app/autoscaling.py): a pod no current node takes but
+    a node the autoscaler can create would (``nodes.autoscaledShapes``, Karpenter
+    NodePools in the view) gets a warning, never a refusal."""
     spec = pod_spec(subject, obj)
-    if spec is None or view.count("Node") == 0:
-        return []  # no nodes known: nothing to judge against
     settings = policy.nodes
+    if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
+                        and not _karpenter_pools(view)):
+        return []  # no nodes known: nothing to judge against
     reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
     reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
         parse_quantity(settings.sandbox_parent_reserve_memory))
@@ -229,21 +243,33 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
+    pools = [pool_shape(p) for p in _karpenter_pools(view)]
+    shapes = policy_nodes(settings.autoscaled_shapes, int(reserve_cpu * 1000), int(reserve_memory))
+    new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools)
+    if new_node is not None:
+        maybe = (" if it gets the labels the pod selects (the NodePool allows several values)"
+                 if new_node.uncertain else "")
+        return [warning(path, f"fits no current node; would fit a node that {new_node.source} can "
+                              f"create{maybe}: it waits for the autoscaler")]
+    autoscaled = f"; no autoscaled node takes it either ({'; '.join(why_not)})" if why_not else ""
     closest = verdict.closest
     if closest is None:
         if any(v.blocked == (CORDONED,) for v in verdict.nodes):
             return []  # only cordoned nodes would take it: maintenance, not a bad spec
+        if not verdict.nodes:
+            return [error(path, f"no node exists and no node the autoscaler can create takes the "
+                                f"pods{autoscaled}")]
         selector = spec.get("nodeSelector") or {}
         which = f"node matching nodeSelector {selector}" if selector else "node the pod may land on"
         reasons = sorted({r for v in verdict.nodes for r in v.blocked})
         return [error(path, f"no {which} is known; the pods cannot be placed "
-                            f"({len(verdict.nodes)} nodes: {'; '.join(reasons)})")]
+                            f"({len(verdict.nodes)} nodes: {'; '.join(reasons)}){autoscaled}")]
     short = closest.shortfalls
     needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
     offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
     reserve = f"reserve {format_cpu(reserve_cpu)} cpu, {format_bytes(reserve_memory)} memory"
     return [error(path, f"each pod needs {needs}; no node it may land on has room: the closest "
-                        f"({closest.node.name}) offers {offers} ({reserve})")]
+                        f"({closest.node.name}) offers {offers} ({reserve}){autoscaled}")]
 
 
 # --- namespace memory composition -------------------------------------------------

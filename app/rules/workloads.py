@@ -20,8 +20,10 @@ from app.envelope import (
     move_pod_level_cpu_limit,
     parse_envelope_string,
 )
-from app.quantity import QuantityError, parse_quantity
+from app.envexpand import EnvValue, container_env, references
+from app.quantity import QuantityError, format_bytes, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
+from app.scheduling import default_pod
 from app.util import dig, dotted
 
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder",
@@ -314,8 +316,23 @@ def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clust
       "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
+    """Memory request == limit in every resources block — of a pod template, as the API
+    server will default the Pods it makes (``app.scheduling.default_pod``): a pod-level
+    memory limit without a pod-level request gets the containers' summed request, which
+    the Pod webhook would then deny (FailedCreate) while the template passed."""
+    judged, written = obj, obj
+    if subject.kind != "Pod":
+        spec = pod_spec(subject, obj)
+        if spec is not None:
+            try:
+                defaulted = default_pod({"spec": spec})["spec"]
+            except QuantityError:
+                defaulted = None  # the quantities rule names the value
+            if defaulted is not None:
+                judged = _with_pod_spec(subject, obj, defaulted)
     findings = []
-    for holder in holders(subject, obj):
+    written_pod_requests = dig(pod_spec(subject, written) or {}, ("resources", "requests"))
+    for holder in holders(subject, judged):
         requests = holder.resources.get("requests") or {}
         limits = holder.resources.get("limits") or {}
         if "memory" not in requests or "memory" not in limits:
@@ -326,23 +343,71 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
         except QuantityError as exc:
             findings.append(error(path, f"{holder.label}: {exc}"))
             continue
-        if order != 0:
+        if order == 0:
+            continue
+        defaulted_here = holder.container is None and not (
+            isinstance(written_pod_requests, dict) and "memory" in written_pod_requests)
+        if defaulted_here:
             findings.append(error(
                 path,
-                f"{holder.label}: memory request {requests['memory']} differs from limit "
-                f"{limits['memory']}; memory cannot be borrowed back, so request must "
-                f"equal limit"))
+                f"{holder.label}: memory limit {limits['memory']} without a request; the API "
+                f"server gives the Pods the containers' summed memory request "
+                f"{format_bytes(parse_quantity(requests['memory']))}, which differs from the "
+                f"limit, so every Pod would be refused; set {path}: {limits['memory']}"))
+            continue
+        findings.append(error(
+            path,
+            f"{holder.label}: memory request {requests['memory']} differs from limit "
+            f"{limits['memory']}; memory cannot be borrowed back, so request must "
+            f"equal limit"))
     return findings
 
 
-def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | None:
+def _with_pod_spec(subject: Subject, obj: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``obj`` with ``spec`` at its pod spec path (for judging only)."""
+    path = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    root = dict(obj)
+    node = root
+    for key in path[:-1]:
+        child = node.get(key)
+        node[key] = node = dict(child) if isinstance(child, dict) else {}
+    node[path[-1]] = spec
+    return root
+
+
+@dataclass(frozen=True)
+class _EnvEnvelope:
+    """A string envelope as the container sees it (issue 12, class 6)."""
+
+    index: int
+    """The entry the container gets: the last one of the name (the kubelet's map)."""
+    written: str
+    """Its ``value`` as written ("" for none)."""
+    seen: EnvValue
+    """After the kubelet's ``$(VAR)`` expansion: ``value`` None when only the node knows
+    it (``valueFrom``), ``unresolved`` the references nothing before it defines."""
+
+
+def _envelope_env(container: dict[str, Any], name: str) -> _EnvEnvelope | None:
     env = container.get("env")
     if not isinstance(env, list):
         return None
+    index = None
     for i, var in enumerate(env):
-        if isinstance(var, dict) and var.get("name") == name and isinstance(var.get("value"), str):
-            return i, var["value"]
-    return None
+        if isinstance(var, dict) and var.get("name") == name:
+            index = i  # the last duplicate wins (makeEnvironmentVariables)
+    if index is None:
+        return None
+    written = env[index].get("value")
+    return _EnvEnvelope(index, written if isinstance(written, str) else "", container_env(env)[name])
+
+
+def _shown(var: str, found: _EnvEnvelope) -> str:
+    """``RESOURCE_LIMITS='cpu=$(C)'`` plus what the container sees when it differs."""
+    text = f"{var}={found.written!r}"
+    if found.seen.value is not None and found.seen.value != found.written:
+        text += f" (the container sees {found.seen.value!r})"
+    return text
 
 
 @rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
@@ -350,16 +415,33 @@ def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | Non
 def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
-    sizes itself from a string envelope must not see a CPU cap the pod no longer has."""
+    sizes itself from a string envelope must not see a CPU cap the pod no longer has.
+    The entry the container sees is changed (the last of the name), and only when its
+    value is written out: a ``$(VAR)`` reference is never rewritten (a warning says
+    when the value it expands to still holds a cpu pair); ``valueFrom`` is only known
+    on the node."""
     if keeps_cpu_limit(subject, obj, policy):
         return []
-    findings = []
+    findings: list[Finding] = []
     name = policy.envelope_env.limits
     for label, path, container in containers(subject, obj):
         found = _envelope_env(container, name)
-        if found is None:
+        if found is None or found.seen.value is None:
             continue
-        i, text = found
+        i, text = found.index, found.written
+        if references(text):
+            if found.seen.unresolved:
+                continue  # env-envelope-consistency says it is left as written
+            try:
+                seen = parse_envelope_string(found.seen.value)
+            except QuantityError:
+                continue  # env-envelope-consistency denies it
+            if seen.without_cpu() != found.seen.value:
+                findings.append(warning(
+                    f"{path}.env[{i}].value",
+                    f"{label}: {_shown(name, found)} keeps its cpu pair: Envelope does not "
+                    f"rewrite a $(...) reference; remove cpu from the variable it refers to"))
+            continue
         try:
             envelope = parse_envelope_string(text)
             envelope.quantity("cpu")
@@ -382,29 +464,42 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
       ratchet=Ratchet.WARN, requires=well_formed)
 def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: ClusterView,
                              policy: Policy) -> list[Finding]:
-    """The two string envelopes agree on memory; a remaining CPU limit covers the request."""
-    findings = []
+    """The two string envelopes agree on memory; a remaining CPU limit covers the request.
+    Each is judged as the container will see it: the last entry of its name, after the
+    kubelet's ``$(VAR)`` expansion (app/envexpand.py). ``valueFrom`` is not judged; a
+    value still holding an unresolved ``$(VAR)`` is left as written with a warning."""
+    findings: list[Finding] = []
     names = policy.envelope_env
     for label, path, container in containers(subject, obj):
         lim = _envelope_env(container, names.limits)
         req = _envelope_env(container, names.requests)
         parsed = {}
         for var, found in ((names.limits, lim), (names.requests, req)):
-            if found is None:
+            if found is None or found.seen.value is None:
+                continue  # valueFrom: only the node knows the value
+            where = f"{path}.env[{found.index}].value"
+            if found.seen.unresolved:
+                refs = ", ".join(f"$({ref})" for ref in found.seen.unresolved)
+                source = ("no env entry before it defines it; envFrom may, on the node"
+                          if container.get("envFrom") else "no env entry before it defines it")
+                findings.append(warning(
+                    where,
+                    f"{label}: {var}={found.written!r} left as written: {refs} is not resolved "
+                    f"({source}), so the container sees it literally; define it in an earlier "
+                    f"env entry or write the value out"))
                 continue
             try:
-                envelope = parse_envelope_string(found[1])
+                envelope = parse_envelope_string(found.seen.value)
                 for key in ("cpu", "memory"):
                     envelope.quantity(key)
             except QuantityError as exc:
-                findings.append(error(f"{path}.env[{found[0]}].value",
-                                      f"{label}: {var}={found[1]!r}: {exc}"))
+                findings.append(error(where, f"{label}: {_shown(var, found)}: {exc}"))
                 continue
             parsed[var] = envelope
-        if len(parsed) != 2:
+        if len(parsed) != 2 or lim is None or req is None:
             continue
         limits, requests = parsed[names.limits], parsed[names.requests]
-        where = f"{path}.env[{lim[0]}].value" if lim else path
+        where = f"{path}.env[{lim.index}].value"
         lim_mem, req_mem = limits.quantity("memory"), requests.quantity("memory")
         if lim_mem is not None and req_mem is not None and lim_mem != req_mem:
             findings.append(error(
