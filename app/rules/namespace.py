@@ -203,14 +203,14 @@ def _units(resource: str, units: int) -> str:
 
 
 def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
-    """Karpenter NodePools: under their own key in the live view, under ``NodePool``
-    (beside KAI's) when read from files; told apart by apiVersion."""
-    return karpenter_pools(view.list(KARPENTER_NODEPOOL), view.list("NodePool"))
+    """Karpenter NodePools, filed under their own key in every view (``view.KIND_KEYS``):
+    KAI's NodePools and a stale KAI NodePool watch never reach this rule."""
+    return karpenter_pools(view.list(KARPENTER_NODEPOOL), [])
 
 
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
-      reads={"Node", "NodePool", KARPENTER_NODEPOOL}, judges=pod_resources, ratchet=Ratchet.WARN,
+      reads={"Node", KARPENTER_NODEPOOL}, judges=pod_resources, ratchet=Ratchet.WARN,
       requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
