@@ -83,6 +83,9 @@ class NodeSettings(BaseModel):
     """Per-node memory kept for sandbox parent processes (the runtime that hosts
     sandboxes outside any pod's cgroup), added to ``reserve_memory`` by ``pod-fits-node``;
     0 leaves it off."""
+    name_in_messages: bool = Field(False, alias="nameInMessages")
+    """Whether messages may name nodes (cluster-scoped: a namespace user usually cannot
+    read them). Off: ``pod-fits-node`` describes the closest node's shape instead."""
 
 
 class RuleException(BaseModel):
