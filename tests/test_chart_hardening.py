@@ -47,3 +47,43 @@ def test_client_auth_needs_exactly_one_ca_source() -> None:
     assert "set exactly one of clientAuth.caSecret" in render_error(both)
     assert "clientAuth" in render_error({"clientAuth": {"enabled": True, "caSecret": "a",
                                                         "names": ["a,b"]}})
+
+
+def test_network_policy_by_default_admits_the_webhook_port_from_anywhere() -> None:
+    policy = render().one("NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]  # egress (to the API server) untouched
+    assert spec["podSelector"]["matchLabels"] == render().one("Deployment")["spec"]["selector"]["matchLabels"]
+    webhook, metrics = spec["ingress"]
+    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # no "from": every source
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    ports = {p["name"] for p in render().container["ports"]}
+    assert {"https", "metrics"} <= ports  # the named ports the policy admits exist
+
+
+def test_network_policy_values() -> None:
+    assert render({"networkPolicy": {"enabled": False}}).of("NetworkPolicy") == []
+    no_metrics = render({"metrics": {"enabled": False}}).one("NetworkPolicy")["spec"]["ingress"]
+    assert no_metrics == [{"ports": [{"port": "https", "protocol": "TCP"}]}]
+    extra = {"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 9090}]}
+    custom = render({"networkPolicy": {"metrics": {
+        # Helm merges maps with the defaults: null removes the default label.
+        "namespaceSelector": {"matchLabels": {"team": "obs", "kubernetes.io/metadata.name": None}},
+        "podSelector": {"matchLabels": {"app": "prometheus"}}}, "extraIngress": [extra]}})
+    ingress = custom.one("NetworkPolicy")["spec"]["ingress"]
+    assert ingress[1]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "obs"}},
+                                   "podSelector": {"matchLabels": {"app": "prometheus"}}}]
+    assert ingress[2] == extra
+
+
+def test_memory_and_malloc_tuning() -> None:
+    container = render().container
+    assert container["resources"]["limits"]["memory"] == "384Mi"
+    assert container["resources"]["requests"]["memory"] == "384Mi"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MALLOC_ARENA_MAX"] == "2"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == env["MALLOC_TRIM_THRESHOLD_"] == "131072"
+    off = {e["name"] for e in render({"mallocTuning": False}).container["env"]}
+    assert not {n for n in off if n.startswith("MALLOC_")}
