@@ -108,7 +108,9 @@ class Decision:
 
 def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     """Turn findings into an admission decision."""
-    warnings = [brief(f"envelope[{f.rule}]: {f.message}") for f in evaluation.warnings]
+    # The message is kept under the limit its rule wrote it for, then named: the API
+    # server truncates a warning only past 256 characters.
+    warnings = [f"envelope[{f.rule}]: {brief(f.message)}" for f in evaluation.warnings]
     if evaluation.internal_errors:
         reason = "; ".join(evaluation.internal_errors)
         if failure_mode == "deny":

@@ -36,38 +36,57 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check}")
 
     serve = sub.add_parser("serve", help="run the admission webhook over HTTPS")
-    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)))
-    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"))
-    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"))
+    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"),
+                       help='address to serve HTTPS on (env ENVELOPE_HOST)')
+    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)),
+                       help='HTTPS port for /mutate, /validate, /healthz, /readyz (env ENVELOPE_PORT)')
+    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"),
+                       help='serving certificate (PEM), reloaded when it changes (env ENVELOPE_CERT_FILE)')
+    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"),
+                       help='its private key (PEM) (env ENVELOPE_KEY_FILE)')
     serve.add_argument("--self-signed", action="store_true",
                        help="make a CA and serving certificate for localhost/127.0.0.1")
     serve.add_argument("--self-signed-dir", default=os.environ.get(
-        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")))
+        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")),
+        help="where --self-signed keeps its CA and pair")
     serve.add_argument("--metrics-host", default=os.environ.get("ENVELOPE_METRICS_HOST"),
                        help="address for the metrics listener (default: --host)")
     serve.add_argument("--metrics-port", type=int,
                        default=int(os.environ.get("ENVELOPE_METRICS_PORT", 9090)),
                        help="plain-HTTP Prometheus port; 0 disables it")
-    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
-    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"))
+    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                       help='policy file (docs/configuration.md) (env ENVELOPE_CONFIG)')
+    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"),
+                       help="debug, info, warning or error; below info the per-review line is "
+                            "off (env ENVELOPE_LOG_LEVEL)")
     env = os.environ.get
     serve.add_argument("--tls-mode", choices=("files", "self"), default=env("ENVELOPE_TLS_MODE", "files"),
                        help="files: --cert-file/--key-file, reloaded on change; self: own CA in a "
                             "Secret, injected into the webhook configurations")
-    serve.add_argument("--namespace", default=env("POD_NAMESPACE"))
-    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"))
-    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"))
+    serve.add_argument("--namespace", default=env("POD_NAMESPACE"),
+                       help="Envelope's namespace, for --tls-mode self (env POD_NAMESPACE)")
+    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"),
+                       help="the Service in front of Envelope, for the certificate's names "
+                            "(env ENVELOPE_SERVICE_NAME)")
+    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"),
+                       help='Secret holding the CA and serving pair in --tls-mode self')
     serve.add_argument("--tls-extra-san", action="append",
-                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s])
+                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s],
+                       help="another DNS name or IP for the certificate (repeatable)")
     serve.add_argument("--mutating-webhook-configuration", dest="mutating_config",
-                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"))
+                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"),
+                       help="MutatingWebhookConfiguration whose caBundle --tls-mode self keeps")
     serve.add_argument("--validating-webhook-configuration", dest="validating_config",
-                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"))
-    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"))
-    serve.add_argument("--cert-validity-days", type=int, default=365)
-    serve.add_argument("--ca-validity-days", type=int, default=3650)
-    serve.add_argument("--renew-before-days", type=float, default=30)
+                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"),
+                       help="ValidatingWebhookConfiguration whose caBundle --tls-mode self keeps")
+    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"),
+                       help='Lease the replicas elect the certificate manager with')
+    serve.add_argument("--cert-validity-days", type=int, default=365,
+                       help='serving certificate lifetime (--tls-mode self)')
+    serve.add_argument("--ca-validity-days", type=int, default=3650,
+                       help='CA lifetime (--tls-mode self)')
+    serve.add_argument("--renew-before-days", type=float, default=30,
+                       help='renew this many days before expiry (--tls-mode self)')
     serve.add_argument("--tls-interval", type=float, default=5.0,
                        help="seconds between certificate checks (self mode)")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
@@ -117,7 +136,89 @@ def _parser() -> argparse.ArgumentParser:
                             "WorkerPools from this cluster (one LIST each; api.ate.dev "
                             "ActorTemplates are placed against its WorkerPools); the files' "
                             "objects replace the cluster's of the same name")
+    _audit_parser(sub)
     return parser
+
+
+def _audit_parser(sub: Any) -> None:
+    env = os.environ.get
+    audit = sub.add_parser("audit", help="judge the objects in a cluster as they stand; "
+                                         "print or write PolicyReports")
+    audit.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                       help="the cluster to read (default: in-cluster)")
+    audit.add_argument("-o", "--output", choices=("text", "json", "policyreport"),
+                       default="text")
+    audit.add_argument("--config", default=env("ENVELOPE_CONFIG"))
+    audit.add_argument("--include-owned", action="store_true",
+                       help="also judge Pods, ReplicaSets and Jobs made by a controller")
+    audit.add_argument("--write", action="store_true",
+                       help="apply the PolicyReports to the cluster, delete outdated ones")
+    audit.add_argument("--watch", action="store_true",
+                       help="keep auditing: on start, on change and every --interval "
+                            "(writes reports, serves metrics)")
+    audit.add_argument("--interval", type=float, default=float(env("ENVELOPE_AUDIT_INTERVAL", 600)),
+                       help="seconds between audits with --watch")
+    audit.add_argument("--debounce", type=float, default=float(env("ENVELOPE_AUDIT_DEBOUNCE", 10)),
+                       help="seconds without change before a change is audited")
+    audit.add_argument("--metrics-host", default=env("ENVELOPE_METRICS_HOST", "0.0.0.0"))
+    audit.add_argument("--metrics-port", type=int, default=int(env("ENVELOPE_METRICS_PORT", 9090)),
+                       help="Prometheus port with --watch; 0 disables it")
+    audit.add_argument("--log-level", default=env("ENVELOPE_LOG_LEVEL", "info"))
+
+
+def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
+    from app.audit import AuditMetrics, Auditor, audit, policy_reports, summary_text, write_reports
+    from app.cluster.kube import ApiError, KubeClient, kube_configuration
+
+    try:
+        client = KubeClient(kube_configuration(args.kubeconfig))
+    except Exception as exc:
+        print(f"envelope audit: no cluster configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.watch:
+        from prometheus_client import start_http_server
+
+        from app.logs import setup_logging
+
+        setup_logging(args.log_level)
+        metrics = AuditMetrics()
+        if args.metrics_port:
+            start_http_server(args.metrics_port, addr=args.metrics_host,
+                              registry=metrics.registry)
+        Auditor(client, rules, policy, metrics, interval=args.interval,
+                debounce=args.debounce, include_owned=args.include_owned).run()
+        return 0
+    try:
+        found = audit(client, rules, policy, include_owned=args.include_owned)
+        reports = policy_reports(found)
+        if args.write:
+            applied, deleted = write_reports(client, reports)
+            print(f"envelope audit: {applied} reports applied, {deleted} deleted",
+                  file=sys.stderr)
+    except (ApiError, OSError, urllib3_errors()) as exc:
+        print(f"envelope audit: the cluster refused or could not be reached: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "policyreport":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump_all(reports, sort_keys=False))
+    elif args.output == "json":
+        counts = [{"namespace": ns, "rule": rule_id, "result": res, "count": n}
+                  for (ns, rule_id, res), n in sorted(found.counts().items())]
+        sys.stdout.write(orjson.dumps(
+            {"objects": found.objects, "owned": found.owned, "absent": found.absent,
+             "seconds": round(found.seconds, 3), "summary": counts,
+             "results": [r.as_dict() for r in found.results]},
+            option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(summary_text(found))
+    return 1 if any(r.result in ("fail", "error") for r in found.results) else 0
+
+
+def urllib3_errors() -> type[Exception]:
+    import urllib3
+
+    return urllib3.exceptions.HTTPError
 
 
 def subject_of(obj: dict[str, Any]) -> Subject:
@@ -407,7 +508,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
 
     from app.logs import setup_logging
     from app.metrics_server import MetricsServer
-    from app.server import Metrics, WatchCollector, create_app
+    from app.server import Metrics, create_app
 
     setup_logging(args.log_level)
     metrics = Metrics()
@@ -418,8 +519,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
-    if hasattr(view, "informers"):
-        metrics.registry.register(WatchCollector(view))
+    metrics.watches.view = view
     app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
     if args.metrics_port:
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
@@ -487,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"envelope check: internal error {type(exc).__name__}: {str(exc)[:300]} "
                   f"(a bug; ENVELOPE_DEBUG=1 shows the traceback)", file=sys.stderr)
             return 2
+    if args.command == "audit":
+        return run_audit(args, rules, policy)
     problem = _serve_problem(args)
     if problem:
         print(f"envelope serve: {problem}", file=sys.stderr)

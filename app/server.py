@@ -75,6 +75,9 @@ class Metrics:
         self.leader = Gauge("envelope_leader",
                             "1 while this replica holds the certificate Lease (--tls-mode self)",
                             registry=self.registry)
+        self.watches = WatchCollector(None)
+        """Set ``.view`` to a live view to export its watch health."""
+        self.registry.register(self.watches)
         self.exemptions = Counter("envelope_rule_exemptions_total",
                                   "Rules not run on an object because it is exempt (policy "
                                   "exceptions or the object's exemption annotation)", ("rule",),

@@ -25,10 +25,18 @@ def check(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.e2e
 def test_nodes_and_quotas_come_from_the_cluster(cluster: Cluster, namespace: str,
                                                      tmp_path: Path) -> None:
-    if cluster.kubectl("get", "node", NODE, check=False).returncode != 0:
+    created = cluster.kubectl("get", "node", NODE, check=False).returncode != 0
+    if created:
         # Ready and without the not-ready taint: a node pods may land on
         cluster.create_node(NODE, {"cpu": "4", "memory": "8Gi", "pods": "110"})
-    # a quota on limits.cpu: the API server refuses pods without a CPU limit here
+    try:
+        _judge_against_the_cluster(cluster, namespace, tmp_path)
+    finally:
+        if created:  # the cluster is shared: a small Node left behind would refuse the
+            cluster.delete_node(NODE)  # bigger pods of every later test
+
+
+def _judge_against_the_cluster(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(
         {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu-limits"},
          "spec": {"hard": {"limits.cpu": "100"}}}))
@@ -53,6 +61,8 @@ def test_nodes_and_quotas_come_from_the_cluster(cluster: Cluster, namespace: str
     assert "quota-needs-cpu-limits" in findings  # the cluster's quota needs the CPU limit
     assert not {"pod-fits-node", "quota-needs-cpu-limits"} & {
         n["rule"] for n in report["notEvaluated"]}
+
+
 
 
 @pytest.mark.e2e

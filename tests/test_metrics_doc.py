@@ -14,7 +14,7 @@ import httpx
 from prometheus_client import generate_latest
 
 from app.config import Policy
-from app.server import Metrics, WatchCollector, create_app
+from app.server import Metrics, create_app
 from tests.conftest import RULES, container, workload
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
@@ -38,7 +38,7 @@ def exercised_metrics() -> str:
     metrics = Metrics()
     informer = SimpleNamespace(resource=SimpleNamespace(kind="Node"), synced=True, relists=2,
                                last_heard=0.0, stale_for=lambda now: 0.0)
-    metrics.registry.register(WatchCollector(SimpleNamespace(informers=[informer], staleness=60)))
+    metrics.watches.view = SimpleNamespace(informers=[informer], staleness=60)
     metrics.cert_expiry.set(1.0)
     app = create_app(RULES, Policy(), metrics=metrics)
     obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],

@@ -114,6 +114,9 @@ def _tests(rules: dict[str, Any]) -> dict[str, Any]:
              "values": "100000000x180"},
             {"series": f'kube_deployment_status_replicas_available{{namespace="{NS}",deployment="envelope"}}',
              "values": "0x30"},
+            {"series": f'envelope_watch_synced{{namespace="{NS}",pod="a",kind="Node"}}', "values": "0x30"},
+            {"series": f'envelope_watch_synced{{namespace="{NS}",pod="a",kind="LimitRange"}}',
+             "values": "1x30"},
             {"series": f'apiserver_admission_webhook_rejection_count{{name="{HOOK}",'
                        f'error_type="calling_webhook_error"}}', "values": "0+60x30"},
             {"series": 'apiserver_admission_webhook_rejection_count{name="other.example.com",'
@@ -131,6 +134,10 @@ def _tests(rules: dict[str, Any]) -> dict[str, Any]:
             {"eval_time": "10m", "alertname": "EnvelopeNoReadyReplica", "exp_alerts": [{
                 "exp_labels": {"severity": "critical", "namespace": NS, "deployment": "envelope"},
                 "exp_annotations": annotations("EnvelopeNoReadyReplica")}]},
+            {"eval_time": "20m", "alertname": "EnvelopeWatchNotSynced", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "namespace": NS, "pod": "a", "kind": "Node"},
+                "exp_annotations": annotations("EnvelopeWatchNotSynced", **{
+                    "$labels.pod": "a", "$labels.kind": "Node"})}]},
             {"eval_time": "20m", "alertname": "EnvelopeWebhookErrors", "exp_alerts": [{
                 "exp_labels": {"severity": "critical", "name": HOOK},
                 "exp_annotations": annotations("EnvelopeWebhookErrors", **{"$labels.name": HOOK})}]},
@@ -150,7 +157,7 @@ def test_promtool_checks_and_fires_the_alerts(tmp_path: Path) -> None:
     check = subprocess.run([str(tool), "check", "rules", "rules.yaml"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 5 rules found" in check.stdout + check.stderr
+    assert "SUCCESS: 6 rules found" in check.stdout + check.stderr
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(_tests(rules), sort_keys=False))
     test = subprocess.run([str(tool), "test", "rules", "tests.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)

@@ -132,7 +132,7 @@ def test_github_lines_exactly(repo: Path) -> None:
     warnings = [line for line in lines if line.startswith("::warning ")]
     assert warnings == [  # on the pod template's spec (line 6), which loses its Guaranteed QoS
         "::warning file=deploy/app.yaml,line=6,title=envelope[cpu-limits]::Deployment team-a/web: "
-        "pods become Burstable and lose exclusive cores; to keep them annotate "
+        "pods become Burstable, losing exclusive cores; to keep them: "
         'envelope.io/keep-cpu-limit: "true"']
     assert any(line.startswith("::notice title=envelope[pod-fits-node]::not evaluated: the input "
                                "has no Node objects") for line in lines)

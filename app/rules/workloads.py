@@ -257,7 +257,7 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if findings and qos_lost:
         findings.append(warning(
             dotted(POD_SPEC_PATHS[(subject.group, subject.kind)]),
-            f"pods become Burstable and lose exclusive cores; to keep them annotate "
+            f"pods become Burstable, losing exclusive cores; to keep them: "
             f'{policy.opt_out_annotation}: "true"'))
     return findings
 
