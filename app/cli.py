@@ -100,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
+    serve.add_argument("--client-ca-file", default=env("ENVELOPE_CLIENT_CA_FILE"),
+                       help="require a client certificate that chains to this PEM CA bundle "
+                            "(mTLS; off by default). Read at start")
+    serve.add_argument("--client-names", default=env("ENVELOPE_CLIENT_NAMES", ""),
+                       help="with --client-ca-file: comma-separated names (subject CN or "
+                            "DNS/URI/IP SAN) a client certificate must carry, e.g. "
+                            "kube-apiserver; empty: any certificate from the CA")
     add_limit_arguments(serve)
 
     check = sub.add_parser(
@@ -425,9 +432,28 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
 
     from app.certs import LeaseElector, SelfManaged
     from app.cluster.kube import KubeClient, kube_configuration
-    from app.tls import FileWatcher, KeyPair, TlsState, write_self_signed
+    from app.tls import FileWatcher, KeyPair, TlsState, client_ca_problem, write_self_signed
 
-    state = TlsState(on_load=lambda when: metrics.cert_expiry.set(when.timestamp()))
+    client_ca: bytes | None = None
+    client_names = frozenset(n.strip() for n in (args.client_names or "").split(",") if n.strip())
+    if args.client_ca_file:
+        try:
+            client_ca = Path(args.client_ca_file).read_bytes()
+        except OSError as exc:
+            print(f"envelope serve: cannot read --client-ca-file {exc.filename}: {exc.strerror}",
+                  file=sys.stderr)
+            return None
+        problem = client_ca_problem(client_ca)
+        if problem:
+            print(f"envelope serve: --client-ca-file {args.client_ca_file}: {problem}",
+                  file=sys.stderr)
+            return None
+    elif client_names:
+        print("envelope serve: --client-names needs --client-ca-file (the names are checked "
+              "on a verified client certificate)", file=sys.stderr)
+        return None
+    state = TlsState(on_load=lambda when: metrics.cert_expiry.set(when.timestamp()),
+                     client_ca=client_ca, client_names=client_names)
     if args.self_signed:
         paths = write_self_signed(Path(args.self_signed_dir))
         print(f"CA certificate: {paths.ca}", flush=True)
@@ -522,7 +548,8 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=args.shutdown_timeout,
-                            **uvicorn_options(limits_from_args(args)))
+                            **uvicorn_options(limits_from_args(args),
+                                              state.peer_allowed if args.client_ca_file else None))
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()

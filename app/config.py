@@ -108,6 +108,9 @@ class NodeSettings(BaseModel):
     0 leaves it off."""
     autoscaled_shapes: list[NodeShape] = Field(default_factory=list, alias="autoscaledShapes")
     """Nodes an autoscaler can add (see :class:`NodeShape`); the reserves apply to them too."""
+    name_in_messages: bool = Field(False, alias="nameInMessages")
+    """Whether messages may name nodes (cluster-scoped: a namespace user usually cannot
+    read them). Off: ``pod-fits-node`` describes the closest node's shape instead."""
 
 
 class RuleException(BaseModel):

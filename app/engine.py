@@ -181,6 +181,9 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 found = _ratchet(rule, subject, found, scoped, policy)
         except QuantityError as exc:
             found = [Finding("error", rule.id, "", str(exc))]
+        except RecursionError:  # nested deeper than any Kubernetes object (orjson takes 1,024)
+            found = [Finding("error", rule.id, "", "the object nests deeper than a Kubernetes "
+                                                   "object can; it cannot be judged")]
         except DecimalException as exc:  # a valid quantity beyond what can be compared
             found = [Finding("error", rule.id, "", f"a quantity is too large or too precise to "
                                                    f"compare ({type(exc).__name__}); use a value "

@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "issue_serving", "make_ca",
+__all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "client_ca_problem",
+           "issue_serving", "make_ca",
            "not_after", "peer_names", "write_self_signed"]
 
 log = logging.getLogger("envelope.tls")
@@ -218,6 +219,28 @@ class TlsState:
         if self.expires is not None and self.expires <= _now():
             return [f"serving certificate expired at {self.expires.isoformat()}"]
         return []
+
+
+def client_ca_problem(pem: bytes) -> str | None:
+    """Why ``pem`` cannot serve as the client CA bundle (None when it can): it must
+    hold at least one PEM certificate that OpenSSL loads as a CA."""
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        return f"not a PEM certificate bundle ({exc})"
+    for cert in certs:
+        try:
+            constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            continue  # a v1 root without extensions: OpenSSL accepts it as a trust anchor
+        if not constraints.ca:
+            return (f"{cert.subject.rfc4514_string()} is not a CA certificate "
+                    f"(basicConstraints CA:FALSE); give the CA that signs the client certificates")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=pem.decode())
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        return f"OpenSSL cannot load it ({exc})"
+    return None
 
 
 def peer_names(peercert: dict[str, Any]) -> set[str]:

@@ -910,7 +910,8 @@ def _start_etcd(bin_dir: Path, workdir: Path, attempt: int) -> tuple[ManagedProc
 
 
 def _start_apiserver(
-    bin_dir: Path, workdir: Path, etcd_url: str, pki: ControlPlanePKI, attempt: int
+    bin_dir: Path, workdir: Path, etcd_url: str, pki: ControlPlanePKI, attempt: int,
+    extra_args: Sequence[str] = (),
 ) -> tuple[ManagedProcess, str]:
     port = free_port()
     api_url = f"https://127.0.0.1:{port}"
@@ -935,6 +936,7 @@ def _start_apiserver(
         # No token controller runs, so Pods could never get their token volume.
         "--disable-admission-plugins=ServiceAccount",
         "--allow-privileged=true",
+        *extra_args,
     ]
     log = workdir / ("kube-apiserver.log" if attempt == 0 else f"kube-apiserver.{attempt}.log")
     proc = start_process(cmd, log, name="kube-apiserver")
@@ -948,8 +950,11 @@ def _start_apiserver(
     return proc, api_url
 
 
-def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3) -> Cluster:
+def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3,
+                        apiserver_args: Sequence[str] = ()) -> Cluster:
     """Start etcd and kube-apiserver under ``workdir`` (logs, data, certs, kubeconfig).
+    ``apiserver_args`` are appended to kube-apiserver's flags (e.g.
+    ``--admission-control-config-file=...``).
 
     Returns once /readyz answers 200; raises HarnessError (with the log tail)
     otherwise. A start that loses a port race is retried on new ports.
@@ -968,7 +973,8 @@ def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3) -> C
         assert etcd is not None
         for attempt in range(attempts):
             try:
-                apiserver, api_url = _start_apiserver(bin_dir, workdir, etcd_url, pki, attempt)
+                apiserver, api_url = _start_apiserver(bin_dir, workdir, etcd_url, pki, attempt,
+                                                     apiserver_args)
                 break
             except _PortConflict:
                 if attempt + 1 == attempts:
@@ -1171,13 +1177,17 @@ def start_webhook(
     env: Mapping[str, str] | None = None,
     timeout: float = 30.0,
     command: Sequence[str] = ("-m", "app", "serve"),
+    port: int | None = None,
+    probe_context: ssl.SSLContext | None = None,
 ) -> Webhook:
     """Start ``python -m app serve`` (or ``python <command>`` with the same serving
-    flags) on free ports with a fresh serving cert and wait until ``GET /healthz``
-    answers 200 over TLS."""
+    flags) on free ports (or ``port``) with a fresh serving cert and wait until
+    ``GET /healthz`` answers 200 over TLS. ``probe_context``: the client context for
+    that wait (e.g. holding a client certificate when the webhook requires mTLS); the
+    webhook's new CA is loaded into it here."""
     workdir.mkdir(parents=True, exist_ok=True)
     ca_file, cert_file, key_file = make_serving_cert(workdir, ("127.0.0.1", "localhost"), name="webhook")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = port or free_port(), free_port()
     cmd = [
         sys.executable, *command,
         "--host", "127.0.0.1",
@@ -1195,6 +1205,9 @@ def start_webhook(
     proc_env.update(env or {})
     proc = start_process(cmd, workdir / "webhook.log", name="webhook", env=proc_env, cwd=REPO_ROOT)
     ctx = _tls_context(ca_file)
+    if probe_context is not None:
+        probe_context.load_verify_locations(cafile=str(ca_file))
+        ctx = probe_context
 
     def healthy() -> bool:
         status, _ = _https_get(f"https://127.0.0.1:{port}/healthz", ctx, timeout=2)

@@ -52,7 +52,7 @@ def test_too_big_for_every_shape_is_still_refused_with_numbers() -> None:
     errors, warnings = findings(pod("32"), shapes(BIG))
     assert warnings == []
     (text,) = errors
-    assert "the closest (n1) offers 4 cpu" in text
+    assert "the closest (a node with 4 cpu, 16Gi memory) offers 4 cpu" in text
     assert "no autoscaled node takes it either (shape m5.4xlarge: cpu 32 requested, 16 allocatable)" in text
 
 

@@ -1192,6 +1192,15 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
         assert len(bundles) == 4 and set(bundles.values()) == {secret_bundle()}
         config = cluster.kubectl_json("get", "validatingwebhookconfiguration", name)
         assert {h["timeoutSeconds"] for h in config["webhooks"]} == {7}
+        # webhooks.safeInstall: installed as Ignore, raised by the ready server once it
+        # answers through the configuration (its URL and the injected caBundle).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            config = cluster.kubectl_json("get", "validatingwebhookconfiguration", name)
+            if {h["failurePolicy"] for h in config["webhooks"]} == {"Fail"}:
+                break
+            time.sleep(1)
+        assert {h["failurePolicy"] for h in config["webhooks"]} == {"Fail"}, config["webhooks"]
     finally:
         server.stop(timeout=15)
 

@@ -102,8 +102,8 @@ def test_pod_that_fits_no_node_is_refused_with_numbers() -> None:
     obj = workload("Deployment", [container(requests={"memory": "64Gi"}, limits={"memory": "64Gi"})])
     [error] = run(obj, view=view).errors
     assert error.rule == "pod-fits-node"
-    assert ("each pod needs 64Gi memory; no node it may land on has room: the closest (n1) "
-            "offers 32Gi memory") in error.message
+    assert ("each pod needs 64Gi memory; no node it may land on has room: the closest (a node "
+            "with 16 cpu, 32Gi memory) offers 32Gi memory") in error.message
     assert "reserve 0 cpu, 0 memory" in error.message
     fits = workload("Deployment", [container(requests={"memory": "32Gi"}, limits={"memory": "32Gi"})])
     assert run(fits, view=view).errors == []
@@ -116,7 +116,7 @@ def test_node_selector_narrows_the_nodes_and_reserve_counts() -> None:
                                      limits={"memory": "64Gi"})])
     obj["spec"]["nodeSelector"] = gpu
     [error] = run(obj, view=view).errors
-    assert "needs 40 cpu" in error.message and "(gpu1) offers 32" in error.message
+    assert "needs 40 cpu" in error.message and "(a node with 32 cpu, 128Gi memory) offers 32" in error.message
     obj["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "30"
     assert run(obj, view=view).errors == []
     reserved = Policy.model_validate({"nodes": {"reserveCpu": "4"}})
@@ -234,7 +234,7 @@ def test_pod_fits_node_one_node_at_a_time_with_gpus_and_taints() -> None:
     wants_gpu = workload("Deployment", [container(requests={"memory": "1Gi"},
                                                   limits={"memory": "1Gi", "nvidia.com/gpu": "4"})])
     [error] = run(wants_gpu, view=view).errors
-    assert "nvidia.com/gpu" in error.message and "(plain)" in error.message
+    assert "the closest (a node with 64 cpu, 512Gi memory, 0 nvidia.com/gpu)" in error.message
     wants_gpu["spec"]["template"]["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
     assert run(wants_gpu, view=view).errors == []
 

@@ -15,6 +15,7 @@ from typing import Any
 from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
 from app.cluster.view import NODE_LABEL, ClusterView
 from app.config import Mode, Policy
+from app.disclosure import node_reference
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
 from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
@@ -268,8 +269,9 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
     offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
     reserve = f"reserve {format_cpu(reserve_cpu)} cpu, {format_bytes(reserve_memory)} memory"
+    where = node_reference(closest.node, settings.name_in_messages, (s.resource for s in short))
     return [error(path, f"each pod needs {needs}; no node it may land on has room: the closest "
-                        f"({closest.node.name}) offers {offers} ({reserve}){autoscaled}")]
+                        f"({where}) offers {offers} ({reserve}){autoscaled}")]
 
 
 # --- namespace memory composition -------------------------------------------------
