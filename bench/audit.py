@@ -36,15 +36,6 @@ import harness  # noqa: E402
 CRDS = ROOT / "charts" / "envelope" / "files" / "crds"
 
 
-def bin_dir() -> Path:
-    env = os.environ.get("ENVELOPE_CONTROLPLANE_BIN")
-    if env:
-        return Path(env)
-    out = subprocess.run(["bash", str(ROOT / "e2e/controlplane/build.sh")], capture_output=True,
-                         text=True, check=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 def resources(i: int, bad_every: int, capped_every: int) -> dict[str, Any]:
     if i % bad_every == 0:
         return {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
@@ -133,7 +124,7 @@ def main() -> None:
                              "sums every workload of the namespace per object, returns at once")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="envelope-bench-audit-"))
-    cluster = harness.start_control_plane(work / "cp", bin_dir())
+    cluster = harness.start_control_plane(work / "cp", harness.locate_bin_dir())
     try:
         harness.install_crds(cluster, CRDS)
         namespaces = [f"team-{i:03d}" for i in range(args.namespaces)]

@@ -47,15 +47,6 @@ import harness  # noqa: E402
 CHILD = ROOT / "bench" / "cluster_memory_child.py"
 
 
-def bin_dir() -> Path:
-    env = os.environ.get("ENVELOPE_CONTROLPLANE_BIN")
-    if env:
-        return Path(env)
-    out = subprocess.run(["bash", str(ROOT / "e2e/controlplane/build.sh")], capture_output=True,
-                         text=True, check=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 class Api:
     def __init__(self, cluster: harness.Cluster, concurrency: int) -> None:
         self.base = cluster.api_url
@@ -346,7 +337,7 @@ def main() -> int:
                              capture_output=True, text=True, check=True).stdout.strip()
     trees = {"previous": export_tree(args.baseline, workdir),
              "current": export_tree(current, workdir)}
-    cluster = harness.start_control_plane(workdir / "controlplane", bin_dir())
+    cluster = harness.start_control_plane(workdir / "controlplane", harness.locate_bin_dir())
     results: dict[str, Any] = {"conditions": {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "baseline": args.baseline,
         "current": current,
