@@ -544,7 +544,11 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     _raise_failure_policies(args, all_checks)
     app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics)
     if args.metrics_port:
-        MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
+        def failing() -> list[str]:
+            return [f"{name}: {problem}" for name, check in all_checks.items() for problem in check()]
+
+        MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port,
+                      ready=failing).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=args.shutdown_timeout,

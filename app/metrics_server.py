@@ -23,6 +23,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -34,8 +35,12 @@ log = logging.getLogger("envelope.metrics")
 class MetricsServer:
     def __init__(self, registry: CollectorRegistry, host: str, port: int, *,
                  max_connections: int = 32, read_timeout: float = 5.0,
-                 write_timeout: float = 10.0, max_request: int = 8192) -> None:
+                 write_timeout: float = 10.0, max_request: int = 8192,
+                 ready: Callable[[], list[str]] | None = None) -> None:
         self.registry = registry
+        self.ready = ready
+        """With it, ``/healthz`` and ``/readyz`` are served here too: the kubelet presents
+        no client certificate, so with mTLS on the HTTPS port its probes come here."""
         self.host, self.port = host, port
         self.max_connections = max_connections
         self.read_timeout, self.write_timeout = read_timeout, write_timeout
@@ -116,6 +121,11 @@ class MetricsServer:
         method, target = (line[0], line[1]) if len(line) == 3 else (b"", b"")
         if method not in (b"GET", b"HEAD"):
             status, body, ctype = b"405 Method Not Allowed", b"use GET\n", b"text/plain"
+        elif self.ready is not None and target.split(b"?", 1)[0] in (b"/healthz", b"/readyz"):
+            failing = self.ready() if target.startswith(b"/readyz") else []
+            status = b"503 Service Unavailable" if failing else b"200 OK"
+            body = (("not ready: " + "; ".join(failing)) if failing else "ok").encode()
+            ctype = b"text/plain"
         elif target.split(b"?", 1)[0] != b"/metrics":
             status, body, ctype = b"404 Not Found", b"metrics are at /metrics\n", b"text/plain"
         else:

@@ -35,10 +35,14 @@ def test_client_auth_mounts_the_ca_and_sets_the_flags(source: str) -> None:
                         "items": [{"key": "bundle.pem", "path": "client-ca/ca.crt"}]}]
     mount = next(m for m in r.container["volumeMounts"] if m["name"] == "config")
     assert mount["mountPath"] == "/etc/envelope" and mount["readOnly"] is True
-    # The kubelet has no client certificate: the probes cannot be HTTPS requests.
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert r.container[probe]["tcpSocket"] == {"port": "https"}, probe
-        assert "httpGet" not in r.container[probe]
+    # The kubelet has no client certificate: the probes ask the metrics port, which
+    # serves /healthz and /readyz too, so readiness still follows the caches.
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                        ("readinessProbe", "/readyz")):
+        assert r.container[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
+    # without a metrics port, all that is left is a TCP check of the HTTPS port
+    bare = render({**values, "metrics": {"enabled": False}})
+    assert bare.container["readinessProbe"]["tcpSocket"] == {"port": "https"}
 
 
 def test_client_auth_needs_exactly_one_ca_source() -> None:

@@ -84,3 +84,32 @@ def test_connections_over_the_cap_are_closed_at_once_and_metrics_still_answer(
             s.close()
     time.sleep(0.7)  # the held ones are gone; a scrape works again
     assert _get(server, b"GET /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def test_health_and_readiness_are_served_when_asked_for() -> None:
+    """With mTLS the kubelet's probes come to the metrics port (no client certificate)."""
+    import socket as socket_
+
+    from prometheus_client import CollectorRegistry
+
+    from app.metrics_server import MetricsServer
+
+    problems: list[str] = ["cluster view: Node not synced"]
+    with socket_.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = MetricsServer(CollectorRegistry(), "127.0.0.1", port, ready=lambda: list(problems))
+    server.start()
+    try:
+        def get(path: str) -> bytes:
+            with socket_.create_connection(("127.0.0.1", port), timeout=5) as c:
+                c.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                return b"".join(iter(lambda: c.recv(4096), b""))
+
+        assert get("/healthz").startswith(b"HTTP/1.1 200")
+        answer = get("/readyz")
+        assert answer.startswith(b"HTTP/1.1 503") and b"Node not synced" in answer
+        problems.clear()
+        assert get("/readyz").startswith(b"HTTP/1.1 200")
+    finally:
+        server.stop()
