@@ -828,7 +828,8 @@ def _start_etcd(bin_dir: Path, workdir: Path, attempt: int) -> tuple[ManagedProc
 
 
 def _start_apiserver(
-    bin_dir: Path, workdir: Path, etcd_url: str, pki: ControlPlanePKI, attempt: int
+    bin_dir: Path, workdir: Path, etcd_url: str, pki: ControlPlanePKI, attempt: int,
+    extra_args: Sequence[str] = (),
 ) -> tuple[ManagedProcess, str]:
     port = free_port()
     api_url = f"https://127.0.0.1:{port}"
@@ -853,6 +854,7 @@ def _start_apiserver(
         # No token controller runs, so Pods could never get their token volume.
         "--disable-admission-plugins=ServiceAccount",
         "--allow-privileged=true",
+        *extra_args,
     ]
     log = workdir / ("kube-apiserver.log" if attempt == 0 else f"kube-apiserver.{attempt}.log")
     proc = start_process(cmd, log, name="kube-apiserver")
@@ -866,8 +868,11 @@ def _start_apiserver(
     return proc, api_url
 
 
-def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3) -> Cluster:
+def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3,
+                        apiserver_args: Sequence[str] = ()) -> Cluster:
     """Start etcd and kube-apiserver under ``workdir`` (logs, data, certs, kubeconfig).
+    ``apiserver_args`` are appended to kube-apiserver's flags (the benchmarks turn on
+    ``--feature-gates=MutatingAdmissionPolicy=true`` with its runtime-config).
 
     Returns once /readyz answers 200; raises HarnessError (with the log tail)
     otherwise. A start that loses a port race is retried on new ports.
@@ -886,7 +891,8 @@ def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3) -> C
         assert etcd is not None
         for attempt in range(attempts):
             try:
-                apiserver, api_url = _start_apiserver(bin_dir, workdir, etcd_url, pki, attempt)
+                apiserver, api_url = _start_apiserver(bin_dir, workdir, etcd_url, pki, attempt,
+                                                      apiserver_args)
                 break
             except _PortConflict:
                 if attempt + 1 == attempts:
