@@ -15,6 +15,7 @@ from app.config import Policy
 from app.matchconditions import _CPU_ANY as CPU_ANY
 from app.matchconditions import (
     CONDITION_NAME,
+    KNOWN_RULES,
     MUTATING_WEBHOOK,
     UnknownRule,
     mutate_expression,
@@ -103,3 +104,45 @@ def test_cli_reads_the_policy_file(tmp_path, capsys: pytest.CaptureFixture[str])
     config.write_text("optOutAnnotation: example.com/keep\n")
     assert main(["webhook-config", "--config", str(config), "-o", "json"]) == 0
     assert "example.com/keep" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ the chart
+
+def test_the_mutate_rules_are_the_known_ones() -> None:
+    # The chart's template lists the same five rules with their default modes.
+    mutate = {rid: r.default_mode.value for rid, r in RULES.items()
+              if r.phase == "mutate" and r.kinds & WORKLOAD_KINDS}
+    assert mutate == {"cpu-limits": "enforce", "env-envelope-cpu": "enforce", "memory-limit": "enforce",
+                      "quota-needs-cpu-limits": "warn", "limitrange-needs-cpu-limits": "warn"}
+    assert set(mutate) == KNOWN_RULES
+
+
+CHART_POLICIES = [
+    {},
+    {"rules": {"quota-needs-cpu-limits": "off", "limitrange-needs-cpu-limits": "off"},
+     "optOutAnnotation": "example.com/keep-cpu", "envelopeEnv": {"limits": "APP_LIMITS"}},
+    {"rules": {"cpu-limits": "warn", "env-envelope-cpu": "off", "limitrange-needs-cpu-limits": "off"}},
+    {"rules": dict.fromkeys(KNOWN_RULES, "off")},
+]
+
+
+@pytest.mark.parametrize("changes", CHART_POLICIES, ids=range(len(CHART_POLICIES)))
+def test_the_chart_renders_the_same_expression(changes: dict) -> None:  # type: ignore[type-arg]
+    from tests.test_chart import chart_values, deep_merge, render
+
+    policy_values = deep_merge(chart_values()["policy"], changes)
+    hook = render({"policy": policy_values}).webhooks()[MUTATING_WEBHOOK]
+    expected = mutate_expression(RULES, Policy.model_validate(policy_values))
+    assert hook["matchConditions"] == [{"name": CONDITION_NAME, "expression": expected}]
+
+
+def test_the_chart_leaves_them_out_when_asked_or_too_old() -> None:
+    from tests.test_chart import CHART, helm, render
+
+    off = render({"webhooks": {"workloads": {"mutate": {"skipCompliant": False}}}})
+    assert "matchConditions" not in off.webhooks()[MUTATING_WEBHOOK]
+    old = helm("template", "envelope", str(CHART), "--kube-version", "1.27.9",
+               "--show-only", "templates/webhooks.yaml").stdout
+    assert "matchConditions" not in old
+    assert "matchConditions" in helm("template", "envelope", str(CHART), "--kube-version",
+                                     "1.28.0", "--show-only", "templates/webhooks.yaml").stdout
