@@ -21,6 +21,14 @@ from app.ruleset import RuleSet, default_ruleset
 
 __all__ = ["main"]
 
+KEEP_ALIVE_SECONDS = 120
+"""How long an idle keep-alive connection stays open. Longer than the API server's webhook
+client keeps one (90 s: k8s.io/client-go transport/cache.go takes http.DefaultTransport's
+IdleConnTimeout), so the client always closes first. With uvicorn's default of 5 s the
+server closed connections the API server was about to reuse, and a write failed with
+"failed calling webhook: EOF" / "use of closed network connection" (seen 2 in ~600
+creates at concurrency 20 in bench/apiserver.py)."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="envelope", description=__doc__)
@@ -270,6 +278,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
                           registry=metrics.registry)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
+                            timeout_keep_alive=KEEP_ALIVE_SECONDS,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     config.load()
     config.ssl = state.context

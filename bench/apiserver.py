@@ -181,7 +181,10 @@ def measure(cluster: harness.Cluster, label: str, count: int, concurrency: int,
     before = {name: cpu_seconds(pid) for name, pid in watched.items()}
     before["client"] = own_cpu_seconds()
     started = time.perf_counter()
-    samples = run_round(cluster, ns2, count, concurrency, template)
+    try:
+        samples = run_round(cluster, ns2, count, concurrency, template)
+    except RuntimeError as exc:
+        raise RuntimeError(f"round {label}, concurrency {concurrency}: {exc}") from None
     wall = time.perf_counter() - started
     result = summary(samples)
     result["rate"] = count / wall

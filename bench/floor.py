@@ -29,6 +29,7 @@ from starlette.routing import Route
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.admission import BadReview, Decision, parse_review, review_response
+from app.cli import KEEP_ALIVE_SECONDS
 from app.config import Policy
 from app.ruleset import default_ruleset
 from app.server import Handler, ReviewEndpoint, create_app
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print("floor: cannot load the certificate", file=sys.stderr)
         return 2
     config = uvicorn.Config(floor_app(), host=args.host, port=args.port, log_config=None,
-                            access_log=False, server_header=False)
+                            access_log=False, server_header=False,
+                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()
