@@ -10,6 +10,8 @@ each in a fresh namespace:
 - ``floor``: Envelope's server answering from its ``/floor`` route, an allow for the
   uid without decoding anything (what uvicorn + TLS cost, no rules);
 - ``floor-patch``: the same, answering the mutation with a one-op JSON patch;
+- ``floor-envpatch``: the same, answering with Envelope's own patch and warning for the
+  mutated object (precomputed): Envelope's patch without Envelope (mutated objects only);
 - ``go-h2`` / ``go-h1``: a do-nothing webhook in Go (``bench/noopwebhook``, standard
   library only) over HTTP/2 and over HTTP/1.1: what *any* webhook costs here;
 - ``envelope``: Envelope, with the chart's configurations in URL mode, without the
@@ -69,7 +71,7 @@ from same_answer import same_answer  # noqa: E402
 
 FLOOR = ROOT / "bench" / "floor.py"
 
-ROUNDS = ("none", "floor", "floor-patch", "go-h2", "go-h1", "envelope", "envelope-mc",
+ROUNDS = ("none", "floor", "floor-patch", "floor-envpatch", "go-h2", "go-h1", "envelope", "envelope-mc",
           "map", "kyverno-cpol", "kyverno-mpol")
 NOOP_SOURCE = ROOT / "bench" / "noopwebhook"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -199,11 +201,10 @@ def start_round(label: str, cluster: harness.Cluster, work: Path, noop: Path | N
     if label in PEER_ROUNDS:
         peer = PeerRound(label, cluster, work)
         return peer.start(probe_ns), peer
-    if label in ("floor", "floor-patch"):
+    if label in ("floor", "floor-patch", "floor-envpatch"):
         webhook = harness.start_webhook(work / label, kubeconfig=cluster.kubeconfig,
                                         extra_args=["--log-level", "warning"], command=(str(FLOOR),))
-        register_paths(cluster, webhook.url, webhook.ca_file,
-                       "/floor-patch" if label == "floor-patch" else "/floor", "/floor")
+        register_paths(cluster, webhook.url, webhook.ca_file, "/" + label, "/floor")
         return webhook.process, None
     if label in ("go-h2", "go-h1"):
         assert noop is not None
@@ -274,6 +275,8 @@ def main() -> int:
                     watched = dict(pids, **({"webhook": proc.pid} if proc else {}))
                     for obj_name, template in templates.items():
                         for c in concurrencies:
+                            if label == "floor-envpatch" and obj_name != "mutated":
+                                continue  # its patch names the mutated object's paths
                             r = measure(cluster, label, args.count, c, template, watched)
                             runs.setdefault((label, obj_name, c), []).append(r)
                     if proc is not None:
