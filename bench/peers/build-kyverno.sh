@@ -8,7 +8,9 @@
 # Cache: ${ENVELOPE_PEERS_DIR:-$HOME/.cache/envelope/peers}/kyverno-<version>/
 #   bin/kyverno   the binary
 #   src/          the module source (its config/crds are installed by the bench)
-# A cached binary is kept while its build info (`go version -m`) names the version.
+# A cached binary is kept while bin/kyverno.stamp names the version and the binary's
+# sha256 (kyverno has no --version flag, and -trimpath keeps -ldflags out of its build
+# info).
 # Progress goes to stderr; stdout is one line: the cache dir.
 #
 # Environment:
@@ -44,10 +46,8 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 built() {
     [[ "${ENVELOPE_PEERS_FORCE:-0}" != "1" && -x "${BIN}/kyverno" && -d "${SRC}/config/crds" ]] || return 1
-    # kyverno has no --version flag; the stamped version is in the build settings.
-    local out
-    out="$(go version -m "${BIN}/kyverno" 2>&1 || true)"
-    [[ "${out}" == *"pkg/version.BuildVersion=${VERSION}"* ]]
+    [[ -f "${BIN}/kyverno.stamp" ]] || return 1
+    [[ "$(cat "${BIN}/kyverno.stamp")" == "${VERSION} $(sha256sum "${BIN}/kyverno" | cut -d' ' -f1)" ]]
 }
 
 if built; then
@@ -77,6 +77,7 @@ if ! (cd "${SRC}" && go build -ldflags "${ldflags}" -o "${BIN}/.kyverno.tmp" ./c
 fi
 chmod 0755 "${BIN}/.kyverno.tmp"
 mv -f "${BIN}/.kyverno.tmp" "${BIN}/kyverno"
-built || die "the build info of ${BIN}/kyverno does not name ${VERSION}"
+echo "${VERSION} $(sha256sum "${BIN}/kyverno" | cut -d' ' -f1)" >"${BIN}/kyverno.stamp"
+built || die "${BIN}/kyverno.stamp does not match the binary"
 log "built kyverno ${VERSION} in $(($(date +%s) - start))s"
 echo "${DIR}"
