@@ -61,9 +61,13 @@ class Kyverno:
 
 
 def install_kyverno_prerequisites(cluster: harness.Cluster, kdir: Path) -> None:
-    crds = kdir / "src" / "config" / "crds"
-    for sub in sorted(p for p in crds.iterdir() if p.is_dir()):
-        harness.install_crds(cluster, sub, timeout=120)
+    # Server-side: client-side apply's last-applied annotation would exceed 256 KiB for
+    # Kyverno's largest CRDs (clusterpolicies, policies).
+    files = sorted((kdir / "src" / "config" / "crds").glob("*/*.yaml"))
+    args = [arg for f in files for arg in ("-f", str(f))]
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", *args, timeout=180)
+    names = cluster.kubectl("get", *args, "-o", "name").stdout.split()
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s", *names, timeout=130)
     if cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
         cluster.create_namespace(NAMESPACE)
     cluster.apply("\n---\n".join(json.dumps(o) for o in (

@@ -158,14 +158,20 @@ def _match() -> dict[str, Any]:
     return {"any": [{"resources": {"kinds": ["apps/v1/Deployment"], "operations": ["CREATE"]}}]}
 
 
-def _foreach_rule(name: str, field: str, preconditions: list[dict[str, Any]],
-                  patch: dict[str, Any], opt_out: bool) -> dict[str, Any]:
-    each: dict[str, Any] = {"list": f"request.object.spec.template.spec.{field} || `[]`",
-                            "preconditions": {"all": preconditions}, **patch}
-    rule: dict[str, Any] = {"name": name, "match": _match(), "mutate": {"foreach": [each]}}
+def _foreach_rule(name: str, field: str, entries: list[tuple[list[dict[str, Any]], str]],
+                  opt_out: bool) -> dict[str, Any]:
+    """One rule, one foreach entry per (preconditions, RFC 6902 patch) over ``field``."""
+    each = [{"list": f"request.object.spec.template.spec.{field} || `[]`",
+             "preconditions": {"all": preconditions}, "patchesJson6902": patch}
+            for preconditions, patch in entries]
+    rule: dict[str, Any] = {"name": name, "match": _match(), "mutate": {"foreach": each}}
     if opt_out:
         rule["preconditions"] = _NOT_OPTED_OUT
     return rule
+
+
+def _present(expr: str, present: bool) -> dict[str, Any]:
+    return {"key": f"{{{{ {expr} == null }}}}", "operator": "Equals", "value": not present}
 
 
 def _pod_resources_merge(section: str, key: str, value: str) -> dict[str, Any]:
@@ -174,29 +180,38 @@ def _pod_resources_merge(section: str, key: str, value: str) -> dict[str, Any]:
 
 
 def kyverno_cluster_policy() -> dict[str, Any]:
-    """Per container list: request from limit (strategic merge by name), limit removed
-    (RFC 6902 by index: a strategic-merge ``limits: {}`` cannot remove a key), memory
-    limit from request; then the pod-level resources."""
+    """Per container list, RFC 6902 by ``elementIndex``: request from limit, limit
+    removed (a strategic-merge ``limits: {}`` cannot remove a key), memory limit from
+    request; then the pod-level resources (strategic merge, not a list). Not strategic
+    merge for container lists: a foreach strategic-merge patch stores the patched
+    container first, so the containers come back reordered (and a later index-based
+    patch hits the wrong one) — seen in the same-answer check."""
     e = "element.resources"
     rules = []
     for field in FIELDS:
         short = "init" if field == "initContainers" else "containers"
+        at = f"/spec/template/spec/{field}/{{{{ elementIndex }}}}/resources"
 
-        def merge(section: str, key: str, value: str, field: str = field) -> dict[str, Any]:
-            return {"patchStrategicMerge": {"spec": {"template": {"spec": {field: [
-                {"name": "{{ element.name }}", "resources": {section: {key: f"{{{{ {value} }}}}"}}}]}}}}}
+        def add(section: str, key: str, value: str, whole: bool, at: str = at) -> str:
+            if whole:
+                return f'- op: add\n  path: {at}/{section}\n  value: {{"{key}": "{{{{ {value} }}}}"}}\n'
+            return f'- op: add\n  path: {at}/{section}/{key}\n  value: "{{{{ {value} }}}}"\n'
 
-        remove = (f"- op: remove\n  path: /spec/template/spec/{field}/{{{{ elementIndex }}}}"
-                  "/resources/limits/cpu\n")
+        cpu = [_set(f"{e}.limits.cpu"), _unset(f"{e}.requests.cpu")]
+        memory = [_set(f"{e}.requests.memory"), _unset(f"{e}.limits.memory")]
         rules += [
-            _foreach_rule(f"{short}-cpu-request", field,
-                          [_set(f"{e}.limits.cpu"), _unset(f"{e}.requests.cpu")],
-                          merge("requests", "cpu", f"{e}.limits.cpu"), True),
-            _foreach_rule(f"{short}-cpu-limit", field, [_set(f"{e}.limits.cpu")],
-                          {"patchesJson6902": remove}, True),
-            _foreach_rule(f"{short}-memory-limit", field,
-                          [_set(f"{e}.requests.memory"), _unset(f"{e}.limits.memory")],
-                          merge("limits", "memory", f"{e}.requests.memory"), False),
+            _foreach_rule(f"{short}-cpu-request", field, [
+                ([*cpu, _present(f"{e}.requests", True)], add("requests", "cpu", f"{e}.limits.cpu", False)),
+                ([*cpu, _present(f"{e}.requests", False)], add("requests", "cpu", f"{e}.limits.cpu", True)),
+            ], True),
+            _foreach_rule(f"{short}-cpu-limit", field, [
+                ([_set(f"{e}.limits.cpu")], f"- op: remove\n  path: {at}/limits/cpu\n")], True),
+            _foreach_rule(f"{short}-memory-limit", field, [
+                ([*memory, _present(f"{e}.limits", True)],
+                 add("limits", "memory", f"{e}.requests.memory", False)),
+                ([*memory, _present(f"{e}.limits", False)],
+                 add("limits", "memory", f"{e}.requests.memory", True)),
+            ], False),
         ]
     pod = "request.object.spec.template.spec.resources"
     opted = _NOT_OPTED_OUT["all"]
