@@ -11,7 +11,7 @@ METRICS_PORT ?= 9090
 ENVELOPE_CONTROLPLANE_DIR ?= $(HOME)/.cache/envelope/controlplane
 export ENVELOPE_CONTROLPLANE_DIR
 
-.PHONY: run test unit e2e lint fmt bench bench-apiserver bench-peers bench-cache bench-quotas install controlplane clean
+.PHONY: run test unit e2e lint fmt bench bench-apiserver bench-audit bench-peers bench-cache bench-quotas install controlplane clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ bench: $(STAMP)
 
 bench-apiserver: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/apiserver.py
+
+bench-audit: $(STAMP) controlplane
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/audit.py
 
 # Envelope side by side with the peers users would pick instead (Kyverno v1.19.1, built
 # from the Go module proxy by bench/peers/build-kyverno.sh; a MutatingAdmissionPolicy):

@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from functools import cached_property
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.selectors import LabelSelector
+from app.substrate import pool_sandbox_classes
 
 __all__ = [
     "ACTOR_RESOURCES",
@@ -69,61 +72,6 @@ class ResourceRequirements(_Model):
     limits: dict[str, Any] | None = None
     requests: dict[str, Any] | None = None
     claims: list[Any] | None = None
-
-
-class LabelSelectorRequirement(_Model):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] | None = None
-
-    def problem(self) -> str | None:
-        """What ``metav1.LabelSelectorAsSelector`` would reject, if anything."""
-        has_values = bool(self.values)
-        if self.operator in ("In", "NotIn") and not has_values:
-            return f"{self.key} {self.operator} needs values"
-        if self.operator in ("Exists", "DoesNotExist") and has_values:
-            return f"{self.key} {self.operator} takes no values"
-        return None
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        values = self.values or []
-        if self.operator == "In":
-            return self.key in labels and labels[self.key] in values
-        if self.operator == "NotIn":
-            return self.key not in labels or labels[self.key] not in values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels
-
-    def describe(self) -> str:
-        if self.operator in ("Exists", "DoesNotExist"):
-            return self.key if self.operator == "Exists" else f"!{self.key}"
-        word = "in" if self.operator == "In" else "notin"
-        return f"{self.key} {word} ({','.join(self.values or [])})"
-
-
-class LabelSelector(_Model):
-    """A ``metav1.LabelSelector``: every matchLabels pair and every expression must
-    hold. An empty selector selects everything, as upstream's scheduler reads it."""
-
-    match_labels: dict[str, str] | None = Field(None, alias="matchLabels")
-    match_expressions: list[LabelSelectorRequirement] | None = Field(None, alias="matchExpressions")
-
-    def problems(self) -> list[str]:
-        found = (req.problem() for req in self.match_expressions or [])
-        return [p for p in found if p is not None]
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        pairs = self.match_labels or {}
-        if any(labels.get(key) != value for key, value in pairs.items()):
-            return False
-        return all(req.matches(labels) for req in self.match_expressions or [])
-
-    def describe(self) -> str:
-        """``kubectl``'s selector syntax: ``tier=gpu,zone in (a,b)``."""
-        parts = [f"{k}={v}" for k, v in sorted((self.match_labels or {}).items())]
-        parts += [req.describe() for req in self.match_expressions or []]
-        return ",".join(parts) or "(everything)"
 
 
 class ObjectMeta(_Model):
@@ -179,6 +127,17 @@ class WorkerPool(_Model):
     @property
     def labels(self) -> dict[str, str]:
         return dict(self.metadata.labels or {})
+
+    @cached_property
+    def sandbox_classes(self) -> frozenset[str]:
+        """The classes the pool runs, from either upstream shape: ``spec.sandboxClasses``
+        (current, kept as an extra field) or ``spec.sandboxClass`` (CRD era, default
+        gvisor). See :func:`app.substrate.read_pool_classes`."""
+        spec = self.spec
+        raw = dict(spec.model_extra or {})
+        if "sandbox_class" in spec.model_fields_set:
+            raw["sandboxClass"] = spec.sandbox_class
+        return pool_sandbox_classes({"spec": raw})
 
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:

@@ -39,6 +39,14 @@ def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     return value
 
 
+def _show(value: Any) -> str:
+    """A value for a message: scalars as written (cut), anything else by its type, so a
+    crafted deep structure costs nothing to describe."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return repr(value)[:80]
+    return type(value).__name__
+
+
 def parse_review(body: bytes) -> tuple[str, Subject]:
     """Decode a request body into (uid, subject)."""
     try:
@@ -48,9 +56,9 @@ def parse_review(body: bytes) -> tuple[str, Subject]:
     if not isinstance(data, dict):
         raise BadReview(f"expected an AdmissionReview object, got {type(data).__name__}")
     if data.get("kind") != "AdmissionReview":
-        raise BadReview(f"kind: expected AdmissionReview, got {data.get('kind')!r}")
+        raise BadReview(f"kind: expected AdmissionReview, got {_show(data.get('kind'))}")
     if data.get("apiVersion") != API_VERSION:
-        raise BadReview(f"apiVersion: expected {API_VERSION}, got {data.get('apiVersion')!r}")
+        raise BadReview(f"apiVersion: expected {API_VERSION}, got {_show(data.get('apiVersion'))}")
     request = _field(data, "request", dict, "")
     uid = _field(request, "uid", str, "request.")
     kind = _field(request, "kind", dict, "request.")
@@ -60,7 +68,7 @@ def parse_review(body: bytes) -> tuple[str, Subject]:
     operation = _field(request, "operation", str, "request.")
     if operation not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
         raise BadReview(f"request.operation: expected CREATE, UPDATE, DELETE or CONNECT, "
-                        f"got {operation!r}")
+                        f"got {_show(operation)}")
     obj = _field(request, "object", dict, "request.", required=False)
     old = _field(request, "oldObject", dict, "request.", required=False)
     if operation in ("CREATE", "UPDATE") and obj is None:
@@ -70,9 +78,17 @@ def parse_review(body: bytes) -> tuple[str, Subject]:
     if not name and obj is not None:
         meta = obj.get("metadata")
         if isinstance(meta, dict):
-            name = str(meta.get("name") or meta.get("generateName") or "")
+            found = meta.get("name") or meta.get("generateName")
+            name = found if isinstance(found, str) else ""  # a rule reports a wrong type
     dry_run = _field(request, "dryRun", bool, "request.", required=False) or False
-    return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run)
+    user_info = request.get("userInfo")
+    user, groups = "", 0
+    if isinstance(user_info, dict):
+        found = user_info.get("username")
+        user = found[:256] if isinstance(found, str) else ""
+        groups = len(user_info["groups"]) if isinstance(user_info.get("groups"), list) else 0
+    return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run,
+                        user, groups)
 
 
 @dataclass
@@ -92,14 +108,16 @@ class Decision:
 
 def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     """Turn findings into an admission decision."""
-    warnings = [brief(f.message) for f in evaluation.warnings]
+    # The message is kept under the limit its rule wrote it for, then named: the API
+    # server truncates a warning only past 256 characters.
+    warnings = [f"envelope[{f.rule}]: {brief(f.message)}" for f in evaluation.warnings]
     if evaluation.internal_errors:
         reason = "; ".join(evaluation.internal_errors)
         if failure_mode == "deny":
             return Decision(False, f"Envelope could not evaluate this object ({reason}); "
                                    f"denied because failureMode is deny", 500,
                             warnings=warnings or None)
-        warnings.append(brief(f"Envelope skipped a rule after an internal error: {reason}"))
+        warnings.append(brief(f"envelope: skipped a rule after an internal error: {reason}"))
     errors = evaluation.errors
     if errors:
         message = "; ".join(f"{f.message} [{f.rule}]" for f in errors)
@@ -110,7 +128,7 @@ def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
 def review_response(uid: str, decision: Decision) -> bytes:
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
-        reason = "Forbidden" if decision.code == 403 else "InternalError"
+        reason = {403: "Forbidden", 400: "BadRequest"}.get(decision.code, "InternalError")
         response["status"] = {"code": decision.code, "reason": reason,
                               "message": decision.message}
     if decision.patch:

@@ -19,6 +19,8 @@ import base64
 import datetime as dt
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,45 +62,74 @@ def _join(certs: list[bytes]) -> bytes:
 
 @dataclass
 class LeaseElector:
-    """Leader election on a coordination.k8s.io/v1 Lease, as client-go does it."""
+    """Leader election on a coordination.k8s.io/v1 Lease, as client-go's LeaderElector
+    does it (k8s.io/client-go/tools/leaderelection/leaderelection.go, ``tryAcquireOrRenew``).
+
+    Expiry is judged on *our* clock: we note when *we* saw the holder's record change
+    (``observed_at``, monotonic) and the lease is free only once ``leaseDurationSeconds``
+    have passed on our monotonic clock without a change. The holder's ``renewTime`` is
+    written for humans and never compared with the local wall clock, so two replicas
+    whose clocks disagree by more than the lease duration still never both lead.
+    (Comparing ``renewTime`` with the local clock, as before, let a replica whose clock
+    ran ahead take a lease that was being renewed, and one whose clock ran behind wait
+    out a dead holder for as long as the skew.)
+    """
 
     client: KubeClient
     namespace: str
     name: str
     identity: str
     duration: int = 15
+    clock: Callable[[], dt.datetime] = field(default=_now)
+    """Wall clock: only for the timestamps written into the Lease."""
+    monotonic: Callable[[], float] = field(default=time.monotonic)
+    _observed: tuple[Any, ...] | None = field(default=None, init=False, repr=False)
+    _observed_at: float = field(default=0.0, init=False, repr=False)
 
     @property
     def path(self) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
 
+    def _observe(self, spec: dict[str, Any], now: float) -> None:
+        record = tuple(spec.get(k) for k in ("holderIdentity", "leaseDurationSeconds",
+                                             "acquireTime", "renewTime", "leaseTransitions"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+
     def try_acquire(self) -> bool:
-        now = _now()
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        now = self.monotonic()
+        stamp = self.clock().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
             lease = self.client.request("GET", f"{self.path}/{self.name}")
         except ApiError as exc:
             if exc.status != 404:
                 raise
+            spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration,
+                    "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0}
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration,
-                             "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0}}
-            return self._write("POST", self.path, body)
+                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
+            if self._write("POST", self.path, body):
+                self._observe(spec, now)
+                return True
+            return False
         spec = lease.setdefault("spec", {})
+        self._observe(spec, now)
         holder = spec.get("holderIdentity")
         if holder and holder != self.identity:
-            renewed = spec.get("renewTime")
-            expires = (dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
-                       + dt.timedelta(seconds=int(spec.get("leaseDurationSeconds", self.duration)))
-                       if renewed else now)
-            if expires > now:
-                return False
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions", 0)) + 1
+            try:
+                duration = float(spec.get("leaseDurationSeconds") or self.duration)
+            except (TypeError, ValueError):
+                duration = float(self.duration)
+            if self._observed_at + duration > now:
+                return False  # held, and not yet expired by our own clock
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
             spec["acquireTime"] = stamp
         spec.update({"holderIdentity": self.identity, "leaseDurationSeconds": self.duration,
                      "renewTime": stamp})
-        return self._write("PUT", f"{self.path}/{self.name}", lease)
+        if self._write("PUT", f"{self.path}/{self.name}", lease):
+            self._observe(spec, now)
+            return True
+        return False
 
     def _write(self, method: str, path: str, body: dict[str, Any]) -> bool:
         try:

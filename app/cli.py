@@ -12,61 +12,81 @@ from typing import Any
 
 import orjson
 
-from app.cluster.static import LoadError, Manifest, load_manifests
+from app.cluster.static import Manifest, load
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from app.engine import Evaluation, check_object
+from app.exemptions import needs_namespaces
+from app.limits import add_arguments as add_limit_arguments
+from app.limits import limits_from_args, uvicorn_options
+from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset
+from app.substrate import as_crd_template, is_current_template, read_current_template
 
 __all__ = ["main"]
 
-KEEP_ALIVE_SECONDS = 120
-"""How long an idle keep-alive connection stays open. Longer than the API server's webhook
-client keeps one (90 s: k8s.io/client-go transport/cache.go takes http.DefaultTransport's
-IdleConnTimeout), so the client always closes first. With uvicorn's default of 5 s the
-server closed connections the API server was about to reuse, and a write failed with
-"failed calling webhook: EOF" / "use of closed network connection" (seen 2 in ~600
-creates at concurrency 20 in bench/apiserver.py)."""
-
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="envelope", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="envelope", description=(
+        "Envelope: a Kubernetes admission webhook that strips CPU limits while keeping memory "
+        "request = limit, and rejects GPU quota trees and actor sandboxes that cannot hold. "
+        "`envelope serve` runs the webhook; `envelope check` runs the same rules over files."))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check}")
 
     serve = sub.add_parser("serve", help="run the admission webhook over HTTPS")
-    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)))
-    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"))
-    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"))
+    serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"),
+                       help='address to serve HTTPS on (env ENVELOPE_HOST)')
+    serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)),
+                       help='HTTPS port for /mutate, /validate, /healthz, /readyz (env ENVELOPE_PORT)')
+    serve.add_argument("--cert-file", default=os.environ.get("ENVELOPE_CERT_FILE"),
+                       help='serving certificate (PEM), reloaded when it changes (env ENVELOPE_CERT_FILE)')
+    serve.add_argument("--key-file", default=os.environ.get("ENVELOPE_KEY_FILE"),
+                       help='its private key (PEM) (env ENVELOPE_KEY_FILE)')
     serve.add_argument("--self-signed", action="store_true",
                        help="make a CA and serving certificate for localhost/127.0.0.1")
     serve.add_argument("--self-signed-dir", default=os.environ.get(
-        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")))
+        "ENVELOPE_SELF_SIGNED_DIR", str(Path.home() / ".cache" / "envelope" / "self-signed")),
+        help="where --self-signed keeps its CA and pair")
     serve.add_argument("--metrics-host", default=os.environ.get("ENVELOPE_METRICS_HOST"),
                        help="address for the metrics listener (default: --host)")
     serve.add_argument("--metrics-port", type=int,
                        default=int(os.environ.get("ENVELOPE_METRICS_PORT", 9090)),
                        help="plain-HTTP Prometheus port; 0 disables it")
-    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
-    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"))
+    serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                       help='policy file (docs/configuration.md) (env ENVELOPE_CONFIG)')
+    serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"),
+                       help="debug, info, warning or error; below info the per-review line is "
+                            "off (env ENVELOPE_LOG_LEVEL)")
     env = os.environ.get
     serve.add_argument("--tls-mode", choices=("files", "self"), default=env("ENVELOPE_TLS_MODE", "files"),
                        help="files: --cert-file/--key-file, reloaded on change; self: own CA in a "
                             "Secret, injected into the webhook configurations")
-    serve.add_argument("--namespace", default=env("POD_NAMESPACE"))
-    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"))
-    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"))
+    serve.add_argument("--namespace", default=env("POD_NAMESPACE"),
+                       help="Envelope's namespace, for --tls-mode self (env POD_NAMESPACE)")
+    serve.add_argument("--service-name", default=env("ENVELOPE_SERVICE_NAME"),
+                       help="the Service in front of Envelope, for the certificate's names "
+                            "(env ENVELOPE_SERVICE_NAME)")
+    serve.add_argument("--tls-secret", default=env("ENVELOPE_TLS_SECRET", "envelope-tls"),
+                       help='Secret holding the CA and serving pair in --tls-mode self')
     serve.add_argument("--tls-extra-san", action="append",
-                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s])
+                       default=[s for s in env("ENVELOPE_TLS_EXTRA_SANS", "").split(",") if s],
+                       help="another DNS name or IP for the certificate (repeatable)")
     serve.add_argument("--mutating-webhook-configuration", dest="mutating_config",
-                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"))
+                       default=env("ENVELOPE_MUTATING_WEBHOOK_CONFIGURATION"),
+                       help="MutatingWebhookConfiguration whose caBundle --tls-mode self keeps")
     serve.add_argument("--validating-webhook-configuration", dest="validating_config",
-                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"))
-    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"))
-    serve.add_argument("--cert-validity-days", type=int, default=365)
-    serve.add_argument("--ca-validity-days", type=int, default=3650)
-    serve.add_argument("--renew-before-days", type=float, default=30)
+                       default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"),
+                       help="ValidatingWebhookConfiguration whose caBundle --tls-mode self keeps")
+    serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"),
+                       help='Lease the replicas elect the certificate manager with')
+    serve.add_argument("--cert-validity-days", type=int, default=365,
+                       help='serving certificate lifetime (--tls-mode self)')
+    serve.add_argument("--ca-validity-days", type=int, default=3650,
+                       help='CA lifetime (--tls-mode self)')
+    serve.add_argument("--renew-before-days", type=float, default=30,
+                       help='renew this many days before expiry (--tls-mode self)')
     serve.add_argument("--tls-interval", type=float, default=5.0,
                        help="seconds between certificate checks (self mode)")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
@@ -80,12 +100,43 @@ def _parser() -> argparse.ArgumentParser:
                             "rules that read it answer per the failure mode")
     serve.add_argument("--shutdown-timeout", type=int, default=10,
                        help="seconds to let in-flight reviews finish on SIGTERM")
+    serve.add_argument("--client-ca-file", default=env("ENVELOPE_CLIENT_CA_FILE"),
+                       help="require a client certificate that chains to this PEM CA bundle "
+                            "(mTLS; off by default). Read at start")
+    serve.add_argument("--client-names", default=env("ENVELOPE_CLIENT_NAMES", ""),
+                       help="with --client-ca-file: comma-separated names (subject CN or "
+                            "DNS/URI/IP SAN) a client certificate must carry, e.g. "
+                            "kube-apiserver; empty: any certificate from the CA")
+    add_limit_arguments(serve)
 
-    check = sub.add_parser("check", help="run the rules over manifest files, offline")
-    check.add_argument("-f", "--filename", action="append", required=True, dest="paths",
-                       help="file, directory or - for stdin (repeatable)")
-    check.add_argument("-o", "--output", choices=("human", "json"), default="human")
-    check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
+    check = sub.add_parser(
+        "check", help="run the rules over manifest files, offline",
+        description="Run Envelope's rules over manifests, read as kubectl reads them. Exit 0: "
+                    "nothing at or above --fail-on; 1: findings at or above it; 2: unreadable "
+                    "input or no Kubernetes objects found.")
+    check.add_argument("paths", nargs="*", metavar="PATH",
+                       help="file or directory to check, like -f")
+    check.add_argument("-f", "--filename", action="append", default=[], dest="filenames",
+                       metavar="PATH", help="file, directory (walked recursively) or - for "
+                                            "stdin; repeatable")
+    check.add_argument("-o", "--output", choices=FORMATS, default="text",
+                       help="text (alias human), json, sarif (SARIF 2.1.0), junit (one testcase "
+                            "per object) or github (workflow-command annotations)")
+    check.add_argument("--fail-on", choices=("error", "warning"), default="error",
+                       help="lowest severity that makes the exit status 1 (default: error)")
+    check.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                       help="leave out files and directories whose path (relative to a walked "
+                            "directory, or as given) or name matches GLOB; repeatable")
+    check.add_argument("--allow-empty", action="store_true",
+                       help="exit 0 instead of 2 when no Kubernetes objects are found")
+    check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                       help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
+    check.add_argument("--kubeconfig", metavar="PATH",
+                       help="also read Nodes, LimitRanges, ResourceQuotas, KAI trees and "
+                            "WorkerPools from this cluster (one LIST each; api.ate.dev "
+                            "ActorTemplates are placed against its WorkerPools); the files' "
+                            "objects replace the cluster's of the same name")
+    _audit_parser(sub)
     config = sub.add_parser("webhook-config",
                             help="print the mutating webhook's matchConditions for a policy "
                                  "(a strategic-merge patch for the chart's configuration)")
@@ -109,69 +160,264 @@ def run_webhook_config(rules: RuleSet, policy: Policy, output: str) -> int:
     return 0
 
 
+def _audit_parser(sub: Any) -> None:
+    env = os.environ.get
+    audit = sub.add_parser("audit", help="judge the objects in a cluster as they stand; "
+                                         "print or write PolicyReports")
+    audit.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                       help="the cluster to read (default: in-cluster)")
+    audit.add_argument("-o", "--output", choices=("text", "json", "policyreport"),
+                       default="text")
+    audit.add_argument("--config", default=env("ENVELOPE_CONFIG"))
+    audit.add_argument("--include-owned", action="store_true",
+                       help="also judge Pods, ReplicaSets and Jobs made by a controller")
+    audit.add_argument("--write", action="store_true",
+                       help="apply the PolicyReports to the cluster, delete outdated ones")
+    audit.add_argument("--watch", action="store_true",
+                       help="keep auditing: on start, on change and every --interval "
+                            "(writes reports, serves metrics)")
+    audit.add_argument("--interval", type=float, default=float(env("ENVELOPE_AUDIT_INTERVAL", 600)),
+                       help="seconds between audits with --watch")
+    audit.add_argument("--debounce", type=float, default=float(env("ENVELOPE_AUDIT_DEBOUNCE", 10)),
+                       help="seconds without change before a change is audited")
+    audit.add_argument("--metrics-host", default=env("ENVELOPE_METRICS_HOST", "0.0.0.0"))
+    audit.add_argument("--metrics-port", type=int, default=int(env("ENVELOPE_METRICS_PORT", 9090)),
+                       help="Prometheus port with --watch; 0 disables it")
+    audit.add_argument("--log-level", default=env("ENVELOPE_LOG_LEVEL", "info"))
+
+
+def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
+    from app.audit import AuditMetrics, Auditor, audit, policy_reports, summary_text, write_reports
+    from app.cluster.kube import ApiError, KubeClient, kube_configuration
+
+    try:
+        client = KubeClient(kube_configuration(args.kubeconfig))
+    except Exception as exc:
+        print(f"envelope audit: no cluster configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.watch:
+        from prometheus_client import start_http_server
+
+        from app.logs import setup_logging
+
+        setup_logging(args.log_level)
+        metrics = AuditMetrics()
+        if args.metrics_port:
+            start_http_server(args.metrics_port, addr=args.metrics_host,
+                              registry=metrics.registry)
+        Auditor(client, rules, policy, metrics, interval=args.interval,
+                debounce=args.debounce, include_owned=args.include_owned).run()
+        return 0
+    try:
+        found = audit(client, rules, policy, include_owned=args.include_owned)
+        reports = policy_reports(found)
+        if args.write:
+            applied, deleted = write_reports(client, reports)
+            print(f"envelope audit: {applied} reports applied, {deleted} deleted",
+                  file=sys.stderr)
+    except (ApiError, OSError, urllib3_errors()) as exc:
+        print(f"envelope audit: the cluster refused or could not be reached: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "policyreport":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump_all(reports, sort_keys=False))
+    elif args.output == "json":
+        counts = [{"namespace": ns, "rule": rule_id, "result": res, "count": n}
+                  for (ns, rule_id, res), n in sorted(found.counts().items())]
+        sys.stdout.write(orjson.dumps(
+            {"objects": found.objects, "owned": found.owned, "absent": found.absent,
+             "seconds": round(found.seconds, 3), "summary": counts,
+             "results": [r.as_dict() for r in found.results]},
+            option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(summary_text(found))
+    return 1 if any(r.result in ("fail", "error") for r in found.results) else 0
+
+
+def urllib3_errors() -> type[Exception]:
+    import urllib3
+
+    return urllib3.exceptions.HTTPError
+
+
 def subject_of(obj: dict[str, Any]) -> Subject:
     group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     return Subject(group, version, str(obj.get("kind", "")), "CREATE",
                    str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
 
 
-def _entry(m: Manifest, subject: Subject, result: Evaluation) -> dict[str, Any]:
-    return {"kind": subject.kind, "apiVersion": subject.api_version,
-            "namespace": subject.namespace, "name": subject.name,
-            "source": f"{m.source}#{m.document}",
-            "findings": [f.as_dict() for f in result.findings],
-            "patch": result.patch}
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-
-def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str) -> int:
     try:
-        manifests = load_manifests(paths)
-    except LoadError as exc:
-        print(f"envelope check: {exc}", file=sys.stderr)
-        return 2
-    view = StaticView((m.obj for m in manifests), rules.indexes)
-    gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
-    entries = []
-    failed = False
-    for m in manifests:
-        subject = subject_of(m.obj)
-        result = check_object(rules, subject, view, policy)
-        entry = _entry(m, subject, result)
-        if result.internal_errors:
-            entry["findings"].extend({"severity": "error", "rule": "internal", "path": "",
-                                      "message": e} for e in result.internal_errors)
-        failed = failed or any(f["severity"] == "error" for f in entry["findings"])
-        entry["changes"] = [f.message for f in result.changes]
-        entries.append(entry)
-    if output == "json":
-        for e in entries:
-            e.pop("changes")
-        sys.stdout.write(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        _print_human(entries)
-    return 1 if failed else 0
+        return version("envelope")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
-def _print_human(entries: list[dict[str, Any]]) -> None:
-    errors = warnings = mutated = 0
-    for e in entries:
-        if not e["findings"] and not e["changes"]:
+def _entry(m: Manifest, subject: Subject, result: Evaluation) -> ObjectResult:
+    findings = [{**f.as_dict(), "line": m.line_of(f.path)} for f in result.findings]
+    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
+                  "line": m.line} for e in result.internal_errors]
+    changes = [{"rule": f.rule, "path": f.path, "message": f.message, "line": m.line_of(f.path)}
+               for f in result.changes]
+    return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
+                        m.source, m.document, m.line, findings, changes, result.patch,
+                        [{"rule": r, "reason": why} for r, why in result.skipped.items()])
+
+
+ANY_NAMESPACE = "any namespace"
+"""Where a substrate-API ActorTemplate is placed: it lives in an atespace, not a
+namespace, and upstream's scheduler matches workers of every namespace."""
+
+
+WORKERPOOLS = "/apis/ate.dev/v1alpha1/workerpools"
+
+
+def cluster_pools(kubeconfig: str) -> list[dict[str, Any]]:
+    """Every WorkerPool of the cluster (one paged LIST, no watch); none without the CRD."""
+    from app.cluster.kube import ApiError, KubeClient, kube_configuration  # the client is slow to import
+
+    client = KubeClient(kube_configuration(kubeconfig))
+    items: list[dict[str, Any]] = []
+    fields: dict[str, Any] = {"limit": 500}
+    while True:
+        try:
+            body = orjson.loads(client.get(WORKERPOOLS, fields, 30).data)
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        items.extend({"apiVersion": "ate.dev/v1alpha1", "kind": "WorkerPool", **item}
+                     for item in body.get("items") or [])
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+        fields = {"limit": 500, "continue": token}
+
+
+def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView:
+    """Every ate.dev WorkerPool given in one namespace, named ``<ns>/<name>``; a later
+    one replaces an earlier one of the same namespace and name (files over the cluster)."""
+    pools = []
+    for obj in objects:
+        if obj.get("kind") != "WorkerPool" or not str(obj.get("apiVersion", "")).startswith("ate.dev/"):
             continue
-        where = f"{e['namespace']}/{e['name']}" if e["namespace"] else e["name"]
-        print(f"{e['kind']} {where} ({e['source']})")
-        for f in e["findings"]:
-            print(f"  {f['severity']:<7} {f['rule']}: {f['message']}")
-            errors += f["severity"] == "error"
-            warnings += f["severity"] == "warning"
-        for change in e["changes"]:
-            print(f"  change  {change}")
-        mutated += bool(e["patch"])
-    print(f"{len(entries)} objects: {errors} errors, {warnings} warnings, "
-          f"{mutated} would be mutated")
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        name = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        pools.append({**obj, "metadata": {**meta, "namespace": ANY_NAMESPACE, "name": name}})
+    return StaticView(pools, rules.indexes)
 
 
-def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[str, Any]]:
+def _current_template_entry(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                            rules: RuleSet, policy: Policy) -> dict[str, Any]:
+    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion) judged by the
+    ActorTemplate rules, as the envelope ``app.substrate`` reads from it."""
+    obj = m.obj
+    selector_from = None
+    if obj.get("kind") == "ActorTemplateVersion":
+        parent = obj.get("actorTemplate") if isinstance(obj.get("actorTemplate"), dict) else {}
+        selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
+                              and o.obj.get("kind") == "ActorTemplate"
+                              and (o.obj.get("metadata") or {}).get("name") == parent.get("name")), None)
+    template = read_current_template(obj, selector_from)
+    crd = as_crd_template(template, ANY_NAMESPACE)
+    subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
+                      template.name, crd)
+    result = check_object(rules, subject, pools, policy)
+    findings = [{"severity": "error", "rule": "actor-limits", "path": p.split(":", 1)[0], "message": p}
+                for p in template.problems]
+    return {"kind": template.kind, "apiVersion": str(obj.get("apiVersion")),
+            "namespace": template.atespace, "name": template.name,
+            "source": f"{m.source}#{m.document}",
+            "findings": findings + [f.as_dict() for f in result.findings],
+            "patch": None, "internal": result.internal_errors, "changes": []}
+
+
+def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                             rules: RuleSet, policy: Policy) -> ObjectResult:
+    entry = _current_template_entry(m, manifests, pools, rules, policy)
+    findings = [{**f, "line": m.line_of(f["path"])} for f in entry["findings"]]
+    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
+                  "line": m.line} for e in entry["internal"]]
+    return ObjectResult(entry["kind"], entry["apiVersion"], entry["namespace"] or "",
+                        entry["name"], m.source, m.document, m.line, findings)
+
+
+def _kinds(objects: list[dict[str, Any]]) -> set[str]:
+    return {str(o.get("kind")) for o in objects}
+
+
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
+              fail_on: str = "error",
+              exclude: list[str] | None = None, allow_empty: bool = False,
+              kubeconfig: str | None = None) -> int:
+    loaded = load(paths, exclude or ())
+    if loaded.errors:
+        for error in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line)):
+            print(f"envelope check: {error}", file=sys.stderr)
+            if output == "github":
+                print(f"::error file={error.source},line={error.line or 1},"
+                      f"title=envelope[parse]::{error.problem}")
+        print(f"envelope check: {len(loaded.errors)} input problem(s); nothing was checked",
+              file=sys.stderr)
+        return 2
+    manifests = loaded.manifests
+    skipped = [(s.path, s.reason) for s in loaded.skipped]
+    if not manifests:
+        for path, reason in skipped[:20]:
+            print(f"envelope check: skipped {path}: {reason}", file=sys.stderr)
+        print(f"envelope check: no Kubernetes objects found in {' '.join(paths)}"
+              + (f" ({len(skipped)} path(s) skipped)" if skipped else "")
+              + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
+              file=sys.stderr)
+        return 0 if allow_empty else 2
+    context: list[dict[str, Any]] = []
+    if kubeconfig:
+        from app.cluster.kube import KubeClient, kube_configuration
+        from app.cluster.snapshot import merge, snapshot
+
+        try:
+            client = KubeClient(kube_configuration(kubeconfig))
+        except Exception as exc:
+            print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
+            return 2
+        live = snapshot(client)
+        if live.problems:
+            for problem in live.problems:
+                print(f"envelope check: {problem}", file=sys.stderr)
+            return 2
+        context = merge(live.objects, (m.obj for m in manifests))
+    view = StaticView(context or (m.obj for m in manifests), rules.indexes)
+    gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
+    objects = []
+    pools: StaticView | None = None
+    for m in manifests:
+        if is_current_template(m.obj):  # api.ate.dev: placed against every namespace's pools
+            if pools is None:
+                pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
+            objects.append(_current_template_result(m, manifests, pools, rules, policy))
+            continue
+        subject = subject_of(m.obj)
+        objects.append(_entry(m, subject, check_object(rules, subject, view, policy)))
+    declared = list(rules.values())
+    report = Report(objects, declared,
+                    not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
+                                          for o in objects),
+                                  present=_kinds(context)),
+                    skipped, _version())
+    sys.stdout.write(render(report, output, fail_on))  # type: ignore[arg-type]
+    return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
+
+
+def _cluster_view(args: argparse.Namespace, rules: RuleSet,
+                  policy: Policy) -> tuple[Any, dict[str, Any]]:
     """The live view (started) of what the rules read, and its readiness check, or an
     empty static view."""
     import logging
@@ -191,7 +437,8 @@ def _cluster_view(args: argparse.Namespace, rules: RuleSet) -> tuple[Any, dict[s
         log.warning("no cluster configuration; rules see an empty cluster",
                     extra={"fields": {"reason": str(exc)[:200]}})
         return StaticView(indexes=rules.indexes), {}
-    view = LiveView(configuration, resources_for(rules.reads), staleness=args.staleness,
+    kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
+    view = LiveView(configuration, resources_for(kinds), staleness=args.staleness,
                     indexes=rules.indexes)
     view.start()
     log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
@@ -205,9 +452,28 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
 
     from app.certs import LeaseElector, SelfManaged
     from app.cluster.kube import KubeClient, kube_configuration
-    from app.tls import FileWatcher, KeyPair, TlsState, write_self_signed
+    from app.tls import FileWatcher, KeyPair, TlsState, client_ca_problem, write_self_signed
 
-    state = TlsState(on_load=lambda when: metrics.cert_expiry.set(when.timestamp()))
+    client_ca: bytes | None = None
+    client_names = frozenset(n.strip() for n in (args.client_names or "").split(",") if n.strip())
+    if args.client_ca_file:
+        try:
+            client_ca = Path(args.client_ca_file).read_bytes()
+        except OSError as exc:
+            print(f"envelope serve: cannot read --client-ca-file {exc.filename}: {exc.strerror}",
+                  file=sys.stderr)
+            return None
+        problem = client_ca_problem(client_ca)
+        if problem:
+            print(f"envelope serve: --client-ca-file {args.client_ca_file}: {problem}",
+                  file=sys.stderr)
+            return None
+    elif client_names:
+        print("envelope serve: --client-names needs --client-ca-file (the names are checked "
+              "on a verified client certificate)", file=sys.stderr)
+        return None
+    state = TlsState(on_load=lambda when: metrics.cert_expiry.set(when.timestamp()),
+                     client_ca=client_ca, client_names=client_names)
     if args.self_signed:
         paths = write_self_signed(Path(args.self_signed_dir))
         print(f"CA certificate: {paths.ca}", flush=True)
@@ -253,14 +519,35 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
             break
         time.sleep(2)
     manager.start()
+    metrics.leader.set_function(lambda: 1.0 if manager.leader else 0.0)
     return state, {"certificate": manager.problems}
+
+
+def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any]) -> None:
+    """With the webhook configurations named, raise their webhooks to the failurePolicy
+    the chart recorded once this replica is ready and reachable through them
+    (``app.failurepolicy``)."""
+    configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
+                                   ("validatingwebhookconfigurations", args.validating_config))
+               if n]
+    if not configs:
+        return
+    from app.cluster.kube import KubeClient, kube_configuration
+    from app.failurepolicy import PolicyRaiser
+
+    try:
+        client = KubeClient(kube_configuration(args.kubeconfig))
+    except Exception as exc:  # no cluster: nothing to raise
+        print(f"envelope serve: cannot raise failure policies: {exc}", file=sys.stderr)
+        return
+    PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values())).start()
 
 
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
-    from prometheus_client import start_http_server
 
     from app.logs import setup_logging
+    from app.metrics_server import MetricsServer
     from app.server import Metrics, create_app
 
     setup_logging(args.log_level)
@@ -269,21 +556,53 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args, rules)
+    view, view_checks = _cluster_view(args, rules, policy)
     if view is None:
         return 2
-    app = create_app(rules, policy, view, ready_checks={**checks, **view_checks}, metrics=metrics)
+    metrics.watches.view = view
+    all_checks = {**checks, **view_checks}
+    _raise_failure_policies(args, all_checks)
+    app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_host or args.host,
-                          registry=metrics.registry)
+        MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
-                            timeout_keep_alive=KEEP_ALIVE_SECONDS,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            **uvicorn_options(limits_from_args(args),
+                                              state.peer_allowed if args.client_ca_file else None))
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()
     return 0
+
+
+def _serve_problem(args: argparse.Namespace) -> str | None:
+    """What would make ``serve`` fail at start, said before anything starts."""
+    import logging
+    import socket
+
+    if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
+        return (f"unknown log level {args.log_level!r}; use one of debug, info, warning, "
+                f"error, critical")
+    ports = [(args.host, args.port, "--port")]
+    if args.metrics_port:
+        ports.append((args.metrics_host or args.host, args.metrics_port, "--metrics-port"))
+    for host, port, flag in ports:
+        if not port:
+            continue
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (OSError, UnicodeError) as exc:
+            return f"cannot listen on {host}:{port} ({flag}): {exc}"
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return (f"cannot listen on {host}:{port} ({flag}): {exc.strerror or exc}; "
+                        f"is another envelope (or anything else) using it?")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,10 +614,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        return run_check(args.paths, rules, policy, args.output)
+        paths = [*args.paths, *args.filenames]
+        if not paths:
+            print("envelope check: give at least one file or directory (PATH or -f PATH)",
+                  file=sys.stderr)
+            return 2
+        try:
+            return run_check(paths, rules, policy, args.output, fail_on=args.fail_on,
+                             exclude=args.exclude, allow_empty=args.allow_empty,
+                             kubeconfig=args.kubeconfig)
+        except Exception as exc:  # a bug of ours: say so in one line, the details on request
+            if os.environ.get("ENVELOPE_DEBUG"):
+                raise
+            print(f"envelope check: internal error {type(exc).__name__}: {str(exc)[:300]} "
+                  f"(a bug; ENVELOPE_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 2
+    if args.command == "audit":
+        return run_audit(args, rules, policy)
     if args.command == "webhook-config":
         return run_webhook_config(rules, policy, args.output)
-    return run_serve(args, rules, policy)
+    problem = _serve_problem(args)
+    if problem:
+        print(f"envelope serve: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return run_serve(args, rules, policy)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # a port taken between the check and the bind, an unreadable file
+        print(f"envelope serve: {exc.strerror or exc}"
+              + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

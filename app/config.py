@@ -24,9 +24,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    model_validator,
 )
 
 from app.quantity import parse_quantity
+from app.selectors import StrictLabelSelector
 
 if TYPE_CHECKING:
     from app.ruleset import RuleSet
@@ -71,6 +73,29 @@ class ActorSettings(BaseModel):
     guest_minimum: Quantity = Field("128Mi", alias="guestMinimum")
 
 
+class Taint(BaseModel):
+    """A node taint, as in a Node's ``spec.taints``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class NodeShape(BaseModel):
+    """A node an autoscaler can create that does not exist yet (issue 12, class 10): an
+    empty node with this allocatable, labels and taints (e.g. one per instance type of a
+    Karpenter NodePool or per cluster-autoscaler node group). ``pod-fits-node`` warns
+    instead of refusing a pod that fits no current node but fits one of these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    name: str = Field(min_length=1)
+    """Named in messages: ``would fit a node that <name> can create``."""
+    allocatable: dict[str, Quantity] = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+
+
 class NodeSettings(BaseModel):
     """What a node keeps back from its allocatable before pods are judged to fit."""
 
@@ -81,6 +106,38 @@ class NodeSettings(BaseModel):
     """Per-node memory kept for sandbox parent processes (the runtime that hosts
     sandboxes outside any pod's cgroup), added to ``reserve_memory`` by ``pod-fits-node``;
     0 leaves it off."""
+    autoscaled_shapes: list[NodeShape] = Field(default_factory=list, alias="autoscaledShapes")
+    """Nodes an autoscaler can add (see :class:`NodeShape`); the reserves apply to them too."""
+    name_in_messages: bool = Field(False, alias="nameInMessages")
+    """Whether messages may name nodes (cluster-scoped: a namespace user usually cannot
+    read them). Off: ``pod-fits-node`` describes the closest node's shape instead."""
+
+
+class RuleException(BaseModel):
+    """Where rules do not apply: every condition given must hold (namespaces, selectors,
+    kinds), like a Kyverno PolicyException. Exempted objects are reported as ``skip``
+    with the reason, logged and counted, never silently passed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    rules: list[str] = Field(min_length=1)
+    """Rule ids, or ``"*"`` for every rule."""
+    namespaces: list[str] | None = None
+    namespace_selector: StrictLabelSelector | None = Field(None, alias="namespaceSelector")
+    """Labels of the object's Namespace (the view must hold Namespaces: ``envelope serve``
+    watches them when an exception uses this; ``envelope check`` reads them from the files)."""
+    object_selector: StrictLabelSelector | None = Field(None, alias="objectSelector")
+    """Labels of the object itself (``metadata.labels``; of the old object on DELETE)."""
+    kinds: list[str] | None = None
+    """``Kind`` or ``group/Kind`` (``Deployment``, ``apps/Deployment``, ``kai.resources/Project``)."""
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _narrowed(self) -> RuleException:
+        if not (self.namespaces or self.namespace_selector or self.object_selector or self.kinds):
+            raise ValueError("an exception needs at least one of namespaces, namespaceSelector, "
+                             "objectSelector, kinds (to turn a rule off everywhere, set its mode "
+                             "to off)")
+        return self
 
 
 class Policy(BaseModel):
@@ -94,6 +151,18 @@ class Policy(BaseModel):
     """What an internal error in a rule answers: ``deny`` (with the reason) or ``allow``."""
     actors: ActorSettings = Field(default_factory=ActorSettings)
     nodes: NodeSettings = Field(default_factory=NodeSettings)
+    exceptions: list[RuleException] = Field(default_factory=list)
+    allow_object_exemptions: bool = Field(True, alias="allowObjectExemptions")
+    """Honour ``exemptAnnotation`` on objects. Anyone who may edit an object may write it,
+    so a platform that does not trust its tenants with that turns it off."""
+    exempt_annotation: str = Field("envelope.io/exempt", alias="exemptAnnotation")
+    """Rule ids (comma-separated) an object exempts itself from."""
+    mutations_annotation: str = Field("envelope.io/mutations", alias="mutationsAnnotation")
+    """Written on every object Envelope mutates, in the same patch, naming what changed
+    (``cpu-limits:app,sidecar;memory-limit:app``); "" writes nothing."""
+    annotate_pods: bool = Field(False, alias="annotatePods")
+    """Also annotate Pods (off: their template's owner already carries it, and a Pod
+    annotation per pod is noise in every ``kubectl get -o yaml``)."""
 
 
 def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:
@@ -144,6 +213,11 @@ def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rule
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from exc
     unknown = rules.unknown(policy.rules)
+    for i, exception in enumerate(policy.exceptions):
+        bad = rules.unknown(r for r in exception.rules if r != "*")
+        if bad:
+            raise ConfigError(f"{source}: exceptions[{i}].rules: unknown rule id(s) {bad}; known: "
+                              f"{sorted(rules)}")
     if unknown:
         raise ConfigError(f"{source}: rules: unknown rule id(s) {unknown}; known: "
                           f"{sorted(rules)}")

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from decimal import DecimalException
 from typing import Any
 
 import orjson
 
 from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
+from app.exemptions import ALL, exemptions
 from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
 from app.ruleset import RuleSet
+from app.util import dig, undotted
 
 __all__ = ["Evaluation", "check_object", "evaluate", "json_copy"]
 
@@ -48,6 +51,13 @@ class Evaluation:
     patch: list[dict[str, Any]] = field(default_factory=list)
     internal_errors: list[str] = field(default_factory=list)
     """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Rules that did not run because the object is exempt from them: id -> why."""
+    results: dict[str, str] = field(default_factory=dict)
+    """Each applicable rule's result, as Kyverno reports them: ``pass`` (nothing to say,
+    or its mutation applied), ``fail`` (an error that denies), ``warn``, ``skip`` (exempt,
+    unchanged by an UPDATE, held back, or not the shape it judges), ``error`` (crashed or
+    read a stale view)."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -124,9 +134,27 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     working, copied = original, False
     held: set[str] = set()
     update = subject.operation == "UPDATE"
+    exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
+        else {}
+    gates: dict[object, bool] = {}
+    results = out.results
     for rule, mode in applicable:
         if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
+            results[rule.id] = "skip"
             continue
+        if rule.requires is not None:
+            ok = gates.get(rule.requires)
+            if ok is None:
+                ok = gates[rule.requires] = rule.requires(subject, original or {})
+            if not ok:
+                results[rule.id] = "skip"
+                continue
+        if exempt:
+            why = exempt.get(rule.id) or exempt.get(ALL)
+            if why is not None:
+                out.skipped[rule.id] = why
+                results[rule.id] = "skip"
+                continue
         if rule.reads:
             stale = view.problems(rule.reads)
             if stale:
@@ -135,6 +163,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                     out.internal_errors.append(f"{rule.id}: {text}")
                 else:
                     out.findings.append(Finding("warning", rule.id, "", f"not evaluated: {text}"))
+                results[rule.id] = "error"
                 continue
         target = working
         if phase == "mutate" and rule.mutates and original is not None:
@@ -152,9 +181,17 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 found = _ratchet(rule, subject, found, scoped, policy)
         except QuantityError as exc:
             found = [Finding("error", rule.id, "", str(exc))]
+        except RecursionError:  # nested deeper than any Kubernetes object (orjson takes 1,024)
+            found = [Finding("error", rule.id, "", "the object nests deeper than a Kubernetes "
+                                                   "object can; it cannot be judged")]
+        except DecimalException as exc:  # a valid quantity beyond what can be compared
+            found = [Finding("error", rule.id, "", f"a quantity is too large or too precise to "
+                                                   f"compare ({type(exc).__name__}); use a value "
+                                                   f"a node could hold")]
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
             out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
+            results[rule.id] = "error"
             if target is working and copied:
                 # It may have half-changed the object: patch nothing at all, and let
                 # the failure mode decide (allow then means "unmodified", like Ignore).
@@ -166,10 +203,51 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
             if rule.holds_back and any(f.severity != "change" for f in found):
                 held |= rule.holds_back
             _apply_mode(found, mode, out)
+            severities = {f.severity for f in found}
+            results[rule.id] = ("fail" if "error" in severities and mode is Mode.ENFORCE
+                                else "warn" if severities - {"change"} or mode is not Mode.ENFORCE
+                                else "pass")
+        else:
+            results[rule.id] = "pass"
+    if copied and out.changes and policy.mutations_annotation and (
+            subject.kind != "Pod" or policy.annotate_pods):
+        working = _annotated(working, out.changes, policy.mutations_annotation)
     out.obj = working
     if copied:
         out.patch = diff(original, working)
     return out
+
+
+def _where(change: Finding, obj: dict[str, Any]) -> str:
+    """A container's name for a change inside it, else the changed field's path."""
+    parts = undotted(change.path)
+    for i, part in enumerate(parts):
+        if part in ("containers", "initContainers") and i + 1 < len(parts) and \
+                isinstance(parts[i + 1], int):
+            name = dig(obj, (*parts[:i + 2], "name"))
+            return name if isinstance(name, str) else f"{part}[{parts[i + 1]}]"
+    return "pod" if change.path.endswith((".resources.limits.cpu", ".resources.limits.memory")) \
+        else change.path
+
+
+def _annotated(obj: dict[str, Any], changes: list[Finding], key: str) -> dict[str, Any]:
+    """``obj`` (a copy the engine owns, whose metadata may be shared with the admitted
+    object) with ``key`` naming what the mutations changed, so ``kubectl get -o yaml``
+    explains the difference from the manifest: ``cpu-limits:app,sidecar;memory-limit:app``."""
+    by_rule: dict[str, list[str]] = {}
+    for change in changes:
+        places = by_rule.setdefault(change.rule, [])
+        where = _where(change, obj)
+        if where not in places:
+            places.append(where)
+    value = ";".join(f"{rule}:{','.join(places)}" for rule, places in by_rule.items())
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return obj
+    annotations = meta.get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        return obj
+    return {**obj, "metadata": {**meta, "annotations": {**(annotations or {}), key: value}}}
 
 
 def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy) -> Evaluation:
@@ -183,4 +261,6 @@ def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Po
         obj=mutated.obj,
         patch=mutated.patch,
         internal_errors=mutated.internal_errors + validated.internal_errors,
+        skipped={**mutated.skipped, **validated.skipped},
+        results={**mutated.results, **validated.results},
     )

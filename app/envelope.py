@@ -17,14 +17,17 @@ from functools import lru_cache
 from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
+from app.scheduling import default_pod, effective_pod_requests
 
 __all__ = [
     "EnvelopeString",
     "compare_quantities",
     "is_integer_cpu",
     "move_cpu_limit_to_request",
+    "move_pod_level_cpu_limit",
     "parse_envelope_string",
     "pod_amount",
+    "pod_level_cpu_request_default",
 ]
 
 
@@ -152,10 +155,16 @@ def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> De
 
     Containers add up; restartable init containers (sidecars) add to the total and to
     every later init container; the pod needs the larger of that sum and its largest
-    init step; pod-level ``spec.resources`` wins where set; overhead is added.
-    (``k8s.io/component-helpers/resource.PodRequests``.)
+    init step; overhead is added (``k8s.io/component-helpers/resource.PodRequests``).
+    With pod-level ``spec.resources``, requests are those of the Pod the API server
+    makes of this spec: a missing pod-level request defaults to the containers'
+    aggregate request when any container asks for the resource, and to the pod-level
+    limit only when none does (``pkg/apis/core/v1/defaults.go``, see
+    ``app.scheduling.default_pod``); pod-level limits replace the aggregate limit.
     """
-    pod_level = _amount(spec.get("resources"), section, name)
+    if section == "requests" and isinstance(spec.get("resources"), dict):
+        return effective_pod_requests(spec, is_pod=False).get(name, Decimal(0))
+    pod_level = _amount(spec.get("resources"), section, name) if section == "limits" else None
     if pod_level is None:
         total = Decimal(0)
         for c in spec.get("containers") or []:
@@ -177,3 +186,43 @@ def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> De
         pod_level = max(total, init_peak)
     overhead = (spec.get("overhead") or {}).get(name)
     return pod_level + (parse_quantity(overhead) if overhead is not None else 0)
+
+
+def pod_level_cpu_request_default(spec: dict[str, Any]) -> object | None:
+    """The pod-level CPU request the API server gives a Pod made from ``spec`` when
+    ``spec.resources`` sets no CPU request: the containers' aggregate CPU request
+    when any container (after request-from-limit defaulting) asks for CPU, else the
+    pod-level CPU limit; None without pod-level limits (nothing is defaulted then).
+    (``pkg/apis/core/v1/defaults.go`` ``defaultPodRequests``; ``app.scheduling``.)"""
+    resources = spec.get("resources")
+    if not isinstance(resources, dict) or not isinstance(resources.get("limits"), dict):
+        return None
+    if isinstance(resources.get("requests"), dict) and "cpu" in resources["requests"]:
+        return resources["requests"]["cpu"]
+    defaulted = default_pod({"spec": spec})["spec"].get("resources") or {}
+    return (defaulted.get("requests") or {}).get("cpu")
+
+
+def move_pod_level_cpu_limit(spec: dict[str, Any]) -> tuple[object, object | None] | None:
+    """Remove ``spec.resources.limits.cpu`` and write the pod-level CPU request the
+    Pod would have had with the limit in place (``pod_level_cpu_request_default``),
+    so stripping the limit does not change the request. Returns ``(removed value,
+    request written or None)`` or None when there was no pod-level CPU limit."""
+    resources = spec.get("resources")
+    if not isinstance(resources, dict):
+        return None
+    limits = resources.get("limits")
+    if not isinstance(limits, dict) or "cpu" not in limits:
+        return None
+    request = pod_level_cpu_request_default(spec)
+    value = limits.pop("cpu")
+    requests = resources.get("requests")
+    if isinstance(requests, dict) and "cpu" in requests:
+        return value, None
+    if request is None:
+        return value, None
+    if not isinstance(requests, dict):
+        requests = {}
+        resources["requests"] = requests
+    requests["cpu"] = request
+    return value, request

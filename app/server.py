@@ -19,7 +19,16 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Route
 
 from app.admission import BadReview, Decision, decide, parse_review, review_response
@@ -30,7 +39,8 @@ from app.logs import admission_log
 from app.rules.base import Phase
 from app.ruleset import RuleSet
 
-__all__ = ["MAX_BODY", "Handler", "Metrics", "ReviewEndpoint", "create_app", "read_body", "send"]
+__all__ = ["MAX_BODY", "Handler", "Metrics", "ReviewEndpoint", "WatchCollector", "create_app",
+           "read_body", "send"]
 
 MAX_BODY = 3 * 1024 * 1024
 """The API server caps admission bodies near 3 MiB; anything larger is not a review."""
@@ -39,15 +49,39 @@ log = logging.getLogger("envelope.admission")
 
 
 class Metrics:
+    """Everything ``/metrics`` exports (documented, one by one, in docs/metrics.md).
+
+    Label values are bounded: kinds outside the rule set are ``other``, operations and
+    decisions are fixed words, rule ids come from the rule set."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        labels = ("endpoint", "kind", "decision")
+        if registry is None:  # the standard process and Python collectors
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
         self.requests = Counter("envelope_admission_requests_total",
-                                "Admission reviews answered", labels, registry=self.registry)
+                                "Admission reviews answered, including malformed requests (4xx)",
+                                ("endpoint", "kind", "operation", "decision"), registry=self.registry)
         self.latency = Histogram(
             "envelope_admission_duration_seconds", "Time to answer an admission review",
-            labels, registry=self.registry,
+            ("endpoint", "kind", "decision"), registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.rule_results = Counter("envelope_rule_results_total",
+                                    "Rule results per review: pass, fail, warn, skip, error",
+                                    ("rule", "result"), registry=self.registry)
+        self.patches = Counter("envelope_patches_total", "Reviews answered with a JSON patch",
+                               ("kind",), registry=self.registry)
+        self.leader = Gauge("envelope_leader",
+                            "1 while this replica holds the certificate Lease (--tls-mode self)",
+                            registry=self.registry)
+        self.watches = WatchCollector(None)
+        """Set ``.view`` to a live view to export its watch health."""
+        self.registry.register(self.watches)
+        self.exemptions = Counter("envelope_rule_exemptions_total",
+                                  "Rules not run on an object because it is exempt (policy "
+                                  "exceptions or the object's exemption annotation)", ("rule",),
+                                  registry=self.registry)
         self.cert_expiry = Gauge("envelope_certificate_expiry_timestamp_seconds",
                                  "When the serving certificate in use expires (Unix time)",
                                  registry=self.registry)
@@ -73,17 +107,33 @@ class ReviewEndpoint:
     """A raw ASGI endpoint for one review path: ``POST`` with a body, answered by
     ``handler``; any other method gets 405."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, on_malformed: Callable[[], None] | None = None) -> None:
         self.handler = handler
+        self.on_malformed = on_malformed
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
         if scope["method"] != "POST":
             status, payload = _error(405, "use POST with an AdmissionReview")
             await send(send_, status, payload, [(b"allow", b"POST")])
-            return
-        body = await read_body(scope, receive)
-        status, payload = body if isinstance(body, tuple) else await self.handler(body)
-        await send(send_, status, payload)
+        else:
+            media = _content_type(scope)
+            if media != b"application/json":
+                # As controller-runtime's webhook server: the API server always sends JSON.
+                shown = media.decode("latin-1")[:80] if media else "none"
+                status, payload = _error(415, f"Content-Type must be application/json, got {shown}")
+            else:
+                body = await read_body(scope, receive)
+                status, payload = body if isinstance(body, tuple) else await self.handler(body)
+            await send(send_, status, payload)
+        if status >= 400 and self.on_malformed is not None:
+            self.on_malformed()
+
+
+def _content_type(scope: dict[str, Any]) -> bytes:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower()
+    return b""
 
 
 async def send(send_: Any, status: int, payload: bytes,
@@ -137,6 +187,8 @@ def create_app(
             uid, subject = parse_review(body)
         except BadReview as exc:
             return _error(400, f"not an AdmissionReview: {exc}")
+        except (RecursionError, ValueError, TypeError) as exc:  # defence in depth: still a 400
+            return _error(400, f"not an AdmissionReview: {type(exc).__name__}")
         policy: Policy = app.state.policy
         try:
             evaluation = evaluate(rules, subject, app.state.view, policy, phase)
@@ -151,20 +203,39 @@ def create_app(
         m: Metrics = app.state.metrics
         # Bounded label values: whoever reaches the port must not grow our series.
         kind = subject.kind if subject.kind in known_kinds else "other"
-        m.requests.labels(phase, kind, decision.word).inc()
+        operation = subject.operation  # parse_review admits four words only
+        m.requests.labels(phase, kind, operation, decision.word).inc()
         m.latency.labels(phase, kind, decision.word).observe(elapsed)
+        if evaluation is not None:
+            for rule_id, result in evaluation.results.items():
+                m.rule_results.labels(rule_id, result).inc()
+            if decision.patch:
+                m.patches.labels(kind).inc()
+        if evaluation is not None:
+            for rule_id in evaluation.skipped:
+                m.exemptions.labels(rule_id).inc()  # rule ids come from the rule set: bounded
         if admission_log.enabled:
             record: dict[str, Any] = {
                 "uid": uid, "kind": subject.kind, "namespace": subject.namespace,
                 "name": subject.name, "operation": subject.operation, "endpoint": phase,
                 "dryRun": subject.dry_run, "decision": decision.word,
+                "user": subject.user, "groups": subject.groups,
                 "rules": evaluation.rule_ids if evaluation else [],
                 "durationMs": round(elapsed * 1000, 3),
             }
             if evaluation and evaluation.internal_errors:
                 record["internalErrors"] = evaluation.internal_errors
+            if evaluation and evaluation.skipped:
+                record["exempted"] = evaluation.skipped
+            if not decision.allowed:
+                record["message"] = decision.message[:1024]  # the rule's words, never the object
             admission_log.write(record)
-        return 200, review_response(uid, decision)
+        try:
+            return 200, review_response(uid, decision)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # e.g. a patch nested past orjson's limit
+            return 200, review_response(uid, Decision(
+                False, f"Envelope cannot encode an answer for this object ({exc}); it nests too "
+                       f"deeply to be a Kubernetes object", 400))
 
     async def mutate(body: bytes) -> tuple[int, bytes]:
         return await review(body, "mutate")
@@ -187,6 +258,44 @@ def create_app(
     app.add_route("/readyz", readyz, methods=["GET"])
 
     # First in the router: a review matches on the first route it is compared with.
-    app.router.routes[:0] = [Route("/mutate", ReviewEndpoint(mutate)),
-                             Route("/validate", ReviewEndpoint(validate))]
+    metrics_ = app.state.metrics
+
+    def malformed(endpoint: str) -> Callable[[], None]:
+        return metrics_.requests.labels(endpoint, "other", "", "malformed").inc
+
+    app.router.routes[:0] = [Route("/mutate", ReviewEndpoint(mutate, malformed("mutate"))),
+                             Route("/validate", ReviewEndpoint(validate, malformed("validate")))]
     return app
+
+
+class WatchCollector:
+    """Watch health per kind, read from the live view's informers at scrape time."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        synced = GaugeMetricFamily("envelope_watch_synced",
+                                   "1 once the kind's first list completed and while it is current",
+                                   labels=["kind"])
+        age = GaugeMetricFamily("envelope_watch_last_event_age_seconds",
+                                "Seconds since the kind's watch last heard from the API server "
+                                "(an event or a bookmark)", labels=["kind"])
+        relists = CounterMetricFamily("envelope_watch_relists",
+                                      "Full re-lists of the kind (410 Gone, a broken or hung watch)",
+                                      labels=["kind"])
+        now = time.monotonic()
+        for informer in getattr(self.view, "informers", ()):
+            kind = informer.resource.kind
+            stale = informer.stale_for(now) > getattr(self.view, "staleness", float("inf"))
+            synced.add_metric([kind], 1.0 if informer.synced and not stale else 0.0)
+            heard = getattr(informer, "last_heard", None)
+            if heard is not None:
+                age.add_metric([kind], max(0.0, now - heard))
+            relists.add_metric([kind], float(informer.relists))
+        yield synced
+        yield age
+        yield relists

@@ -13,14 +13,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "issue_serving", "make_ca",
-           "not_after", "write_self_signed"]
+__all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "client_ca_problem",
+           "issue_serving", "make_ca",
+           "not_after", "peer_names", "write_self_signed"]
 
 log = logging.getLogger("envelope.tls")
 
@@ -119,39 +121,97 @@ def write_self_signed(directory: Path, names: list[str] | None = None,
 
 
 class TlsState:
-    """The serving certificate in use. Loading a new one swaps it for every new
-    handshake of the running server: no restart, no dropped requests."""
+    """The serving certificate in use, reloadable without a restart.
 
-    def __init__(self, on_load: Callable[[dt.datetime], None] | None = None) -> None:
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+    The server is handed :attr:`context` once; it is never reloaded. Its SNI callback
+    (OpenSSL calls it for every ClientHello, with or without a server name) points each
+    new handshake at the *current* context. A new pair is loaded into a fresh context
+    — both read from one snapshot, the key checked against the certificate — and only a
+    context that loaded completely is swapped in. A bad pair (a certificate rewritten
+    in place with the old key, a swap that landed between two reads) is refused and the
+    previous context keeps serving, untouched. (Loading into the live context, as before,
+    left it holding the new certificate next to the old key when the key check failed.)
+
+    With ``client_ca`` every context requires a client certificate that chains to it
+    (mTLS); :meth:`peer_allowed` then checks the certificate's names.
+    """
+
+    def __init__(self, on_load: Callable[[dt.datetime], None] | None = None,
+                 client_ca: bytes | None = None,
+                 client_names: frozenset[str] | None = None) -> None:
+        self._client_ca = client_ca
+        self.client_names = client_names or frozenset()
+        self._current: ssl.SSLContext | None = None
+        self.context = self._base()
+        self.context.sni_callback = self._select
         self.cert_pem: bytes | None = None
+        self.key_pem: bytes | None = None
         self.expires: dt.datetime | None = None
+        self.rejected = 0
         self._on_load = on_load
+        self._lock = threading.Lock()
         self._dir = Path(tempfile.mkdtemp(prefix="envelope-tls-"))
         os.chmod(self._dir, 0o700)
 
-    def load(self, pair: KeyPair) -> bool:
-        """Use ``pair`` from now on; returns False (keeping the old one) if it is unusable."""
-        if pair.cert_pem == self.cert_pem:
-            return True
-        cert, key = self._dir / "tls.crt", self._dir / "tls.key"
-        key.touch(mode=0o600)
-        key.write_bytes(pair.key_pem)
-        cert.write_bytes(pair.cert_pem)
+    def _base(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self._client_ca is not None:
+            context.load_verify_locations(cadata=self._client_ca.decode())
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def _select(self, ssl_obj: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
+                context: ssl.SSLContext) -> None:
+        current = self._current
+        if current is not None:
+            ssl_obj.context = current
+
+    def build(self, pair: KeyPair) -> ssl.SSLContext:
+        """A fresh server context holding ``pair``; raises if the pair is unusable."""
+        context = self._base()
+        fd, name = tempfile.mkstemp(dir=self._dir, suffix=".pem")  # mode 0600
         try:
-            self.context.load_cert_chain(str(cert), str(key))
-        except (ssl.SSLError, ValueError) as exc:
+            with os.fdopen(fd, "wb") as out:
+                out.write(pair.cert_pem.rstrip(b"\n") + b"\n" + pair.key_pem)
+            # OpenSSL reads the chain, then the key, and checks the key matches the
+            # certificate: a mismatch raises here, on a context nobody serves from.
+            context.load_cert_chain(name)
+        finally:
+            os.unlink(name)
+        return context
+
+    def load(self, pair: KeyPair) -> bool:
+        """Use ``pair`` for every new handshake; returns False (the context in use
+        untouched) if it is unusable."""
+        if pair.cert_pem == self.cert_pem and pair.key_pem == self.key_pem:
+            return True
+        try:
+            expires = not_after(pair.cert_pem)
+            context = self.build(pair)
+        except (ssl.SSLError, ValueError, OSError) as exc:
+            self.rejected += 1
             log.error("certificate rejected; keeping the one in use",
-                      extra={"fields": {"error": str(exc)}})
+                      extra={"fields": {"error": str(exc)[:300]}})
             return False
-        self.cert_pem = pair.cert_pem
-        self.expires = not_after(pair.cert_pem)
+        with self._lock:
+            self._current = context
+            self.cert_pem, self.key_pem, self.expires = pair.cert_pem, pair.key_pem, expires
         log.info("serving certificate loaded",
-                 extra={"fields": {"notAfter": self.expires.isoformat()}})
+                 extra={"fields": {"notAfter": expires.isoformat()}})
         if self._on_load:
-            self._on_load(self.expires)
+            self._on_load(expires)
         return True
+
+    def peer_allowed(self, peercert: dict[str, Any] | None) -> bool:
+        """With an allow-list, whether a verified client certificate (as
+        ``SSLObject.getpeercert()`` gives it) names one of ``client_names`` in its
+        subject CN or a DNS/URI SAN. Without an allow-list every verified peer passes."""
+        if not self.client_names:
+            return True
+        if not peercert:
+            return False
+        return bool(peer_names(peercert) & self.client_names)
 
     def problems(self) -> list[str]:
         if self.cert_pem is None:
@@ -159,6 +219,41 @@ class TlsState:
         if self.expires is not None and self.expires <= _now():
             return [f"serving certificate expired at {self.expires.isoformat()}"]
         return []
+
+
+def client_ca_problem(pem: bytes) -> str | None:
+    """Why ``pem`` cannot serve as the client CA bundle (None when it can): it must
+    hold at least one PEM certificate that OpenSSL loads as a CA."""
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        return f"not a PEM certificate bundle ({exc})"
+    for cert in certs:
+        try:
+            constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            continue  # a v1 root without extensions: OpenSSL accepts it as a trust anchor
+        if not constraints.ca:
+            return (f"{cert.subject.rfc4514_string()} is not a CA certificate "
+                    f"(basicConstraints CA:FALSE); give the CA that signs the client certificates")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=pem.decode())
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        return f"OpenSSL cannot load it ({exc})"
+    return None
+
+
+def peer_names(peercert: dict[str, Any]) -> set[str]:
+    """Subject common names and DNS/URI/IP SANs of a decoded peer certificate."""
+    names: set[str] = set()
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                names.add(value)
+    for kind, value in peercert.get("subjectAltName", ()):
+        if kind in ("DNS", "URI", "IP Address"):
+            names.add(value)
+    return names
 
 
 class FileWatcher:
@@ -170,16 +265,30 @@ class FileWatcher:
         self.state, self.cert_file, self.key_file = state, cert_file, key_file
         self.interval = interval
         self._seen: tuple[bytes, bytes] | None = None
+        self._refused: tuple[bytes, bytes] | None = None
         self._stop = threading.Event()
 
-    def check(self) -> None:
+    def snapshot(self) -> tuple[bytes, bytes] | None:
+        """Cert and key as one consistent pair: read both, then read both again and
+        accept only if nothing changed in between (a kubelet ``..data`` swap or an
+        in-place write that lands between the reads shows up as a difference; the
+        next check reads again). None when the files cannot be read or are moving."""
         try:
-            pair = (self.cert_file.read_bytes(), self.key_file.read_bytes())
+            first = (self.cert_file.read_bytes(), self.key_file.read_bytes())
+            second = (self.cert_file.read_bytes(), self.key_file.read_bytes())
         except OSError as exc:
             log.error("cannot read certificate files", extra={"fields": {"error": str(exc)}})
-            return
-        if pair != self._seen and self.state.load(KeyPair(*pair)):
-            self._seen = pair
+            return None
+        return first if first == second else None
+
+    def check(self) -> None:
+        pair = self.snapshot()
+        if pair is None or pair == self._seen or pair == self._refused:
+            return  # unreadable or mid-write: look again next time; refused: said so once
+        if self.state.load(KeyPair(*pair)):
+            self._seen, self._refused = pair, None
+        else:
+            self._refused = pair
 
     def start(self) -> None:
         def loop() -> None:

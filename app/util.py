@@ -9,7 +9,7 @@ from collections.abc import Hashable, Iterable
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-__all__ = ["WARNING_LIMIT", "Memo", "brief", "dig", "dotted", "plain_number"]
+__all__ = ["WARNING_LIMIT", "Memo", "brief", "dig", "dotted", "plain_number", "undotted"]
 
 WARNING_LIMIT = 120
 """Warnings travel as HTTP ``Warning`` headers; kubectl shows them whole below this
@@ -33,6 +33,20 @@ def dotted(path: tuple[Any, ...] | list[Any]) -> str:
     if all(type(p) is str for p in path):
         return ".".join(path)
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def undotted(path: str) -> tuple[str | int, ...]:
+    """``spec.queues[2].name`` -> ``("spec", "queues", 2, "name")`` (inverse of :func:`dotted`)."""
+    out: list[str | int] = []
+    for part in path.split("."):
+        name, _, rest = part.partition("[")
+        if name:
+            out.append(name)
+        while rest:
+            index, _, rest = rest.partition("]")
+            out.append(int(index) if index.isdigit() else index)
+            rest = rest.lstrip("[")
+    return tuple(out)
 
 
 def brief(text: str, limit: int = WARNING_LIMIT) -> str:

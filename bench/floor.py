@@ -33,11 +33,14 @@ from starlette.routing import Route
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.admission import BadReview, Decision, parse_review, review_response
-from app.cli import KEEP_ALIVE_SECONDS
 from app.config import Policy
 from app.ruleset import default_ruleset
 from app.server import Handler, ReviewEndpoint, create_app
 
+IDLE_SECONDS = 120
+"""Longer than the API server keeps an idle webhook connection (90 s, http.DefaultTransport
+via k8s.io/client-go transport/cache.go), so it never reuses one this server just closed:
+with uvicorn's 5 s some creates failed with "failed calling webhook: EOF"."""
 _UID = re.compile(rb'"uid"\s*:\s*"([^"]*)"')
 _PATCH = base64.b64encode(orjson.dumps(
     [{"op": "add", "path": "/metadata/annotations", "value": {"envelope.io/floor": "1"}}]))
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config = uvicorn.Config(floor_app(), host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
-                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                            timeout_keep_alive=IDLE_SECONDS)
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()

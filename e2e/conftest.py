@@ -5,6 +5,9 @@ Fixtures (see e2e/harness.py for the objects they return):
 - ``controlplane_bin_dir`` (session) -> Path: etcd, kube-apiserver, kubectl, helm.
 - ``cluster`` (session) -> harness.Cluster: etcd + kube-apiserver running.
 - ``namespace`` (function) -> str: a fresh, uniquely named namespace.
+- ``scheduler`` (session) -> harness.Scheduler: kube-scheduler against ``cluster``,
+  scheduling only Pods with ``spec.schedulerName: envelope-oracle`` onto Node
+  objects the tests create (``Cluster.create_node``). Started on first request.
 - ``webhook`` (session) -> harness.Webhook: ``python -m app serve`` running and
   registered as the cluster's mutating + validating webhook. Only tests that
   request it start it; once started it stays registered for the rest of the
@@ -41,6 +44,14 @@ def _or_fail(fn: Callable[[], T]) -> T:
         message = str(err)
     # Outside the except block, so the report is not a chained traceback.
     pytest.fail(message, pytrace=False)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("envelope oracles")
+    group.addoption("--cases", type=int, default=None, metavar="N",
+                    help="cases per differential oracle (e2e/test_oracle_*.py); default: the CI subset")
+    group.addoption("--oracle-seed", type=int, default=12, metavar="SEED",
+                    help="seed of the oracles' case generators (default 12)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -96,6 +107,32 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> str:
     name = harness.unique_name(f"e2e-{request.node.name}", max_length=50)
     cluster.create_namespace(name, labels={"envelope.test/e2e": "true"})
     return name
+
+
+def oracle_cases(request: pytest.FixtureRequest, default: int) -> int:
+    """How many cases an oracle runs: ``--cases N`` or its CI ``default``."""
+    value = request.config.getoption("--cases", default=None)
+    return int(value) if value else default
+
+
+@pytest.fixture(scope="session")
+def oracle_seed(request: pytest.FixtureRequest) -> int:
+    """Seed of the oracles' generators (``--oracle-seed``); printed in every failure."""
+    return int(request.config.getoption("--oracle-seed", default=12))
+
+
+@pytest.fixture(scope="session")
+def scheduler(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Scheduler]:
+    """kube-scheduler (same Kubernetes version as kube-apiserver), profile
+    ``envelope-oracle``, bound to the session cluster; stopped at session end."""
+    if EXTERNAL_KUBECONFIG:
+        pytest.skip("the scheduling oracle needs the harness's own kube-scheduler")
+    workdir = tmp_path_factory.mktemp("scheduler")
+    running = _or_fail(lambda: harness.start_scheduler(cluster, workdir))
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="session")

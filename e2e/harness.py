@@ -3,7 +3,10 @@
 This is what controller-runtime's envtest does, in Python: the binaries are
 built from the upstream Go modules by ``e2e/controlplane/build.sh`` (cached
 outside the clone), certificates are made with ``cryptography``, and the
-processes run on free ports on 127.0.0.1. No controllers run: Deployments
+processes run on free ports on 127.0.0.1. kube-scheduler is started on
+demand (``start_scheduler``) with one profile, ``envelope-oracle``, and binds
+only Pods that name it to Node objects the tests create (no kubelet, as KWOK).
+No controllers run: Deployments
 create no Pods, namespaces never finish deleting, nothing is garbage
 collected.
 
@@ -49,7 +52,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "controlplane" / "build.sh"
-BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "helm")
 BIN_ENV = "ENVELOPE_CONTROLPLANE_BIN"
 
 READY_TIMEOUT = 120.0
@@ -550,6 +553,7 @@ class Cluster:
     pki: ControlPlanePKI
     etcd_url: str
     processes: list[ManagedProcess] = field(default_factory=list)
+    _api_ctx: ssl.SSLContext | None = field(default=None, repr=False)
 
     # -- client tools -------------------------------------------------------------
 
@@ -639,6 +643,84 @@ class Cluster:
     def get_raw(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
         """GET ``path`` on the API server as admin; returns (status, body)."""
         return _https_get(self.api_url + path, self.admin_ssl_context(), timeout)
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | Sequence[Any] | None = None,
+        *,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+        raw: bytes | None = None,
+    ) -> tuple[int, Any]:
+        """One REST call as admin, without a kubectl process (for tests that send
+        hundreds of objects). Returns (HTTP status, parsed JSON body or None);
+        4xx/5xx are returned, not raised. PATCH bodies: pass ``content_type``
+        (e.g. ``application/merge-patch+json``). ``raw`` sends those exact bytes
+        instead of ``body`` as JSON."""
+        data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.api_url + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        if self._api_ctx is None:
+            self._api_ctx = self.admin_ssl_context()
+        try:
+            with urllib.request.urlopen(req, context=self._api_ctx, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    def create_node(
+        self,
+        name: str,
+        allocatable: Mapping[str, str],
+        *,
+        capacity: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
+        unschedulable: bool = False,
+        ready: bool = True,
+    ) -> dict[str, Any]:
+        """Create a Node object as KWOK would: no kubelet behind it, just capacity,
+        allocatable, labels, taints and a Ready condition, so kube-scheduler can
+        bind pods to it.
+
+        The TaintNodesByCondition admission plugin adds
+        ``node.kubernetes.io/not-ready:NoSchedule`` to every new Node (the node
+        lifecycle controller, absent here, would remove it once Ready). The taints
+        are therefore set by a second call, which leaves exactly ``taints``."""
+        node = node_manifest(name, allocatable, capacity=capacity, labels=labels,
+                             unschedulable=unschedulable, ready=ready)
+        status, created = self.api("POST", "/api/v1/nodes", node)
+        if status != 201:
+            raise HarnessError(f"creating node {name}: HTTP {status}: {created}")
+        status, patched = self.api(
+            "PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": [dict(t) for t in taints] or None}},
+            content_type="application/merge-patch+json",
+        )
+        if status != 200:
+            raise HarnessError(f"setting the taints of node {name}: HTTP {status}: {patched}")
+        result: dict[str, Any] = patched
+        return result
+
+    def delete_node(self, name: str) -> None:
+        """Delete a Node (pods bound to it stay, as without a pod GC controller)."""
+        status, body = self.api("DELETE", f"/api/v1/nodes/{name}")
+        if status not in (200, 404):
+            raise HarnessError(f"deleting node {name}: HTTP {status}: {body}")
+
+    def force_delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a Pod at once (grace period 0): a bound Pod would otherwise wait for
+        a kubelet that does not exist."""
+        status, body = self.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}?gracePeriodSeconds=0")
+        if status not in (200, 404):
+            raise HarnessError(f"deleting pod {namespace}/{name}: HTTP {status}: {body}")
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> str:
         manifest = {
@@ -871,8 +953,8 @@ def _start_apiserver(
 def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3,
                         apiserver_args: Sequence[str] = ()) -> Cluster:
     """Start etcd and kube-apiserver under ``workdir`` (logs, data, certs, kubeconfig).
-    ``apiserver_args`` are appended to kube-apiserver's flags (the benchmarks turn on
-    ``--feature-gates=MutatingAdmissionPolicy=true`` with its runtime-config).
+    ``apiserver_args`` are appended to kube-apiserver's flags (e.g.
+    ``--admission-control-config-file=...``).
 
     Returns once /readyz answers 200; raises HarnessError (with the log tail)
     otherwise. A start that loses a port race is retried on new ports.
@@ -892,7 +974,7 @@ def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3,
         for attempt in range(attempts):
             try:
                 apiserver, api_url = _start_apiserver(bin_dir, workdir, etcd_url, pki, attempt,
-                                                      apiserver_args)
+                                                     apiserver_args)
                 break
             except _PortConflict:
                 if attempt + 1 == attempts:
@@ -913,6 +995,148 @@ def start_control_plane(workdir: Path, bin_dir: Path, *, attempts: int = 3,
         etcd_url=etcd_url,
         processes=[etcd, apiserver],
     )
+
+
+# ---------------------------------------------------------------- kube-scheduler
+
+SCHEDULER_NAME = "envelope-oracle"
+"""The only profile of the harness's kube-scheduler: it schedules the Pods whose
+``spec.schedulerName`` is this, and leaves every other test's Pods alone."""
+
+
+def node_manifest(
+    name: str,
+    allocatable: Mapping[str, str],
+    *,
+    capacity: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    unschedulable: bool = False,
+    ready: bool = True,
+) -> dict[str, Any]:
+    """A Node object with status filled in (what a kubelet would report)."""
+    alloc = dict(allocatable)
+    node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **dict(labels or {})}
+    spec: dict[str, Any] = {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": node_labels},
+        "spec": spec,
+        "status": {
+            "capacity": dict(capacity) if capacity is not None else alloc,
+            "allocatable": alloc,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "EnvelopeE2E",
+                    "message": "a Node object without a kubelet (as KWOK makes)",
+                }
+            ],
+            "phase": "Running",
+        },
+    }
+
+
+@dataclass
+class Scheduler:
+    """kube-scheduler running against the harness API server (profile SCHEDULER_NAME)."""
+
+    process: ManagedProcess
+    scheduler_name: str
+    port: int
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def stop(self) -> None:
+        self.process.stop(timeout=10)
+
+
+def pod_schedule_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``("bound", node)`` once a Pod has a node, ``("unschedulable", message)``
+    once kube-scheduler has marked it PodScheduled=False/Unschedulable, else None."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        return ("bound", str(node))
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                and cond.get("reason") == "Unschedulable":
+            return ("unschedulable", str(cond.get("message", "")))
+    return None
+
+
+def start_scheduler(cluster: Cluster, workdir: Path, *, timeout: float = 60.0) -> Scheduler:
+    """Start kube-scheduler with a kubeconfig for the harness API server and wait
+    until it has bound a probe Pod to a probe Node (both deleted again), so the
+    caller knows its informers run and it binds.
+
+    One profile, ``schedulerName: envelope-oracle``; no leader election; a high
+    client QPS so hundreds of scenarios are not throttled."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = workdir / "kube-scheduler.yaml"
+    config.write_text(
+        "apiVersion: kubescheduler.config.k8s.io/v1\n"
+        "kind: KubeSchedulerConfiguration\n"
+        "clientConnection:\n"
+        f"  kubeconfig: {cluster.kubeconfig}\n"
+        "  qps: 500\n"
+        "  burst: 1000\n"
+        "leaderElection:\n"
+        "  leaderElect: false\n"
+        "profiles:\n"
+        f"- schedulerName: {SCHEDULER_NAME}\n"
+    )
+    cmd = [
+        cluster.bin_dir / "kube-scheduler",
+        f"--config={config}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={workdir / 'scheduler-certs'}",
+        f"--authentication-kubeconfig={cluster.kubeconfig}",
+        f"--authorization-kubeconfig={cluster.kubeconfig}",
+        "-v=1",
+    ]
+    proc = start_process(cmd, workdir / "kube-scheduler.log", name="kube-scheduler")
+    probe_ns = "envelope-e2e-scheduler-probe"
+    node_name = unique_name("scheduler-probe-node")
+    pod_name = "probe"
+    try:
+        status, _ = cluster.api("GET", f"/api/v1/namespaces/{probe_ns}")
+        if status == 404:
+            cluster.create_namespace(probe_ns, labels={ISOLATED_NAMESPACE_LABEL: "true"})
+        cluster.create_node(node_name, {"cpu": "1", "memory": "1Gi", "pods": "10"},
+                            labels={"envelope.test/scheduler-probe": node_name})
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": probe_ns},
+            "spec": {
+                "schedulerName": SCHEDULER_NAME,
+                "nodeSelector": {"envelope.test/scheduler-probe": node_name},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }
+        cluster.force_delete_pod(probe_ns, pod_name)
+        status, body = cluster.api("POST", f"/api/v1/namespaces/{probe_ns}/pods", pod)
+        if status != 201:
+            raise HarnessError(f"creating the scheduler probe pod: HTTP {status}: {body}")
+
+        def bound() -> bool:
+            _, got = cluster.api("GET", f"/api/v1/namespaces/{probe_ns}/pods/{pod_name}")
+            return pod_schedule_outcome(got or {}) == ("bound", node_name)
+
+        wait_until("kube-scheduler to bind a probe pod", bound, proc, timeout)
+        cluster.force_delete_pod(probe_ns, pod_name)
+        cluster.delete_node(node_name)
+    except BaseException:
+        proc.stop(timeout=5)
+        raise
+    return Scheduler(process=proc, scheduler_name=SCHEDULER_NAME, port=port)
 
 
 # ------------------------------------------------------------------------ webhook
@@ -953,13 +1177,17 @@ def start_webhook(
     env: Mapping[str, str] | None = None,
     timeout: float = 30.0,
     command: Sequence[str] = ("-m", "app", "serve"),
+    port: int | None = None,
+    probe_context: ssl.SSLContext | None = None,
 ) -> Webhook:
     """Start ``python -m app serve`` (or ``python <command>`` with the same serving
-    flags) on free ports with a fresh serving cert and wait until ``GET /healthz``
-    answers 200 over TLS."""
+    flags) on free ports (or ``port``) with a fresh serving cert and wait until
+    ``GET /healthz`` answers 200 over TLS. ``probe_context``: the client context for
+    that wait (e.g. holding a client certificate when the webhook requires mTLS); the
+    webhook's new CA is loaded into it here."""
     workdir.mkdir(parents=True, exist_ok=True)
     ca_file, cert_file, key_file = make_serving_cert(workdir, ("127.0.0.1", "localhost"), name="webhook")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = port or free_port(), free_port()
     cmd = [
         sys.executable, *command,
         "--host", "127.0.0.1",
@@ -977,6 +1205,9 @@ def start_webhook(
     proc_env.update(env or {})
     proc = start_process(cmd, workdir / "webhook.log", name="webhook", env=proc_env, cwd=REPO_ROOT)
     ctx = _tls_context(ca_file)
+    if probe_context is not None:
+        probe_context.load_verify_locations(cafile=str(ca_file))
+        ctx = probe_context
 
     def healthy() -> bool:
         status, _ = _https_get(f"https://127.0.0.1:{port}/healthz", ctx, timeout=2)
@@ -1026,6 +1257,9 @@ def webhook_configurations(cluster: Cluster, base_url: str, ca_file: Path) -> st
         "template", WEBHOOK_CONFIGURATION_NAME, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
         "--set", f"webhooks.url={base_url}",
         "--set", "webhooks.timeoutSeconds=10",
+        # The scenarios start the webhook themselves and want the policies as written;
+        # e2e/test_safe_install.py covers the chart's default (Ignore, then raised).
+        "--set", "webhooks.safeInstall=false",
         # Fail rather than Ignore: a webhook that cannot be reached must fail the test.
         "--set", "webhooks.workloads.mutate.failurePolicy=Fail",
         "--set", "certificates.mode=provided",

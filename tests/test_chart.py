@@ -249,7 +249,8 @@ class Rendered:
         out = {}
         for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             for hook in self.one(kind)["webhooks"]:
-                out[hook["name"]] = {**hook, "_kind": kind}
+                annotations = self.one(kind)["metadata"].get("annotations") or {}
+                out[hook["name"]] = {**hook, "_kind": kind, "_annotations": annotations}
         return out
 
 
@@ -437,6 +438,19 @@ def test_plain_manifests_are_up_to_date() -> None:
 # -------------------------------------------------------------------------- webhooks
 
 
+def wanted_policies(hook: dict[str, Any]) -> dict[str, str]:
+    """The failurePolicy each webhook is raised to, as the chart records it."""
+    return dict(json.loads(hook["_annotations"]["envelope.io/failure-policies"]))
+
+
+def test_without_safe_install_the_policies_render_as_written() -> None:
+    hooks = render({"webhooks": {"safeInstall": False}}).webhooks()
+    assert {n: h["failurePolicy"] for n, h in hooks.items()} == {
+        "workloads.mutate.envelope.io": "Ignore", "workloads.validate.envelope.io": "Fail",
+        "quotas.validate.envelope.io": "Fail", "actors.validate.envelope.io": "Fail"}
+    assert "envelope.io/failure-policies" not in next(iter(hooks.values()))["_annotations"]
+
+
 def test_webhook_settings() -> None:
     hooks = render().webhooks()
     assert set(hooks) == {"workloads.mutate.envelope.io", "workloads.validate.envelope.io",
@@ -447,7 +461,10 @@ def test_webhook_settings() -> None:
         assert hook["matchPolicy"] == "Equivalent", name
         assert hook["timeoutSeconds"] == 5, name
         mutating = hook["_kind"] == "MutatingWebhookConfiguration"
-        assert hook["failurePolicy"] == ("Ignore" if mutating else "Fail"), name
+        # Installed as Ignore; a ready replica raises each to the policy the annotation
+        # records (webhooks.safeInstall, app/failurepolicy.py).
+        assert hook["failurePolicy"] == "Ignore", name
+        assert wanted_policies(hook)[name] == ("Ignore" if mutating else "Fail"), name
         assert hook["clientConfig"]["service"] == {
             "name": "envelope", "namespace": NAMESPACE, "port": 443,
             "path": "/mutate" if mutating else "/validate"}, name
@@ -507,9 +524,9 @@ def test_namespace_selector_is_extendable() -> None:
     assert _excluded(hook) == ["kube-system", NAMESPACE, "monitoring"]  # no duplicate kube-system
     assert {"key": "envelope.io/ignore", "operator": "DoesNotExist"} in hook["namespaceSelector"][
         "matchExpressions"]
-    assert hook["failurePolicy"] == "Ignore"
-    assert hooks["workloads.mutate.envelope.io"]["failurePolicy"] == "Fail"
-    assert hooks["quotas.validate.envelope.io"]["failurePolicy"] == "Ignore"
+    assert wanted_policies(hook)["workloads.validate.envelope.io"] == "Ignore"
+    assert wanted_policies(hook)["workloads.mutate.envelope.io"] == "Fail"
+    assert wanted_policies(hook)["quotas.validate.envelope.io"] == "Ignore"
     assert {h["timeoutSeconds"] for h in hooks.values()} == {10}
 
 
@@ -549,7 +566,7 @@ def test_self_mode() -> None:
         # on a live cluster `lookup` carries the injected one forward (see the e2e test).
         assert "caBundle" not in hook["clientConfig"], name
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        assert "annotations" not in rendered.one(kind)["metadata"]
+        assert set(rendered.one(kind)["metadata"]["annotations"]) == {"envelope.io/failure-policies"}
     assert rendered.arg("--tls-mode") == "self"
     assert rendered.arg("--tls-secret") == "envelope-tls"
     assert rendered.arg("--namespace") == "$(POD_NAMESPACE)"
@@ -577,8 +594,10 @@ def _files_mode(rendered: Rendered, secret: str) -> None:
     assert rendered.arg("--tls-mode") == "files"
     assert rendered.arg("--cert-file") == "/etc/envelope/tls/tls.crt"
     assert rendered.arg("--key-file") == "/etc/envelope/tls/tls.key"
-    for flag in ("--tls-secret", "--lease-name", "--mutating-webhook-configuration"):
+    for flag in ("--tls-secret", "--lease-name"):
         assert rendered.arg(flag) is None
+    # named in every mode: a ready replica raises the webhooks' failure policies
+    assert rendered.arg("--mutating-webhook-configuration") == "envelope"
     [volume] = [v for v in rendered.pod_spec["volumes"] if v["name"] == "config"]
     [source] = [s["secret"] for s in volume["projected"]["sources"] if "secret" in s]
     assert source["name"] == secret
@@ -594,7 +613,8 @@ def test_cert_manager_mode() -> None:
     serving = certificates["envelope-serving"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         annotations = rendered.one(kind)["metadata"]["annotations"]
-        assert annotations == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/envelope-serving"}
+        assert annotations["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/envelope-serving"
+        assert set(annotations) == {"cert-manager.io/inject-ca-from", "envelope.io/failure-policies"}
     for name, hook in rendered.webhooks().items():
         assert "caBundle" not in hook["clientConfig"], name
     spec = serving["spec"]
@@ -685,10 +705,8 @@ def test_rbac_is_least_privilege(case: str) -> None:
     assert not [r for r in cluster_rules if set(r["verbs"]) & {"list", "watch"} and r.get("resourceNames")]
     cluster_writes = [r for r in cluster_rules if set(r["verbs"]) & WRITE_VERBS]
     role_writes = [r for r in role_rules if set(r["verbs"]) & WRITE_VERBS]
-    if not self_mode:
-        assert cluster_writes == [] and rendered.of("Role") == [] and rendered.of("RoleBinding") == []
-        return
-    # Cluster-wide writes: only the two webhook configurations, by name, never create.
+    # Cluster-wide writes: only the two webhook configurations, by name, never create
+    # (to raise their failure policies; in self mode also to inject the CA).
     assert cluster_writes == [{
         "apiGroups": ["admissionregistration.k8s.io"],
         "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
@@ -696,6 +714,9 @@ def test_rbac_is_least_privilege(case: str) -> None:
         "verbs": ["get", "update"]}]
     assert rendered.arg("--mutating-webhook-configuration") == rendered.arg(
         "--validating-webhook-configuration")
+    if not self_mode:
+        assert rendered.of("Role") == [] and rendered.of("RoleBinding") == []
+        return
     # Namespaced writes in the release namespace: create (cannot be limited by name) and
     # get/update of the one Secret and the one Lease the server names in its flags.
     assert rendered.one("Role")["metadata"]["namespace"] == NAMESPACE
@@ -1171,6 +1192,15 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
         assert len(bundles) == 4 and set(bundles.values()) == {secret_bundle()}
         config = cluster.kubectl_json("get", "validatingwebhookconfiguration", name)
         assert {h["timeoutSeconds"] for h in config["webhooks"]} == {7}
+        # webhooks.safeInstall: installed as Ignore, raised by the ready server once it
+        # answers through the configuration (its URL and the injected caBundle).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            config = cluster.kubectl_json("get", "validatingwebhookconfiguration", name)
+            if {h["failurePolicy"] for h in config["webhooks"]} == {"Fail"}:
+                break
+            time.sleep(1)
+        assert {h["failurePolicy"] for h in config["webhooks"]} == {"Fail"}, config["webhooks"]
     finally:
         server.stop(timeout=15)
 

@@ -53,7 +53,9 @@ def test_clean_files_exit_0_and_json_shows_the_patch(tmp_path: Path) -> None:
     (tmp_path / "good.yaml").write_text(GOOD)
     out = envelope("check", "-f", str(tmp_path / "good.yaml"), "--output", "json")
     assert out.returncode == 0, out.stderr
-    entries = json.loads(out.stdout)
+    report = json.loads(out.stdout)
+    entries = report["objects"]
+    assert report["summary"] == {"objects": 2, "errors": 0, "warnings": 1, "mutated": 1}
     assert [(e["kind"], e["name"]) for e in entries] == [("Deployment", "web"),
                                                          ("ConfigMap", "settings")]
     web = entries[0]
@@ -81,7 +83,8 @@ def test_errors_exit_1_over_a_directory_and_stdin(tmp_path: Path) -> None:
     ("text", "fragment"),
     [
         ("kind: [unclosed", "not valid YAML"),
-        ("- a\n- b\n", "document 1: expected a Kubernetes object"),
+        ("- a\n- b\n", "no Kubernetes objects found"),
+        ("apiVersion: v1\nkind: Pod\n---\n- a\n", "document 2: expected a Kubernetes object"),
         ("apiVersion: v1\nkind: Pod\n---\nmetadata: {}\n", "document 2: apiVersion is missing"),
     ],
 )
@@ -139,3 +142,93 @@ def test_unknown_env_rule_is_refused() -> None:
 def test_serve_without_certificates_refuses_to_start() -> None:
     out = envelope("serve", "--port", "0")
     assert out.returncode == 2 and "HTTPS only" in out.stderr
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_version_and_help_for_every_check_flag() -> None:
+    import tomllib
+
+    out = envelope("--version")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert out.returncode == 0 and out.stdout.strip() == f"envelope {version}"
+    from app.cli import _parser
+
+    check = _parser()._subparsers._group_actions[0].choices["check"]  # type: ignore[union-attr]
+    for action in check._actions:
+        assert action.help, action.dest
+
+
+def test_every_parse_error_in_the_run_is_reported_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: ''\n---\nkind: [\n")
+    (tmp_path / "b.yaml").write_bytes(b"\xff\xfe" + "apiVersion: v1\nkind: 5\n".encode("utf-16-le"))
+    (tmp_path / "c.yaml").write_text(GOOD)
+    out = envelope("check", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert f"envelope check: {tmp_path / 'a.yaml'}:2: document 1: kind is empty" in lines
+    assert f"envelope check: {tmp_path / 'a.yaml'}:5: document 2: not valid YAML: " \
+           "did not find expected node content" in lines
+    assert f"envelope check: {tmp_path / 'b.yaml'}:2: document 1: kind must be a string, " \
+           "got int 5" in lines
+    assert lines[-1] == "envelope check: 3 input problem(s); nothing was checked"
+
+
+def test_no_objects_found_exits_2_unless_allowed(tmp_path: Path) -> None:
+    (tmp_path / "values.yaml").write_text("replicas: 3\n")
+    (tmp_path / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\n"
+                                                 "kind: Kustomization\n")
+    out = envelope("check", str(tmp_path))
+    assert out.returncode == 2 and "no Kubernetes objects found" in out.stderr
+    assert "(2 path(s) skipped)" in out.stderr
+    assert envelope("check", str(tmp_path), "--allow-empty").returncode == 0
+    out = envelope("check", str(tmp_path / "missing"))
+    assert out.returncode == 2 and "cannot read: No such file or directory" in out.stderr
+    assert "Traceback" not in out.stderr
+    (tmp_path / "bad.yaml").write_text(BAD)
+    assert envelope("check", str(tmp_path)).returncode == 1
+    assert envelope("check", str(tmp_path), "--exclude", "bad.*").returncode == 2
+
+
+def test_serve_refuses_a_busy_port_and_an_unknown_log_level_cleanly() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = envelope("serve", "--self-signed", "--host", "127.0.0.1", "--port", str(port),
+                       "--metrics-port", "0")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (--port)" in out.stderr
+    out = envelope("serve", "--self-signed", "--port", "0", "--log-level", "loud")
+    assert out.returncode == 2 and "unknown log level 'loud'" in out.stderr
+
+
+def _commands(text: str) -> list[list[str]]:
+    import shlex
+
+    return [shlex.split(line.strip().removeprefix("run: ").split(" > ")[0].split(" || ")[0])
+            for line in text.splitlines() if "envelope check" in line and "run:" in line]
+
+
+def test_ci_example_and_pre_commit_hook_use_real_flags(tmp_path: Path) -> None:
+    import yaml
+
+    from app.cli import _parser
+
+    workflow = yaml.safe_load((ROOT / "examples/ci/envelope.yaml").read_text())
+    env = workflow["env"]
+    commands = _commands((ROOT / "examples/ci/envelope.yaml").read_text())
+    assert {"github", "sarif"} <= {c[c.index("--output") + 1] for c in commands}
+    for command in commands:
+        args = [a.replace("$MANIFESTS", env["MANIFESTS"]) for a in command[1:]]
+        parsed = _parser().parse_args(args)
+        assert parsed.command == "check" and parsed.output in ("github", "sarif")
+        # the same command over the example tenancy: findings (exit 1), not bad input
+        args[args.index(env["MANIFESTS"])] = str(ROOT / "examples/tenancy")
+        assert envelope(*args).returncode == 1
+    [hook] = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert hook["entry"] == "envelope check" and hook["pass_filenames"] is False
+    assert _parser().parse_args([*hook["entry"].split()[1:], *hook["args"]]).filenames == ["."]

@@ -39,11 +39,14 @@ CPU7 = [container(limits={"cpu": "7", "memory": "29Gi"}, requests={"cpu": "7", "
 
 @pytest.mark.parametrize(("guard", "rule", "named"), [
     (quota({"limits.cpu": "20", "limits.memory": "64Gi"}), "quota-needs-cpu-limits",
-     'ResourceQuota "compute" sets limits.cpu'),
-    (limitrange({"max": {"cpu": "8"}}), "limitrange-needs-cpu-limits",
-     'LimitRange "defaults" sets max.cpu=8'),
+     'ResourceQuota "compute" (no scope) sets limits.cpu=20'),
+    (limitrange({"type": "Pod", "max": {"cpu": "8"}}), "limitrange-needs-cpu-limits",
+     'LimitRange "defaults" type Pod max cpu 8: the pod has no CPU limit'),
     (limitrange({"maxLimitRequestRatio": {"cpu": "2"}}), "limitrange-needs-cpu-limits",
-     "maxLimitRequestRatio.cpu=2"),
+     "type Container maxLimitRequestRatio cpu 2"),
+    # A default CPU limit below the request: LimitRanger's default makes the Pod invalid.
+    (limitrange({"default": {"cpu": "2"}}), "limitrange-needs-cpu-limits",
+     'LimitRange "defaults" default CPU limit 2 is below container app\'s CPU request 7'),
 ])
 def test_namespace_that_needs_cpu_limits_keeps_them_and_warns(guard: dict, rule: str,
                                                               named: str) -> None:
@@ -65,15 +68,27 @@ def test_namespace_that_needs_cpu_limits_keeps_them_and_warns(guard: dict, rule:
 def test_guards_look_only_at_the_objects_namespace_and_relevant_keys() -> None:
     obj = workload("Deployment", CPU7)
     view = StaticView([quota({"limits.cpu": "20"}, ns="other"), quota({"requests.cpu": "20"}),
-                       limitrange({"default": {"cpu": "8"}})])
+                       limitrange({"default": {"cpu": "8"}}),
+                       # max alone: LimitRange defaulting makes it the default limit (8 >= 7)
+                       limitrange({"max": {"cpu": "8"}}, name="max-only"),
+                       quota({"limits.cpu": "20"}, name="terminating") | {"spec": {
+                           "hard": {"limits.cpu": "20"}, "scopes": ["Terminating"]}}])
     assert run(obj, view=view).patch
 
 
+def test_opted_out_workload_is_not_refused_by_an_enforcing_guard() -> None:
+    """Class 5: the guard's own message says to opt out; opting out must then pass."""
+    obj = workload("Deployment", CPU7)
+    obj["spec"]["template"]["metadata"] = {"annotations": {"envelope.io/keep-cpu-limit": "true"}}
+    enforce = Policy(rules={"quota-needs-cpu-limits": Mode.ENFORCE})
+    result = run(obj, enforce, view=StaticView([quota({"limits.cpu": "20"})]))
+    assert result.errors == [] and result.patch == []
+
+
 def test_limitrange_default_below_request_warns_on_the_workload() -> None:
-    obj = workload("Deployment", [container(limits={"cpu": "7", "memory": "29Gi"})])
+    obj = workload("Deployment", [container(requests={"cpu": "7"}, limits={"memory": "29Gi"})])
     view = StaticView([limitrange({"default": {"cpu": "2"}})])
     result = run(obj, view=view)
-    assert result.patch  # still stripped
     [warning] = [w for w in result.warnings if w.rule == "limitrange-default-below-request"]
     assert 'LimitRange "defaults" default cpu limit 2 < request 7' in warning.message
     assert len(warning.message) < 120
@@ -87,8 +102,9 @@ def test_pod_that_fits_no_node_is_refused_with_numbers() -> None:
     obj = workload("Deployment", [container(requests={"memory": "64Gi"}, limits={"memory": "64Gi"})])
     [error] = run(obj, view=view).errors
     assert error.rule == "pod-fits-node"
-    assert "needs 64Gi memory; the largest schedulable node (n1) offers 32Gi" in error.message
-    assert "reserve 0" in error.message
+    assert ("each pod needs 64Gi memory; no node it may land on has room: the closest (a node "
+            "with 16 cpu, 32Gi memory) offers 32Gi memory") in error.message
+    assert "reserve 0 cpu, 0 memory" in error.message
     fits = workload("Deployment", [container(requests={"memory": "32Gi"}, limits={"memory": "32Gi"})])
     assert run(fits, view=view).errors == []
 
@@ -100,18 +116,19 @@ def test_node_selector_narrows_the_nodes_and_reserve_counts() -> None:
                                      limits={"memory": "64Gi"})])
     obj["spec"]["nodeSelector"] = gpu
     [error] = run(obj, view=view).errors
-    assert "needs 40 cpu" in error.message and "(gpu1) offers 32" in error.message
+    assert "needs 40 cpu" in error.message and "(a node with 32 cpu, 128Gi memory) offers 32" in error.message
     obj["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "30"
     assert run(obj, view=view).errors == []
     reserved = Policy.model_validate({"nodes": {"reserveCpu": "4"}})
     [error] = run(obj, reserved, view=view).errors
-    assert "offers 28 " in error.message and "reserve 4" in error.message
+    assert "offers 28 cpu" in error.message and "reserve 4 cpu" in error.message
     sandbox = Policy.model_validate({"nodes": {"sandboxParentReserveMemory": "80Gi"}})
     [error] = run(obj, sandbox, view=view).errors
     assert "offers 48Gi" in error.message
     obj["spec"]["nodeSelector"] = {"pool": "none"}
     [error] = run(obj, view=view).errors
     assert "no node matching nodeSelector {'pool': 'none'} is known" in error.message
+    assert "node does not match the pod's nodeSelector" in error.message
 
 
 def test_no_nodes_known_means_no_finding() -> None:
@@ -200,3 +217,62 @@ def test_updates_are_not_blocked_for_what_they_did_not_change() -> None:
     # the same object as a CREATE is refused as before
     assert {e.rule for e in run(restarted, view=view).errors} == {"pod-fits-node",
                                                                   "memory-request-equals-limit"}
+
+
+def test_pod_fits_node_one_node_at_a_time_with_gpus_and_taints() -> None:
+    """Class 2: cpu on one node and memory on another is no fit; extended resources
+    and taints count; the closest node is named with what it lacks."""
+    view = StaticView([node("cpu-rich", "64", "16Gi"), node("mem-rich", "8", "256Gi")])
+    obj = workload("Deployment", [container(requests={"cpu": "32", "memory": "64Gi"},
+                                            limits={"memory": "64Gi"})])
+    [error] = run(obj, view=view).errors
+    assert error.rule == "pod-fits-node" and "closest" in error.message
+    gpu = node("gpu", "64", "512Gi")
+    gpu["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+    gpu["spec"] = {"taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]}
+    view = StaticView([gpu, node("plain", "64", "512Gi")])
+    wants_gpu = workload("Deployment", [container(requests={"memory": "1Gi"},
+                                                  limits={"memory": "1Gi", "nvidia.com/gpu": "4"})])
+    [error] = run(wants_gpu, view=view).errors
+    assert "the closest (a node with 64 cpu, 512Gi memory, 0 nvidia.com/gpu)" in error.message
+    wants_gpu["spec"]["template"]["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    assert run(wants_gpu, view=view).errors == []
+
+
+def test_pod_level_request_is_judged_as_defaulted() -> None:
+    """Class 1: pod-level limit 32 cpu, containers ask 1: fits a 16-cpu node."""
+    view = StaticView([node("n1", "16", "64Gi")])
+    obj = workload("Deployment", [container(requests={"cpu": "1", "memory": "1Gi"},
+                                            limits={"memory": "1Gi"})])
+    obj["spec"]["template"]["spec"]["resources"] = {"limits": {"cpu": "32"}}
+    assert [e for e in run(obj, view=view).errors if e.rule == "pod-fits-node"] == []
+
+
+def test_pods_are_judged_past_limitranger_templates_before_it() -> None:
+    """A Pod arrives with LimitRanger's default (= max) CPU limit; stripping it leaves
+    no limit and LimitRanger's validation refuses: kept. A template's Pods get the
+    default back after the strip: stripped."""
+    view = StaticView([limitrange({"max": {"cpu": "8"}})])
+    pod = workload("Pod", [container(requests={"cpu": "1", "memory": "1Gi"},
+                                     limits={"cpu": "8", "memory": "1Gi"})])
+    result = run(pod, view=view)
+    assert result.patch == [] and any(w.rule == "limitrange-needs-cpu-limits" for w in result.warnings)
+    deploy = workload("Deployment", [container(requests={"cpu": "1", "memory": "1Gi"},
+                                               limits={"cpu": "8", "memory": "1Gi"})])
+    assert run(deploy, view=view).patch
+
+
+def test_huge_quantities_are_judged_quickly_not_crashed() -> None:
+    """Class 7: the API server takes 1e999999999; the node rule and the guards must
+    judge it (it fits nowhere), never hang on integer conversion or overflow."""
+    import time
+
+    view = StaticView([node("n1", "16", "32Gi"), quota({"limits.cpu": "1e999999999"}),
+                       limitrange({"type": "Pod", "max": {"cpu": "1e999999999"}})])
+    obj = workload("Deployment", [container(requests={"memory": "1e999999999", "cpu": "1e999999999"},
+                                            limits={"memory": "1e999999999", "cpu": "1e999999999"})])
+    start = time.monotonic()
+    result = run(obj, view=view)
+    assert time.monotonic() - start < 5
+    assert result.internal_errors == []
+    assert any(e.rule == "pod-fits-node" for e in result.errors)

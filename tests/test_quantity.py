@@ -46,8 +46,10 @@ def test_binary_and_decimal_units_compare_exactly() -> None:
     assert parse_quantity("100m") + parse_quantity("200m") == parse_quantity("300m")
 
 
-@pytest.mark.parametrize("bad", ["", "Gi", "1GB", "1gi", "one", "1.2.3", "1e", "--1", True, None,
-                                 [], {"a": 1}, "1 Gi"])
+@pytest.mark.parametrize("bad", ["", "   ", "1GB", "1gi", "one", "1.2.3", "1e", "--1", True, None,
+                                 [], {"a": 1}, "1 Gi", "1K", "1ee3", "1e-", "1Ki5", ".e-10", "+e-10",
+                                 "1e99999999999999999999", "\x1c1", float("inf"),
+                                 "\t2", "2\n", "\u20282"])
 def test_rejects(bad: object) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(bad)
@@ -66,3 +68,46 @@ def test_long_quantity_strings_are_not_cached() -> None:
     before = module._parse_cached.cache_info().currsize
     assert parse_quantity("0" * 100 + "1Gi") == 1024**3
     assert module._parse_cached.cache_info().currsize == before
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # ParseQuantity's own corner cases (apimachinery resource/quantity.go,
+        # v0.34.12); the quantity oracle (e2e/test_oracle_quantity.py) checks each
+        # against the API server.
+        ("+", Decimal(0)),
+        ("-", Decimal(0)),
+        (".", Decimal(0)),
+        ("1.", Decimal(1)),
+        ("1.G", Decimal(10**9)),
+        ("Gi", Decimal(0)),
+        ("m", Decimal(0)),
+        ("e3", Decimal(0)),
+        ("1E", Decimal(10**18)),
+        ("1e+3", Decimal(1000)),
+        ("0.1n", Decimal("1e-9")),  # below one nano: rounded up to 1n
+        ("1e-10", Decimal("1e-9")),
+        ("-1e-10", Decimal("-1e-9")),
+        ("0e-10", Decimal(0)),
+        ("9Ei", Decimal(2**63 - 1)),  # binary values are capped at 2^63-1
+        ("100Ei", Decimal(2**63 - 1)),
+        ("0.0000000001Ki", Decimal("1.03e-7")),
+        ("123456789012345678901234567890", Decimal("123456789012345678901234567890")),
+        # The exponent is an int64 truncated to int32, as Go's int32(parsed).
+        ("1e4294967296", Decimal(1)),
+        ("1e9999999999", Decimal("1e1410065407")),
+        ("1e-2147483648", Decimal("1e2147483648")),
+        ("1e-2147483647", Decimal("1e-9")),
+        ("\u00a02\u3000", Decimal(2)),  # Go's TrimSpace (JSON) takes Unicode spaces
+    ],
+)
+def test_parse_quantity_corner_cases(text: str, expected: Decimal) -> None:
+    assert parse_quantity(text) == expected
+
+
+def test_huge_values_are_exact_and_formatted_briefly() -> None:
+    value = parse_quantity("1e999999999")
+    assert value == Decimal("1e999999999") and value > parse_quantity("1e999999998")
+    assert format_bytes(value) == "1E+999999999"
+    assert format_cpu(value) == "1E+999999999"

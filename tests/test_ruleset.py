@@ -249,7 +249,7 @@ def test_a_lost_watch_of_what_a_rule_reads_is_answered_per_the_failure_mode(
         if failure_mode == "deny":
             assert not decision.allowed and decision.code == 500 and reason in decision.message
         else:
-            assert decision.allowed and any(w.startswith("Envelope skipped a rule after an internal "
+            assert decision.allowed and any(w.startswith("envelope: skipped a rule after an internal "
                                                          "error") for w in decision.warnings or [])
     policy = Policy(rules={rule_id: Mode.WARN}, failureMode="deny")
     result = evaluate(alone, subject, view, policy, rule.phase)
@@ -286,4 +286,4 @@ def test_a_guard_holds_back_the_rules_that_strip_cpu_limits() -> None:
     assert kept.patch == [] and [f.rule for f in kept.warnings] == ["quota-needs-cpu-limits"]
     off = Policy(rules={"quota-needs-cpu-limits": Mode.OFF})
     stripped = evaluate(RULES, subject, StaticView([quota]), off, "mutate")
-    assert stripped.patch[0]["path"].endswith("/limits/cpu")
+    assert any(op["path"].endswith("/limits/cpu") for op in stripped.patch)

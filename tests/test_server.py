@@ -147,14 +147,15 @@ def test_malformed_input_gets_400_that_says_what_is_wrong(server: Server, body: 
 
 def test_huge_body_gets_413(server: Server) -> None:
     body = b'{"pad":"' + b"x" * (3 * 1024 * 1024 + 10) + b'"}'
-    response = server.client.post("/validate", content=body)
+    json_type = {"content-type": "application/json"}
+    response = server.client.post("/validate", content=body, headers=json_type)
     assert response.status_code == 413
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the streamed count catches it
         for _ in range(4):
             yield b"x" * (1024 * 1024)
 
-    assert server.client.post("/validate", content=chunks()).status_code == 413
+    assert server.client.post("/validate", content=chunks(), headers=json_type).status_code == 413
 
 
 def test_a_crafted_object_never_yields_500(server: Server) -> None:
@@ -171,7 +172,8 @@ def test_health_metrics_and_logs(server: Server) -> None:
     assert server.client.get("/healthz").status_code == 200
     assert server.client.get("/readyz").status_code == 200
     text = httpx.get(server.metrics + "/metrics").text
-    assert 'envelope_admission_requests_total{decision="patch",endpoint="mutate",kind="Deployment"}' in text
+    assert ('envelope_admission_requests_total{decision="patch",endpoint="mutate",kind="Deployment",'
+            'operation="CREATE"}') in text
     assert "envelope_admission_duration_seconds_bucket" in text
     lines = [json.loads(line) for line in server.log.read_text().splitlines()
              if line.startswith("{") and '"admission"' in line]
@@ -213,7 +215,8 @@ def test_benchmark_floor_routes_echo_the_uid() -> None:
     async def call(path: str) -> dict[str, Any]:
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            response = await client.post(path, content=body)
+            response = await client.post(path, content=body,
+                                         headers={"content-type": "application/json"})
         assert response.status_code == 200
         return dict(response.json()["response"])
 
@@ -222,3 +225,87 @@ def test_benchmark_floor_routes_echo_the_uid() -> None:
     patched = asyncio.run(call("/floor-patch"))
     assert patched["uid"] == "abc-1" and patched["patchType"] == "JSONPatch"
     assert json.loads(base64.b64decode(patched["patch"]))[0]["path"] == "/metadata/annotations"
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/yaml",
+                                          "application/x-www-form-urlencoded"])
+def test_a_body_that_is_not_json_gets_415(server: Server, content_type: str | None) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    response = server.client.post("/mutate", content=b"{}", headers=headers)
+    assert response.status_code == 415
+    assert "Content-Type must be application/json" in response.json()["error"]
+    ok = server.client.post("/mutate", content=b"{}",
+                            headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 400  # JSON after all: now judged as a (bad) review
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "1Gi"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [300, 1000, 2000])
+def test_deep_nesting_is_a_400_or_an_answer_with_the_uid(server: Server, depth: int) -> None:
+    deep = '{"a":' * depth + '"1Gi"' + "}" * depth  # as text: encoders refuse this depth
+    for where in ("name", "memory"):
+        obj = workload("Deployment", [container(requests={"memory": "1Gi"})])
+        if where == "name":
+            obj["metadata"]["name"] = "DEEP"
+        else:
+            obj["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "DEEP"
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "u-deep", "kind": {"group": "apps", "version": "v1",
+                                                      "kind": "Deployment"},
+                            "operation": "CREATE", "object": obj}}
+        raw = json.dumps(body).replace('"DEEP"', deep).encode()
+        for endpoint in ("/mutate", "/validate"):
+            response = server.client.post(endpoint, content=raw,
+                                          headers={"content-type": "application/json"})
+            assert response.status_code in (200, 400), response.text[:200]
+            if response.status_code == 200:
+                assert response.json()["response"]["uid"] == "u-deep"
+            else:
+                assert "not valid JSON" in response.json()["error"]
+
+
+def test_an_answer_that_cannot_be_encoded_is_a_denial_with_the_uid() -> None:
+    import asyncio
+
+    from app.admission import Decision
+    from app.config import Policy
+    from app.server import create_app
+    from tests.conftest import RULES
+
+    app = create_app(RULES, Policy())
+    # A rule set whose one mutating rule writes a value nested past orjson's limit.
+    from dataclasses import replace
+
+    from app.rules.base import change
+    from app.ruleset import RuleSet
+
+    def deepens(subject: Any, obj: Any, view: Any, policy: Any) -> list[Any]:
+        obj["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": _nested(400)}}
+        return [change("spec.template.spec.containers[0].resources", "nested")]
+
+    rules = RuleSet([replace(RULES["memory-limit"], fn=deepens)], RULES.copiers)
+    app = create_app(rules, Policy())
+    body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": "u-enc", "kind": {"group": "apps", "version": "v1",
+                                                            "kind": "Deployment"},
+                                   "operation": "CREATE",
+                                   "object": workload("Deployment", [container()])}})
+
+    async def post() -> Any:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/mutate", content=body,
+                                     headers={"content-type": "application/json"})
+
+    response = asyncio.run(post())
+    assert response.status_code == 200
+    answer = response.json()["response"]
+    assert answer["uid"] == "u-enc" and answer["allowed"] is False
+    assert answer["status"]["code"] == 400 and "nests too deeply" in answer["status"]["message"]
+    assert Decision  # the decision type the server builds for it

@@ -7,6 +7,7 @@ import jsonpatch
 import pytest
 
 from app.config import EnvelopeEnv, Policy
+from app.engine import Evaluation
 from app.envelope import parse_envelope_string
 from app.quantity import QuantityError
 from tests.conftest import container, run, workload
@@ -55,7 +56,9 @@ def test_webhook_strips_cpu_from_limits_env_only() -> None:
     after = jsonpatch.apply_patch(obj, result.patch)
     values = [e["value"] for e in after["spec"]["template"]["spec"]["containers"][0]["env"]]
     assert values == ["memory=29Gi", "cpu=7,memory=29Gi", "cpu=1"]
-    assert result.patch == [{"op": "replace",
+    assert result.patch == [{"op": "add", "path": "/metadata/annotations",
+                             "value": {"envelope.io/mutations": "env-envelope-cpu:app"}},
+                            {"op": "replace",
                              "path": "/spec/template/spec/containers/0/env/0/value",
                              "value": "memory=29Gi"}]
 
@@ -118,3 +121,107 @@ def test_long_strings_parse_the_same_but_are_not_cached() -> None:
     assert module._parse_cached.cache_info().currsize == before  # a caller cannot fill memory
     parse_envelope_string("cpu=3,memory=1Gi")
     assert parse_envelope_string("cpu=3,memory=1Gi") is parse_envelope_string("cpu=3,memory=1Gi")
+
+
+# --- class 6 of issue 12: the value the container sees (kubelet makeEnvironmentVariables
+# and third_party/forked/golang/expansion, Kubernetes v1.34.12) -------------------------
+
+def _values(obj: dict, result: Evaluation) -> list[str | None]:
+    after = jsonpatch.apply_patch(obj, result.patch)
+    return [e.get("value") for e in after["spec"]["template"]["spec"]["containers"][0]["env"]]
+
+
+def _warnings(result: Evaluation) -> list[str]:
+    return [f.message for f in result.warnings]
+
+
+def test_last_duplicate_is_the_one_stripped_and_judged() -> None:
+    # The kubelet's map keeps the last entry of a name: 2Gi, which RESOURCE_REQUESTS agrees with.
+    env_ = [{"name": "RESOURCE_LIMITS", "value": "cpu=1,memory=1Gi"},
+            {"name": "RESOURCE_LIMITS", "value": "cpu=2,memory=2Gi"},
+            {"name": "RESOURCE_REQUESTS", "value": "cpu=2,memory=2Gi"}]
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    assert result.errors == []
+    assert _values(obj, result) == ["cpu=1,memory=1Gi", "memory=2Gi", "cpu=2,memory=2Gi"]
+
+
+def test_last_duplicate_disagreeing_is_denied_at_its_index() -> None:
+    env_ = [{"name": "RESOURCE_LIMITS", "value": "memory=2Gi"},
+            {"name": "RESOURCE_LIMITS", "value": "memory=1Gi"},
+            {"name": "RESOURCE_REQUESTS", "value": "memory=2Gi"}]
+    result = run(workload("Deployment", [container(env=env_)]))
+    assert [e.path for e in result.errors] == ["spec.template.spec.containers[0].env[1].value"]
+    assert "memory=1Gi differs from RESOURCE_REQUESTS memory=2Gi" in result.errors[0].message
+
+
+def test_a_reference_is_judged_expanded_and_never_rewritten() -> None:
+    env_ = [{"name": "MEM", "value": "4Gi"},
+            {"name": "RESOURCE_LIMITS", "value": "cpu=2,memory=$(MEM)"},
+            {"name": "RESOURCE_REQUESTS", "value": "cpu=2,memory=4Gi"}]
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    assert result.errors == [] and result.patch == []
+    (text,) = _warnings(result)
+    assert "the container sees 'cpu=2,memory=4Gi'" in text and "does not rewrite" in text
+
+
+def test_an_expanded_reference_that_disagrees_is_denied() -> None:
+    env_ = [{"name": "MEM", "value": "2Gi"},
+            {"name": "RESOURCE_LIMITS", "value": "memory=$(MEM)"},
+            {"name": "RESOURCE_REQUESTS", "value": "memory=1Gi"}]
+    result = run(workload("Deployment", [container(env=env_)]))
+    (err,) = result.errors
+    assert "memory=2Gi differs from RESOURCE_REQUESTS memory=1Gi" in err.message
+
+
+@pytest.mark.parametrize(("env_", "unresolved"), [
+    # undefined: the kubelet leaves $(MEM) as written
+    ([{"name": "RESOURCE_LIMITS", "value": "cpu=1,memory=$(MEM)"}], "$(MEM)"),
+    # order matters: MEM is defined only after the entry that refers to it
+    ([{"name": "RESOURCE_LIMITS", "value": "memory=$(MEM)"}, {"name": "MEM", "value": "1Gi"}],
+     "$(MEM)"),
+    # through an earlier entry whose own reference stayed literal
+    ([{"name": "A", "value": "$(X)"}, {"name": "RESOURCE_LIMITS", "value": "memory=$(A)"}], "$(X)"),
+])
+def test_unresolved_reference_is_left_as_written_with_a_warning(env_: list, unresolved: str) -> None:
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    assert result.errors == [] and result.patch == []
+    (text,) = _warnings(result)
+    assert f"left as written: {unresolved} is not resolved" in text
+
+
+def test_env_from_is_named_when_it_may_define_the_reference() -> None:
+    c = container(env=[{"name": "RESOURCE_LIMITS", "value": "memory=$(MEM)"}],
+                  envFrom=[{"configMapRef": {"name": "sizes"}}])
+    (text,) = _warnings(run(workload("Deployment", [c])))
+    assert "envFrom may, on the node" in text
+
+
+def test_escaped_reference_is_a_literal_not_a_reference() -> None:
+    # $$(MEM) is the literal text $(MEM) even though MEM is defined: not a quantity.
+    env_ = [{"name": "MEM", "value": "1Gi"},
+            {"name": "RESOURCE_LIMITS", "value": "cpu=1,memory=$$(MEM)"}]
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    (err,) = result.errors
+    assert "the container sees 'cpu=1,memory=$(MEM)'" in err.message
+    assert "not a quantity" in err.message
+    assert result.patch == []
+
+
+def test_escape_elsewhere_still_strips_the_written_value() -> None:
+    env_ = [{"name": "RESOURCE_LIMITS", "value": "cpu=1,memory=1Gi,tag=$$HOME"}]
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    assert result.errors == []
+    assert _values(obj, result) == ["memory=1Gi,tag=$$HOME"]
+
+
+def test_value_from_as_the_last_duplicate_is_not_judged() -> None:
+    env_ = [{"name": "RESOURCE_LIMITS", "value": "cpu=1,memory=x"},
+            {"name": "RESOURCE_LIMITS", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    assert result.errors == [] and result.patch == []

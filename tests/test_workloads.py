@@ -78,7 +78,11 @@ def test_init_containers_sidecars_and_pod_level_resources() -> None:
                                                         "requests": {"cpu": "1"}}
     assert resources_of(after, 1, "initContainers") == {"limits": {"memory": "128Mi"},
                                                         "requests": {"cpu": "250m"}}
-    assert after["spec"]["resources"] == {"limits": {"memory": "2Gi"}, "requests": {"cpu": "4"}}
+    # The pod-level CPU request is what the API server would have defaulted with the
+    # limit in place: the containers' aggregate request, max(2 + 250m sidecar, 1 +
+    # 0 sidecars before it) = 2.25 -- not the pod-level limit 4
+    # (pkg/apis/core/v1/defaults.go defaultPodRequests; the defaulting oracle).
+    assert after["spec"]["resources"] == {"limits": {"memory": "2Gi"}, "requests": {"cpu": "2.250"}}
     assert after["spec"]["initContainers"][1]["restartPolicy"] == "Always"
 
 

@@ -6,6 +6,20 @@ only the fields rules read, so 5,000 Nodes cost megabytes, not gigabytes. A 410
 Gone re-lists; a broken connection retries with backoff. Nothing on the admission
 path ever talks to the API server.
 
+Memory follows what is kept, not what the API server sends: each LIST page is
+trimmed as it arrives and dropped (one page of full objects at a time, never the
+whole set), an object whose resourceVersion did not change is reused from the old
+store on a re-list instead of copied, and the new set replaces the old one in one
+swap (``Store.replace``), so a reader sees the old set or the new one, never a
+half-built one.
+
+Liveness: the API server sends a bookmark 2 s before a watch's ``timeoutSeconds``
+ends (and about every minute; k8s.io/apiserver cacher ``cache_watcher.go``
+``nextBookmarkTime``). Watches here last ``watch_timeout`` (half the staleness
+window), so a healthy watch hears something at least that often; silence longer
+than ``watch_timeout + LIVENESS_GRACE`` is a hung connection: it is dropped, and the
+kind counts as stale from the moment it last heard anything.
+
 Authentication and TLS come from the official client's configuration (in-cluster
 service account, or a kubeconfig); the HTTP is its urllib3 pool.
 """
@@ -13,6 +27,7 @@ service account, or a kubeconfig); the HTTP is its urllib3 pool.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,29 +40,91 @@ from kubernetes.client import Configuration
 from app.cluster.kube import ApiError, KubeClient
 from app.cluster.view import Index, Store
 
-__all__ = ["RESOURCES", "Informer", "LiveView", "Resource", "resources_for"]
+__all__ = ["LIVENESS_GRACE", "RESOURCES", "Informer", "LiveView", "Resource", "Shared",
+           "resources_for", "share"]
+
+LIVENESS_GRACE = 10.0
+"""Seconds past a watch's expected end (its bookmark) before silence means hung."""
 
 log = logging.getLogger("envelope.cache")
 
 Trim = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
+class Shared:
+    """One instance of each repeated part of the trimmed objects (hash-consing).
+
+    Thousands of Deployments share a handful of container sizes, Nodes a handful of
+    capacities and taints; parsed from JSON, each would be its own dicts and strings.
+    ``share(value)`` returns the instance already kept for an equal value (compared by
+    canonical JSON), so each distinct part is stored once. Short strings are interned.
+    The cache is bounded: when it fills it starts over, which only costs sharing, never
+    correctness. Objects in the view are never mutated (rules only read them), which
+    is what makes sharing safe.
+    """
+
+    def __init__(self, limit: int = 16384) -> None:
+        self.limit = limit
+        self._cache: dict[int, Any] = {}
+
+    def text(self, value: Any) -> Any:
+        return sys.intern(value) if isinstance(value, str) and len(value) <= 64 else value
+
+    def values(self, mapping: Any) -> Any:
+        """A dict with its short string values interned; the dict itself not shared
+        (for parts unique to one object, such as a Node's labels)."""
+        if not isinstance(mapping, dict):
+            return mapping
+        return {k: self.text(v) for k, v in mapping.items()}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            value = {k: self(v) for k, v in value.items()}
+        elif isinstance(value, list):
+            value = [self(v) for v in value]
+        else:
+            return value
+        try:
+            # Keyed by the hash of the canonical JSON; equality is checked on a hit, so
+            # a collision costs a missed share, never a wrong value.
+            key = hash(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+        except TypeError:
+            return value
+        found = self._cache.get(key)
+        if found is not None:
+            return found if found == value else value
+        if len(self._cache) >= self.limit:
+            self._cache.clear()
+        self._cache[key] = value
+        return value
+
+
+share = Shared()
+
+
 def _meta(obj: dict[str, Any], *extra: str) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     out = {k: meta[k] for k in ("name", "namespace", "resourceVersion", *extra) if k in meta}
+    if "namespace" in out:
+        out["namespace"] = share.text(out["namespace"])
     return out
 
 
 def _base(obj: dict[str, Any], kind: str, *extra_meta: str) -> dict[str, Any]:
-    return {"apiVersion": obj.get("apiVersion"), "kind": kind, "metadata": _meta(obj, *extra_meta)}
+    return {"apiVersion": share.text(obj.get("apiVersion")), "kind": kind,
+            "metadata": _meta(obj, *extra_meta)}
 
 
 def trim_node(obj: dict[str, Any]) -> dict[str, Any]:
     out = _base(obj, "Node", "labels")
+    if "labels" in out["metadata"]:
+        out["metadata"]["labels"] = share.values(out["metadata"]["labels"])
     spec = obj.get("spec") or {}
-    out["spec"] = {k: spec[k] for k in ("unschedulable", "taints") if k in spec}
+    out["spec"] = share({k: spec[k] for k in ("unschedulable", "taints") if k in spec})
     status = obj.get("status") or {}
-    out["status"] = {k: status[k] for k in ("allocatable", "capacity") if k in status}
+    out["status"] = share({k: status[k] for k in ("allocatable", "capacity") if k in status})
     return out
 
 
@@ -76,7 +153,7 @@ def trim_workload(kind: str) -> Trim:
         spec = obj.get("spec") or {}
         template = (spec.get("template") or {}).get("spec") or {}
         out["spec"] = {"replicas": spec.get("replicas", 1),
-                       "template": {"spec": _trim_pod_spec(template)}}
+                       "template": share({"spec": _trim_pod_spec(template)})}
         return out
 
     return trim
@@ -94,6 +171,23 @@ def trim_whole(kind: str) -> Trim:
         return out
 
     return trim
+
+
+def trim_karpenter_nodepool(obj: dict[str, Any]) -> dict[str, Any]:
+    """What ``pod-fits-node`` reads of a Karpenter NodePool (app/autoscaling.py): the
+    node template's labels, taints and requirements, ``spec.limits`` and
+    ``status.resources``."""
+    out = _base(obj, "NodePool")
+    spec = obj.get("spec") or {}
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels")
+    node_spec = template.get("spec") or {}
+    out["spec"] = {"template": {"metadata": {"labels": labels or {}},
+                                "spec": {k: node_spec[k] for k in ("taints", "requirements")
+                                         if k in node_spec}},
+                   "limits": spec.get("limits") or {}}
+    out["status"] = {"resources": (obj.get("status") or {}).get("resources") or {}}
+    return out
 
 
 @dataclass(frozen=True)
@@ -115,6 +209,9 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("StatefulSet", "/apis/apps/v1/statefulsets", trim_workload("StatefulSet")),
     Resource("ReplicaSet", "/apis/apps/v1/replicasets", trim_workload("ReplicaSet")),
     Resource("NodePool", "/apis/kai.resources/v1alpha1/nodepools", trim_whole("NodePool"), True),
+    # Karpenter's NodePool: its own key (app/autoscaling.py KARPENTER_NODEPOOL), since the
+    # store swaps a whole key on a re-list and KAI's NodePool has the key "NodePool".
+    Resource("NodePool.karpenter.sh", "/apis/karpenter.sh/v1/nodepools", trim_karpenter_nodepool, True),
     Resource("Department", "/apis/kai.resources/v1alpha1/departments", trim_whole("Department"),
              True),
     Resource("Project", "/apis/kai.resources/v1alpha1/projects", trim_whole("Project"), True),
@@ -145,16 +242,31 @@ class Informer:
     store: Store
     client: KubeClient
     page_size: int = 500
-    watch_timeout: int = 290
+    watch_timeout: int = 30
+    """``timeoutSeconds`` of each watch: the API server sends a bookmark 2 s before it."""
     synced: bool = False
     absent: bool = False
     disconnected_since: float | None = None
+    last_heard: float = field(default_factory=time.monotonic)
     relists: int = 0
     events: int = 0
+    bookmarks: int = 0
+    hung: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def liveness(self) -> float:
+        """Seconds of silence after which a connected watch counts as hung."""
+        return self.watch_timeout + LIVENESS_GRACE
+
     def stale_for(self, now: float) -> float:
-        return 0.0 if self.disconnected_since is None else now - self.disconnected_since
+        """Seconds this kind may have been missing events (0: it is current)."""
+        if self.absent:
+            return 0.0  # a CRD that is not installed: looked for again every 30 s
+        if self.disconnected_since is not None:
+            return now - self.disconnected_since
+        silent = now - self.last_heard
+        return silent if silent > self.liveness else 0.0
 
     def _apply(self, obj: dict[str, Any]) -> None:
         trimmed = self.resource.trim(obj)
@@ -165,17 +277,36 @@ class Informer:
         self.store.add(trimmed, self.resource.kind)
 
     def list(self) -> str:
-        items: list[dict[str, Any]] = []
+        """List every page, trimming each as it arrives, then swap the kind's set.
+
+        At most one page of full objects is alive at a time. An object whose
+        resourceVersion is unchanged is taken from the store as it is (no second copy
+        during a re-list)."""
+        kind, trim = self.resource.kind, self.resource.trim
+        kept: list[dict[str, Any]] = []
         fields: dict[str, Any] = {"limit": self.page_size}
         while True:
             body = orjson.loads(self.client.get(self.resource.path, fields, 60).data)
-            items.extend(body.get("items") or [])
+            items = body.pop("items", None) or []
+            for i, obj in enumerate(items):
+                items[i] = None  # drop the full object as soon as it is read
+                meta = obj.get("metadata") or {}
+                old = self.store.get(kind, meta.get("name", ""), meta.get("namespace"))
+                if old is not None and meta.get("resourceVersion") is not None and (
+                        (old.get("metadata") or {}).get("resourceVersion")
+                        == meta.get("resourceVersion")):
+                    kept.append(old)
+                    continue
+                trimmed = trim(obj)
+                if trimmed is not None:
+                    kept.append(trimmed)
+            del items
+            self.last_heard = time.monotonic()
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
                 break
             fields = {"limit": self.page_size, "continue": meta["continue"]}
-        trimmed = [t for t in (self.resource.trim(o) for o in items) if t is not None]
-        self.store.replace(self.resource.kind, trimmed)
+        self.store.replace(kind, kept)
         self.relists += 1
         return str(meta.get("resourceVersion", ""))
 
@@ -183,11 +314,15 @@ class Informer:
         """Follow events from ``version``; returns the last version, or None to re-list."""
         fields = {"watch": "true", "resourceVersion": version, "allowWatchBookmarks": "true",
                   "timeoutSeconds": self.watch_timeout}
-        response = self.client.get(self.resource.path, fields, self.watch_timeout + 30, True)
+        # The read timeout is the liveness deadline: a healthy watch hears its bookmark
+        # before ``watch_timeout`` ends, so a longer silence is a hung connection.
+        response = self.client.get(self.resource.path, fields, self.liveness, True)
         self.disconnected_since = None
+        self.last_heard = time.monotonic()
         try:
             buffer = b""
             for chunk in response.stream(65536, decode_content=True):
+                self.last_heard = time.monotonic()
                 if self._stop.is_set():
                     return version
                 buffer += chunk
@@ -202,6 +337,9 @@ class Informer:
                             return None
                         raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind == "BOOKMARK":
+                        self.bookmarks += 1
+                        continue
                     if kind in ("ADDED", "MODIFIED"):
                         self._apply(obj)
                     elif kind == "DELETED":
@@ -245,7 +383,11 @@ class Informer:
 
     def _failed(self, exc: Exception, backoff: float) -> None:
         if self.disconnected_since is None:
-            self.disconnected_since = time.monotonic()
+            # Stale since it last heard anything: for a hung watch that is well before
+            # the read timeout fired.
+            self.disconnected_since = min(self.last_heard, time.monotonic())
+        if "timed out" in str(exc).lower():
+            self.hung += 1
         log.warning("watch failed", extra={"fields": {
             "kind": self.resource.kind, "error": f"{type(exc).__name__}: {exc}"[:300],
             "retryIn": backoff}})
@@ -263,7 +405,11 @@ class LiveView(Store):
         super().__init__(indexes=indexes)
         client = KubeClient(configuration)
         self.staleness = staleness
-        self.informers = [Informer(r, self, client) for r in resources]
+        # A watch hears at least every ``watch_timeout`` s; hung ones are caught within
+        # watch_timeout + LIVENESS_GRACE, inside the staleness window (30 + 10 < 60).
+        watch_timeout = int(min(290, max(10, staleness / 2)))
+        self.informers = [Informer(r, self, client, watch_timeout=watch_timeout)
+                          for r in resources]
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:

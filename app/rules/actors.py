@@ -47,6 +47,7 @@ from app.cluster.view import ClusterView, Index
 from app.config import Mode, Policy
 from app.quantity import QuantityError, parse_quantity
 from app.rules.base import Finding, Subject, error, rule, warning
+from app.substrate import pool_sandbox_classes, read_pool_classes
 from app.util import dig, dotted
 
 __all__ = ["INDEXES", "POOLS_BY_CLASS", "TEMPLATES_BY_CLASS", "microvm_floor"]
@@ -58,18 +59,32 @@ POOL_KINDS = frozenset({(GROUP, "WorkerPool")})
 
 
 
-def _class_key(obj: dict[str, Any]) -> list[str]:
+def _ours(obj: dict[str, Any]) -> bool:
     api_version = obj.get("apiVersion")
-    if api_version and not str(api_version).startswith(f"{GROUP}/"):
-        return []  # a same-named kind of another group (list items may carry no apiVersion)
+    # a same-named kind of another group is not ours (list items may carry no apiVersion)
+    return not api_version or str(api_version).startswith(f"{GROUP}/")
+
+
+def _class_key(obj: dict[str, Any]) -> list[str]:
+    if not _ours(obj):
+        return []
     namespace = obj["metadata"].get("namespace") or ""
     return [f"{namespace}/{sandbox_class_of(obj)}"]
 
 
+def _pool_class_keys(obj: dict[str, Any]) -> list[str]:
+    """One key per class the pool runs, read from either WorkerPool shape."""
+    if not _ours(obj):
+        return []
+    namespace = obj["metadata"].get("namespace") or ""
+    return [f"{namespace}/{cls}" for cls in sorted(pool_sandbox_classes(obj))]
+
+
 #: Both kinds by ``<namespace>/<sandboxClass>``: placement reads only the WorkerPools an
-#: actor could use, and a WorkerPool update only the templates that could use it.
+#: actor could use, and a WorkerPool update only the templates that could use it. A pool
+#: is filed under every class it runs (``spec.sandboxClasses``, or ``spec.sandboxClass``).
 TEMPLATES_BY_CLASS = Index("ActorTemplate", "namespace/sandboxClass", _class_key)
-POOLS_BY_CLASS = Index("WorkerPool", "namespace/sandboxClass", _class_key)
+POOLS_BY_CLASS = Index("WorkerPool", "namespace/sandboxClass", _pool_class_keys)
 INDEXES = (TEMPLATES_BY_CLASS, POOLS_BY_CLASS)
 
 # --------------------------------------------------------------------------- the numbers
@@ -116,7 +131,7 @@ def _pools(view: ClusterView, namespace: str, sandbox_class: str,
     found = [_pool(o) for o in view.by_index(POOLS_BY_CLASS, f"{namespace}/{sandbox_class}")]
     pools = [p for p in found if p is not None
              and (admitted is None or p.metadata.name != admitted.metadata.name)]
-    if admitted is not None and admitted.spec.sandbox_class == sandbox_class:
+    if admitted is not None and sandbox_class in admitted.sandbox_classes:
         pools.append(admitted)
     return sorted(pools, key=lambda p: p.metadata.name or "")
 
@@ -352,17 +367,21 @@ def microvm_memory_headroom(subject: Subject, obj: dict[str, Any], view: Cluster
 # --------------------------------------------------------------------------- WorkerPool rules
 
 
+def _classes_text(classes: frozenset[str]) -> str:
+    return "/".join(sorted(classes)) or "classless"
+
+
 def _hosts(pool: WorkerPool, template: ActorTemplate) -> bool:
-    return (pool.spec.sandbox_class == template.spec.sandbox_class
+    return (template.spec.sandbox_class in pool.sandbox_classes
             and selects(template.spec.worker_selector, pool)
             and not shortfall(actor_size(template), worker_capacity(pool)))
 
 
 def _lost_reason(before: WorkerPool, after: WorkerPool, template: ActorTemplate) -> str:
     name = template.metadata.name
-    if after.spec.sandbox_class != template.spec.sandbox_class:
-        return (f"ActorTemplate {name} cannot use a {after.spec.sandbox_class} WorkerPool "
-                f"(was {before.spec.sandbox_class})")
+    if template.spec.sandbox_class not in after.sandbox_classes:
+        return (f"ActorTemplate {name} cannot use a {_classes_text(after.sandbox_classes)} WorkerPool "
+                f"(was {_classes_text(before.sandbox_classes)})")
     if not selects(template.spec.worker_selector, after):
         return f"ActorTemplate {name}'s workerSelector no longer matches this WorkerPool's labels"
     size, capacity = actor_size(template), worker_capacity(after)
@@ -381,7 +400,9 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return []
     namespace = _namespace(subject, after.metadata.namespace)
     findings = []
-    for raw in view.by_index(TEMPLATES_BY_CLASS, f"{namespace}/{before.spec.sandbox_class}"):
+    raws = [raw for cls in sorted(before.sandbox_classes)
+            for raw in view.by_index(TEMPLATES_BY_CLASS, f"{namespace}/{cls}")]
+    for raw in raws:
         template = _template(raw)
         if template is None or not _hosts(before, template) or _hosts(after, template):
             continue
@@ -396,7 +417,7 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
 def pool_sizing(subject: Subject, obj: dict[str, Any]) -> Any:
     """What actor-pool-resources judges: the worker's resources and sandbox class."""
     pool = _pool(obj)
-    return None if pool is None else (pool.resources, pool.spec.sandbox_class)
+    return None if pool is None else (pool.resources, pool.sandbox_classes)
 
 
 def _quantity_findings(section: str, values: Mapping[str, Any]) -> Iterator[Finding]:
@@ -414,9 +435,10 @@ def _quantity_findings(section: str, values: Mapping[str, Any]) -> Iterator[Find
 def _gpu_findings(pool: WorkerPool) -> Iterator[Finding]:
     limits, requests = pool.resources.limits or {}, pool.resources.requests or {}
     base = "spec.template.resources"
-    if (GPU in limits or GPU in requests) and pool.spec.sandbox_class != GVISOR:
-        yield error(f"{base}.limits.{GPU}",
-                      f"{GPU} is only supported with sandboxClass gvisor, not {pool.spec.sandbox_class}")
+    classes = pool.sandbox_classes
+    if (GPU in limits or GPU in requests) and classes != {GVISOR}:
+        yield error(f"{base}.limits.{GPU}", f"{GPU} is only supported with sandboxClass gvisor, "
+                                            f"not {_classes_text(classes - {GVISOR})}")
     if GPU not in requests:
         return
     if GPU not in limits:
@@ -436,7 +458,8 @@ def pool_resources(subject: Subject, obj: dict[str, Any], view: ClusterView,
         pool = WorkerPool.model_validate(obj)
     except ValidationError as exc:
         return _shape_findings(exc)
-    findings = []
+    # a sandboxClasses list the CRD would refuse only reaches here from files (envelope check)
+    findings = [error(problem.split(":", 1)[0], problem) for problem in read_pool_classes(obj).problems]
     for section in ("limits", "requests"):
         findings.extend(_quantity_findings(section, getattr(pool.resources, section) or {}))
     findings.extend(_gpu_findings(pool))

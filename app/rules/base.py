@@ -77,6 +77,10 @@ class Subject:
     obj: dict[str, Any] | None = None
     old: dict[str, Any] | None = None
     dry_run: bool = False
+    user: str = ""
+    """Who asks (``request.userInfo.username``): for logs only, never for rules."""
+    groups: int = 0
+    """How many groups the user is in (their names are not logged)."""
 
     @property
     def api_version(self) -> str:
@@ -128,12 +132,18 @@ class Rule:
     """Mutating rules not run on an object for which this rule reported an error or a
     warning: a guard that decides the namespace needs CPU limits holds back the rules
     that would remove them."""
+    requires: Callable[[Subject, dict[str, Any]], bool] | None = None
+    """The rule judges only objects for which this holds (e.g. workload rules need the
+    shape Kubernetes gives a pod spec; the ``quantities`` rule reports what is wrong).
+    Asked once per object and phase, however many rules share it."""
 
 
 def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode, summary: str,
          *, reads: Iterable[str] = (), operations: Iterable[str] = ("CREATE", "UPDATE"),
          mutates: bool = True, order: int = 100, judges: Part | None = None,
-         ratchet: Ratchet = Ratchet.NONE, holds_back: Iterable[str] = ()) -> Callable[[RuleFn], RuleFn]:
+         ratchet: Ratchet = Ratchet.NONE, holds_back: Iterable[str] = (),
+         requires: Callable[[Subject, dict[str, Any]], bool] | None = None,
+         ) -> Callable[[RuleFn], RuleFn]:
     """Declare a rule: the one place its id, kinds, phase, mode and reads are written.
 
     The declaration is kept on the function (``fn.rule``); :class:`app.ruleset.RuleSet`
@@ -142,7 +152,8 @@ def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode,
 
     def declare(fn: RuleFn) -> RuleFn:
         declared = Rule(id, phase, frozenset(kinds), default, fn, summary, frozenset(operations),
-                        mutates, order, frozenset(reads), judges, ratchet, frozenset(holds_back))
+                        mutates, order, frozenset(reads), judges, ratchet, frozenset(holds_back),
+                        requires)
         fn.rule = declared  # type: ignore[attr-defined]
         return fn
 

@@ -8,25 +8,40 @@ somewhere: on a node, and in the namespace's memory budget.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
 from app.cluster.view import NODE_LABEL, ClusterView
 from app.config import Mode, Policy
-from app.envelope import pod_amount
+from app.disclosure import node_reference
+from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
+from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Ratchet, Subject, error, rule
+from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
 from app.rules.workloads import (
     CPU_LIMIT_RULES,
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
+    keeps_cpu_limit,
     pod_resources,
     pod_spec,
+    well_formed,
 )
+from app.scheduling import (
+    CORDONED,
+    clamp_quantity,
+    default_pod,
+    effective_pod_requests,
+    evaluate,
+    node_from_object,
+)
+from app.scheduling import Node as SchedNode
 from app.util import Memo
 
-__all__ = ["INDEXES", "node_capacity", "replicas_of"]
+__all__ = ["INDEXES", "replicas_of"]
 
 INDEXES = (NODE_LABEL,)
 
@@ -42,28 +57,60 @@ def _has_cpu_limit_to_strip(subject: Subject, obj: dict[str, Any]) -> bool:
     return any(isinstance(r, dict) and "cpu" in (r.get("limits") or {}) for r in holders)
 
 
-def _guard(subject: Subject, obj: dict[str, Any], reasons: list[str]) -> list[Finding]:
-    """Keep CPU limits (warn) or refuse the write (enforce) where the namespace needs
-    them. Either way the rule holds back the rules that would strip them."""
-    if not reasons or not _has_cpu_limit_to_strip(subject, obj):
+def _without_cpu_limits(spec: dict[str, Any]) -> dict[str, Any]:
+    """The pod Envelope would let through: API defaults applied (a Pod made from the
+    template), every CPU limit removed as the cpu-limits rule removes it."""
+    out = default_pod({"spec": spec})["spec"]
+    for key in ("containers", "initContainers"):
+        for container in out.get(key) or []:
+            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
+                move_cpu_limit_to_request(container["resources"])
+    move_pod_level_cpu_limit(out)
+    return out
+
+
+def _cpu_limit_needs(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                     kind: str) -> list[CpuLimitNeed]:
+    """app.namespace_policy.cpu_limit_needs for this workload's pods without CPU
+    limits: the LimitRanges (both types, their defaults applied) and the quotas whose
+    scopes match the pod (checked against the API server by the admission oracle);
+    only the needs of ``kind`` (quotas need the LimitRanges too, for their defaults)."""
+    spec = pod_spec(subject, obj)
+    if spec is None:
         return []
-    why = "; ".join(reasons)
+    try:
+        stripped = _without_cpu_limits(spec)
+        quotas = view.list("ResourceQuota", subject.namespace) if kind == "ResourceQuota" else []
+        # A Pod reaches the webhook after LimitRanger's defaults; once stripped, nothing
+        # puts them back. A template's Pods get them after the strip.
+        needs = cpu_limit_needs(stripped, view.list("LimitRange", subject.namespace), quotas,
+                                limit_range_defaults=subject.kind != "Pod")
+    except QuantityError:
+        return []  # the quantities rule names the value that does not parse
+    return [n for n in needs if n.kind == kind]
+
+
+def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, needs: list[CpuLimitNeed]) -> list[Finding]:
+    """Keep CPU limits (warn) or refuse the write (enforce) where the namespace needs
+    them. Either way the rule holds back the rules that would strip them. A workload
+    that opted out keeps its CPU limits anyway: nothing to keep or refuse (class 5)."""
+    if not needs or not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
+        return []
+    why = "; ".join(str(n) for n in needs)
     return [error("metadata.namespace",
                   f"{why}: pods without CPU limits would be refused there, and Envelope removes "
-                  f"CPU limits; drop limits.cpu from that object or opt this workload out",
+                  f'CPU limits; change that object or annotate {policy.opt_out_annotation}: "true"',
                   as_warning=f"CPU limits kept: {why}")]
 
 
 @rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
-      "a ResourceQuota on limits.cpu: keep CPU limits (warn) or refuse (enforce)",
-      mutates=False, order=10, reads={"ResourceQuota"}, judges=pod_resources,
-      holds_back=CPU_LIMIT_RULES)
+      "a ResourceQuota matching the pod needs CPU limits: keep them (warn) or refuse (enforce)",
+      mutates=False, order=10, reads={"ResourceQuota", "LimitRange"}, judges=pod_resources,
+      holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
-    reasons = [f'ResourceQuota "{_name(q)}" sets limits.cpu'
-               for q in view.list("ResourceQuota", subject.namespace)
-               if "limits.cpu" in ((q.get("spec") or {}).get("hard") or {})]
-    return _guard(subject, obj, reasons)
+    needs = _cpu_limit_needs(subject, obj, view, "ResourceQuota")
+    return _guard(subject, obj, policy, needs)
 
 
 def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict[str, Any]]]:
@@ -76,22 +123,18 @@ def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict
 
 
 @rule("limitrange-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
-      "a LimitRange with max.cpu or maxLimitRequestRatio.cpu: keep CPU limits or refuse",
+      "a LimitRange (type Container or Pod) needs CPU limits: keep them or refuse",
       mutates=False, order=10, reads={"LimitRange"}, judges=pod_resources,
-      holds_back=CPU_LIMIT_RULES)
+      holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    reasons = []
-    for name, item in _container_limits(view, subject.namespace):
-        for field in ("max", "maxLimitRequestRatio"):
-            if "cpu" in (item.get(field) or {}):
-                reasons.append(f'LimitRange "{name}" sets {field}.cpu={item[field]["cpu"]}')
-    return _guard(subject, obj, reasons)
+    needs = _cpu_limit_needs(subject, obj, view, "LimitRange")
+    return _guard(subject, obj, policy, needs)
 
 
 @rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
       "a LimitRange default CPU limit below a container's CPU request",
-      reads={"LimitRange"}, judges=pod_resources, ratchet=Ratchet.WARN)
+      reads={"LimitRange"}, judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                      policy: Policy) -> list[Finding]:
     """LimitRanger puts ``default.cpu`` on every Pod created without a CPU limit; below the
@@ -123,84 +166,112 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 # --- pod fits a node --------------------------------------------------------------
 
 
-_capacity: Memo[tuple[int, tuple[tuple[str, str], ...]], dict[str, Any]] = Memo(256)
+_nodes: Memo[tuple[int, str, str], list[SchedNode]] = Memo(64)
 
 
-def _allocatable(node: dict[str, Any], name: str) -> Decimal:
-    status = node.get("status") or {}
-    value = (status.get("allocatable") or {}).get(name)
-    if value is None:
-        value = (status.get("capacity") or {}).get(name)
-    try:
-        return parse_quantity(value) if value is not None else Decimal(0)
-    except QuantityError:
-        return Decimal(0)
-
-
-def node_capacity(view: ClusterView, selector: dict[str, str]) -> dict[str, Any]:
-    """The largest schedulable node's cpu and memory among nodes matching ``selector``.
-
-    Cached per (Node version, selector): recomputed only when a Node changes in
-    a way rules can see (heartbeats do not count), so admission cost does not grow
-    with the number of nodes.
-    """
-    pairs = tuple(sorted(selector.items()))
-    key = (view.version("Node"), pairs)
-    cached = _capacity.get(key)
+def _scheduler_nodes(view: ClusterView, reserve_cpu: Decimal, reserve_memory: Decimal) -> list[SchedNode]:
+    """Every Node as app.scheduling sees it, the policy's reserves taken off its
+    allocatable cpu and memory. Cached per (Node version, reserves). The view holds no
+    Pods, so nodes are judged empty; a node that reports no ``pods`` allocatable is
+    not limited by pod count."""
+    key = (view.version("Node"), str(reserve_cpu), str(reserve_memory))
+    cached = _nodes.get(key)
     if cached is not None:
         return cached
-    if pairs:
-        candidates = min((view.by_index(NODE_LABEL, f"{k}={v}") for k, v in pairs), key=len)
-    else:
-        candidates = view.list("Node")
-    best: dict[str, Any] = {"nodes": 0, "cpu": (Decimal(0), ""), "memory": (Decimal(0), "")}
-    for node in candidates:
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        if (node.get("spec") or {}).get("unschedulable") or any(
-                labels.get(k) != v for k, v in pairs):
+    out = []
+    for node in view.list("Node"):
+        status = node.get("status") or {}
+        merged = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
+        merged.setdefault("pods", "1000000")
+        try:
+            built = node_from_object({**node, "status": {"allocatable": merged}})
+        except QuantityError:
             continue
-        best["nodes"] += 1
-        for name in ("cpu", "memory"):
-            amount = _allocatable(node, name)
-            if amount > best[name][0]:
-                best[name] = (amount, _name(node))
-    return _capacity.put(key, best)
+        alloc = dict(built.allocatable)
+        alloc["cpu"] = alloc.get("cpu", 0) - int(reserve_cpu * 1000)
+        alloc["memory"] = alloc.get("memory", 0) - int(reserve_memory)
+        out.append(SchedNode(name=built.name, allocatable=alloc, labels=built.labels, taints=built.taints,
+                             unschedulable=built.unschedulable))
+    return _nodes.put(key, out)
+
+
+def _units(resource: str, units: int) -> str:
+    if resource == "cpu":
+        return format_cpu(Decimal(units) / 1000)
+    if resource == "memory" or resource == "ephemeral-storage" or resource.startswith("hugepages-"):
+        return format_bytes(Decimal(units))
+    return str(units)
+
+
+def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
+    """Karpenter NodePools, filed under their own key in every view (``view.KIND_KEYS``):
+    KAI's NodePools and a stale KAI NodePool watch never reach this rule."""
+    return karpenter_pools(view.list(KARPENTER_NODEPOOL), [])
 
 
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "each pod's CPU and memory fit the largest matching schedulable node",
-      reads={"Node"}, judges=pod_resources, ratchet=Ratchet.WARN)
+      "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
+      reads={"Node", KARPENTER_NODEPOOL}, judges=pod_resources, ratchet=Ratchet.WARN,
+      requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
+    """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
+    the real kube-scheduler by the scheduling oracle): schedulable, nodeSelector and
+    required node affinity, NoSchedule/NoExecute taints vs tolerations, and the pod's
+    effective request (sidecars, init containers, overhead, pod-level resources) on
+    cpu, memory, ephemeral-storage and every extended resource. Refused when no node
+    takes it; the message names the closest node and what it lacks.
+
+    Autoscaled clusters (class 10, app/autoscaling.py): a pod no current node takes but
+    a node the autoscaler can create would (``nodes.autoscaledShapes``, Karpenter
+    NodePools in the view) gets a warning, never a refusal."""
     spec = pod_spec(subject, obj)
-    if spec is None:
-        return []
-    selector = spec.get("nodeSelector") or {}
-    selector = {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
-    if view.count("Node") == 0:
-        return []  # no nodes known: nothing to judge against
-    capacity = node_capacity(view, selector)
-    which = f"node matching nodeSelector {selector}" if selector else "schedulable node"
-    path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
-    if capacity["nodes"] == 0:
-        return [error(path, f"no {which} is known; the pods cannot be placed")] if selector else []
     settings = policy.nodes
-    reserves = {"cpu": parse_quantity(settings.reserve_cpu),
-                "memory": parse_quantity(settings.reserve_memory)
-                + parse_quantity(settings.sandbox_parent_reserve_memory)}
-    fmt = {"cpu": format_cpu, "memory": format_bytes}
-    findings = []
-    for name in ("cpu", "memory"):
-        need = pod_amount(spec, name)
-        largest, node = capacity[name]
-        offer = largest - reserves[name]
-        if need > offer:
-            findings.append(error(
-                path,
-                f"each pod needs {fmt[name](need)} {name}; the largest {which} "
-                f"({node}) offers {fmt[name](max(offer, Decimal(0)))} "
-                f"(allocatable {fmt[name](largest)}, reserve {fmt[name](reserves[name])})"))
-    return findings
+    if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
+                        and not _karpenter_pools(view)):
+        return []  # no nodes known: nothing to judge against
+    reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
+    reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
+        parse_quantity(settings.sandbox_parent_reserve_memory))
+    nodes = _scheduler_nodes(view, reserve_cpu, reserve_memory)
+    try:
+        # A Pod arrives defaulted; a template's Pods will be (defaulting is idempotent).
+        requests = effective_pod_requests({"spec": spec}) if subject.kind == "Pod" \
+            else effective_pod_requests(spec, is_pod=False)
+    except QuantityError:
+        return []  # the quantities rule names the value that does not parse
+    verdict = evaluate(spec, nodes, requests=requests, first_fit=True)
+    if verdict.fits:
+        return []
+    path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
+    pools = [pool_shape(p) for p in _karpenter_pools(view)]
+    shapes = policy_nodes(settings.autoscaled_shapes, int(reserve_cpu * 1000), int(reserve_memory))
+    new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools)
+    if new_node is not None:
+        maybe = (" if it gets the labels the pod selects (the NodePool allows several values)"
+                 if new_node.uncertain else "")
+        return [warning(path, f"fits no current node; would fit a node that {new_node.source} can "
+                              f"create{maybe}: it waits for the autoscaler")]
+    autoscaled = f"; no autoscaled node takes it either ({'; '.join(why_not)})" if why_not else ""
+    closest = verdict.closest
+    if closest is None:
+        if any(v.blocked == (CORDONED,) for v in verdict.nodes):
+            return []  # only cordoned nodes would take it: maintenance, not a bad spec
+        if not verdict.nodes:
+            return [error(path, f"no node exists and no node the autoscaler can create takes the "
+                                f"pods{autoscaled}")]
+        selector = spec.get("nodeSelector") or {}
+        which = f"node matching nodeSelector {selector}" if selector else "node the pod may land on"
+        reasons = sorted({r for v in verdict.nodes for r in v.blocked})
+        return [error(path, f"no {which} is known; the pods cannot be placed "
+                            f"({len(verdict.nodes)} nodes: {'; '.join(reasons)}){autoscaled}")]
+    short = closest.shortfalls
+    needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
+    offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
+    reserve = f"reserve {format_cpu(reserve_cpu)} cpu, {format_bytes(reserve_memory)} memory"
+    where = node_reference(closest.node, settings.name_in_messages, (s.resource for s in short))
+    return [error(path, f"each pod needs {needs}; no node it may land on has room: the closest "
+                        f"({where}) offers {offers} ({reserve}){autoscaled}")]
 
 
 # --- namespace memory composition -------------------------------------------------
@@ -225,9 +296,33 @@ def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
     return int(value) if isinstance(value, int) else 1
 
 
+Row = tuple[str, str, int, Decimal]
+_rows: Memo[tuple[str, str, int, int, int], tuple[list[Row], Decimal]] = Memo(1024)
+
+
+def _namespace_rows(view: ClusterView, namespace: str, section: str) -> tuple[list[Row], Decimal]:
+    """(kind, name, replicas, pod memory) of every counted workload in the namespace, and
+    their total, remembered until one of those kinds changes in the view: a request (or
+    an audit of every object) sums the namespace once, not once per object."""
+    key = (namespace, section, *(view.version(kind) for kind in COUNTED_KINDS))
+    found = _rows.get(key)
+    if found is not None:
+        return found
+    rows: list[Row] = []
+    for kind in COUNTED_KINDS:
+        for w in view.list(kind, namespace):
+            replicas = (w.get("spec") or {}).get("replicas", 1)
+            n = int(replicas) if isinstance(replicas, int) else 1
+            if n:
+                template = ((w.get("spec") or {}).get("template") or {}).get("spec") or {}
+                rows.append((kind, _name(w), n, pod_amount(template, "memory", section)))
+    return _rows.put(key, (rows, sum((n * m for _, _, n, m in rows), Decimal(0))))
+
+
 @rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
       "replicas x pod memory over the namespace's workloads fits its memory quota",
-      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN)
+      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
+      requires=well_formed)
 def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  policy: Policy) -> list[Finding]:
     quotas = [(q, key, value) for q in view.list("ResourceQuota", subject.namespace)
@@ -235,23 +330,22 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
               if key in _QUOTA_KEYS]
     if not quotas:
         return []
-    rows: list[tuple[str, int, dict[str, Any]]] = []
-    for kind in COUNTED_KINDS:
-        for w in view.list(kind, subject.namespace):
-            if kind == subject.kind and _name(w) == subject.name:
-                continue  # the incoming object replaces its old version
-            template = ((w.get("spec") or {}).get("template") or {}).get("spec") or {}
-            rows.append((_name(w), int((w.get("spec") or {}).get("replicas", 1) or 0), template))
     spec = pod_spec(subject, obj)
-    if spec is not None:
-        rows.append((subject.name or "(this)", replicas_of(subject, obj), spec))
+    mine = (subject.name or "(this)", replicas_of(subject, obj), spec) if spec is not None else None
     findings = []
     for quota, key, hard in quotas:
         section = _QUOTA_KEYS[key]
-        parts = [(name, n, pod_amount(t, "memory", section)) for name, n, t in rows if n]
-        total = sum((n * m for _, n, m in parts), Decimal(0))
+        rows, total = _namespace_rows(view, subject.namespace, section)
+        me = (subject.kind, subject.name)  # the incoming object replaces its cached version
+        total -= sum((n * m for kind, name, n, m in rows if (kind, name) == me), Decimal(0))
+        amount = pod_amount(mine[2], "memory", section) if mine is not None and mine[1] else None
+        if amount is not None and mine is not None:
+            total += mine[1] * amount
         if total <= parse_quantity(hard):
             continue
+        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) != me]
+        if amount is not None and mine is not None:
+            parts.append((mine[0], mine[1], amount))
         parts.sort(key=lambda p: p[1] * p[2], reverse=True)
         tail = f"total {format_bytes(total)} > quota {_name(quota)} {key} {hard}"
         shown: list[str] = []

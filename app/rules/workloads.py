@@ -17,14 +17,17 @@ from app.envelope import (
     compare_quantities,
     is_integer_cpu,
     move_cpu_limit_to_request,
+    move_pod_level_cpu_limit,
     parse_envelope_string,
 )
-from app.quantity import QuantityError, parse_quantity
+from app.envexpand import EnvValue, container_env, references
+from app.quantity import QuantityError, format_bytes, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
+from app.scheduling import default_pod
 from app.util import dig, dotted
 
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder",
-           "containers", "holders", "pod_resources", "pod_spec"]
+           "containers", "holders", "pod_resources", "pod_spec", "shape_problems", "well_formed"]
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
 """The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
@@ -77,12 +80,81 @@ def holders(subject: Subject, obj: dict[str, Any]) -> Iterator[Holder]:
                 continue
             resources = container.get("resources")
             if isinstance(resources, dict):
-                name = container.get("name", i)
+                name = container.get("name") if isinstance(container.get("name"), str) else i
                 yield Holder(f'{word} "{name}"', f"{base}.{field}[{i}].resources",
                              resources, container)
     resources = spec.get("resources")
     if isinstance(resources, dict):
         yield Holder("pod-level resources", f"{base}.resources", resources, None)
+
+
+_SCALAR = (str, int, float)
+
+
+def _quantity_map(value: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append((path, f"expected a map of resource name to quantity, got {type(value).__name__}"))
+        return
+    for key, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, _SCALAR):
+            out.append((f"{path}.{key}", f"expected a quantity, got {type(amount).__name__}"))
+
+
+def _resources_shape(resources: Any, path: str, out: list[tuple[str, str]]) -> None:
+    if resources is None:
+        return
+    if not isinstance(resources, dict):
+        out.append((path, f"expected an object, got {type(resources).__name__}"))
+        return
+    for section in ("limits", "requests"):
+        _quantity_map(resources.get(section), f"{path}.{section}", out)
+
+
+def shape_problems(subject: Subject, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the pod spec lacks the shape the API server decodes it into (it refuses
+    such objects before any webhook; ``envelope check`` reads raw files): lists that are
+    not lists, resources that are not maps of quantities, env entries that are not
+    objects. Empty when every workload rule can read it."""
+    base = _SPEC_TEXT[(subject.group, subject.kind)]
+    out: list[tuple[str, str]] = []
+    node: Any = obj
+    for key in POD_SPEC_PATHS[(subject.group, subject.kind)]:
+        node = node.get(key) if isinstance(node, dict) else None
+    if node is None:
+        return out
+    if not isinstance(node, dict):
+        return [(base, f"expected an object, got {type(node).__name__}")]
+    for field in ("initContainers", "containers"):
+        items = node.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            out.append((f"{base}.{field}", f"expected a list, got {type(items).__name__}"))
+            continue
+        for i, c in enumerate(items):
+            where = f"{base}.{field}[{i}]"
+            if not isinstance(c, dict):
+                out.append((where, f"expected an object, got {type(c).__name__}"))
+                continue
+            _resources_shape(c.get("resources"), f"{where}.resources", out)
+            env = c.get("env")
+            if env is not None and not (isinstance(env, list) and all(isinstance(e, dict) for e in env)):
+                out.append((f"{where}.env", "expected a list of objects"))
+    _resources_shape(node.get("resources"), f"{base}.resources", out)
+    _quantity_map(node.get("overhead"), f"{base}.overhead", out)
+    for field, kind in (("nodeSelector", dict), ("tolerations", list), ("affinity", dict)):
+        value = node.get(field)
+        if value is not None and not isinstance(value, kind):
+            out.append((f"{base}.{field}", f"expected {'an object' if kind is dict else 'a list'}, "
+                                           f"got {type(value).__name__}"))
+    return out
+
+
+def well_formed(subject: Subject, obj: dict[str, Any]) -> bool:
+    """What every workload rule but ``quantities`` requires (see :func:`shape_problems`)."""
+    return not shape_problems(subject, obj)
 
 
 def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -93,7 +165,7 @@ def containers(subject: Subject, obj: dict[str, Any]) -> Iterator[tuple[str, str
         items = spec.get(field)
         for i, container in enumerate(items if isinstance(items, list) else []):
             if isinstance(container, dict):
-                name = container.get("name", i)
+                name = container.get("name") if isinstance(container.get("name"), str) else i
                 yield f'{word} "{name}"', f"{base}.{field}[{i}]", container
 
 
@@ -153,7 +225,7 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
 
 
 @rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "remove CPU limits; keep the CPU request they implied", judges=pod_resources)
+      "remove CPU limits; keep the CPU request they implied", judges=pod_resources, requires=well_formed)
 def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                      policy: Policy) -> list[Finding]:
     if keeps_cpu_limit(subject, obj, policy):
@@ -165,6 +237,17 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
         limit = limits.get("cpu") if isinstance(limits, dict) else None
         if limit is not None and not _parses(limit):
             continue  # left where it was written; the quantities rule names it
+        if holder.container is None:
+            # Pod level: the request the API server would have defaulted, not the limit.
+            pod_moved = move_pod_level_cpu_limit(pod_spec(subject, obj) or {})
+            if pod_moved is None:
+                continue
+            value, request = pod_moved
+            text = f"{holder.label}: CPU limit {value} removed"
+            if request is not None:
+                text += f"; CPU request set to {request} (what the pods would get) so they keep it"
+            findings.append(change(f"{holder.path}.limits.cpu", text))
+            continue
         moved = move_cpu_limit_to_request(holder.resources)
         if moved is None:
             continue
@@ -176,13 +259,13 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if findings and qos_lost:
         findings.append(warning(
             dotted(POD_SPEC_PATHS[(subject.group, subject.kind)]),
-            f"pods become Burstable and lose exclusive cores; to keep them annotate "
+            f"pods become Burstable, losing exclusive cores; to keep them: "
             f'{policy.opt_out_annotation}: "true"'))
     return findings
 
 
 @rule("memory-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "a memory request without a limit gets a limit equal to it", judges=pod_resources)
+      "a memory request without a limit gets a limit equal to it", judges=pod_resources, requires=well_formed)
 def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """Only a memory request: write the limit equal to it (memory is not borrowable)."""
@@ -203,12 +286,17 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
     return findings
 
 
-@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE, "resource quantities parse",
+@rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "pod specs have Kubernetes' shape and resource quantities parse",
       judges=pod_resources, ratchet=Ratchet.WARN)
 def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: ClusterView,
                               policy: Policy) -> list[Finding]:
-    """Quantities we compare must parse (the API server decodes Pods, but
-    ``envelope check`` reads raw files)."""
+    """The shape the API server decodes a pod spec into, and quantities that parse (the
+    API server refuses both before any webhook, but ``envelope check`` reads raw files
+    and anyone who reaches the port can send anything)."""
+    problems = shape_problems(subject, obj)
+    if problems:
+        return [error(path, f"{path}: {why}") for path, why in problems[:5]]
     findings = []
     for holder in holders(subject, obj):
         for section in ("requests", "limits"):
@@ -225,11 +313,26 @@ def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clust
 
 
 @rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN)
+      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
+    """Memory request == limit in every resources block — of a pod template, as the API
+    server will default the Pods it makes (``app.scheduling.default_pod``): a pod-level
+    memory limit without a pod-level request gets the containers' summed request, which
+    the Pod webhook would then deny (FailedCreate) while the template passed."""
+    judged, written = obj, obj
+    if subject.kind != "Pod":
+        spec = pod_spec(subject, obj)
+        if spec is not None:
+            try:
+                defaulted = default_pod({"spec": spec})["spec"]
+            except QuantityError:
+                defaulted = None  # the quantities rule names the value
+            if defaulted is not None:
+                judged = _with_pod_spec(subject, obj, defaulted)
     findings = []
-    for holder in holders(subject, obj):
+    written_pod_requests = dig(pod_spec(subject, written) or {}, ("resources", "requests"))
+    for holder in holders(subject, judged):
         requests = holder.resources.get("requests") or {}
         limits = holder.resources.get("limits") or {}
         if "memory" not in requests or "memory" not in limits:
@@ -240,40 +343,105 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
         except QuantityError as exc:
             findings.append(error(path, f"{holder.label}: {exc}"))
             continue
-        if order != 0:
+        if order == 0:
+            continue
+        defaulted_here = holder.container is None and not (
+            isinstance(written_pod_requests, dict) and "memory" in written_pod_requests)
+        if defaulted_here:
             findings.append(error(
                 path,
-                f"{holder.label}: memory request {requests['memory']} differs from limit "
-                f"{limits['memory']}; memory cannot be borrowed back, so request must "
-                f"equal limit"))
+                f"{holder.label}: memory limit {limits['memory']} without a request; the API "
+                f"server gives the Pods the containers' summed memory request "
+                f"{format_bytes(parse_quantity(requests['memory']))}, which differs from the "
+                f"limit, so every Pod would be refused; set {path}: {limits['memory']}"))
+            continue
+        findings.append(error(
+            path,
+            f"{holder.label}: memory request {requests['memory']} differs from limit "
+            f"{limits['memory']}; memory cannot be borrowed back, so request must "
+            f"equal limit"))
     return findings
 
 
-def _envelope_env(container: dict[str, Any], name: str) -> tuple[int, str] | None:
+def _with_pod_spec(subject: Subject, obj: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``obj`` with ``spec`` at its pod spec path (for judging only)."""
+    path = POD_SPEC_PATHS[(subject.group, subject.kind)]
+    root = dict(obj)
+    node = root
+    for key in path[:-1]:
+        child = node.get(key)
+        node[key] = node = dict(child) if isinstance(child, dict) else {}
+    node[path[-1]] = spec
+    return root
+
+
+@dataclass(frozen=True)
+class _EnvEnvelope:
+    """A string envelope as the container sees it (issue 12, class 6)."""
+
+    index: int
+    """The entry the container gets: the last one of the name (the kubelet's map)."""
+    written: str
+    """Its ``value`` as written ("" for none)."""
+    seen: EnvValue
+    """After the kubelet's ``$(VAR)`` expansion: ``value`` None when only the node knows
+    it (``valueFrom``), ``unresolved`` the references nothing before it defines."""
+
+
+def _envelope_env(container: dict[str, Any], name: str) -> _EnvEnvelope | None:
     env = container.get("env")
     if not isinstance(env, list):
         return None
+    index = None
     for i, var in enumerate(env):
-        if isinstance(var, dict) and var.get("name") == name and isinstance(var.get("value"), str):
-            return i, var["value"]
-    return None
+        if isinstance(var, dict) and var.get("name") == name:
+            index = i  # the last duplicate wins (makeEnvironmentVariables)
+    if index is None:
+        return None
+    written = env[index].get("value")
+    return _EnvEnvelope(index, written if isinstance(written, str) else "", container_env(env)[name])
+
+
+def _shown(var: str, found: _EnvEnvelope) -> str:
+    """``RESOURCE_LIMITS='cpu=$(C)'`` plus what the container sees when it differs."""
+    text = f"{var}={found.written!r}"
+    if found.seen.value is not None and found.seen.value != found.written:
+        text += f" (the container sees {found.seen.value!r})"
+    return text
 
 
 @rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "remove cpu pairs from string limits envelopes", judges=pod_resources)
+      "remove cpu pairs from string limits envelopes", judges=pod_resources, requires=well_formed)
 def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
-    sizes itself from a string envelope must not see a CPU cap the pod no longer has."""
+    sizes itself from a string envelope must not see a CPU cap the pod no longer has.
+    The entry the container sees is changed (the last of the name), and only when its
+    value is written out: a ``$(VAR)`` reference is never rewritten (a warning says
+    when the value it expands to still holds a cpu pair); ``valueFrom`` is only known
+    on the node."""
     if keeps_cpu_limit(subject, obj, policy):
         return []
-    findings = []
+    findings: list[Finding] = []
     name = policy.envelope_env.limits
     for label, path, container in containers(subject, obj):
         found = _envelope_env(container, name)
-        if found is None:
+        if found is None or found.seen.value is None:
             continue
-        i, text = found
+        i, text = found.index, found.written
+        if references(text):
+            if found.seen.unresolved:
+                continue  # env-envelope-consistency says it is left as written
+            try:
+                seen = parse_envelope_string(found.seen.value)
+            except QuantityError:
+                continue  # env-envelope-consistency denies it
+            if seen.without_cpu() != found.seen.value:
+                findings.append(warning(
+                    f"{path}.env[{i}].value",
+                    f"{label}: {_shown(name, found)} keeps its cpu pair: Envelope does not "
+                    f"rewrite a $(...) reference; remove cpu from the variable it refers to"))
+            continue
         try:
             envelope = parse_envelope_string(text)
             envelope.quantity("cpu")
@@ -293,32 +461,45 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
 
 @rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "string envelopes agree on memory; CPU limit >= request", judges=pod_resources,
-      ratchet=Ratchet.WARN)
+      ratchet=Ratchet.WARN, requires=well_formed)
 def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: ClusterView,
                              policy: Policy) -> list[Finding]:
-    """The two string envelopes agree on memory; a remaining CPU limit covers the request."""
-    findings = []
+    """The two string envelopes agree on memory; a remaining CPU limit covers the request.
+    Each is judged as the container will see it: the last entry of its name, after the
+    kubelet's ``$(VAR)`` expansion (app/envexpand.py). ``valueFrom`` is not judged; a
+    value still holding an unresolved ``$(VAR)`` is left as written with a warning."""
+    findings: list[Finding] = []
     names = policy.envelope_env
     for label, path, container in containers(subject, obj):
         lim = _envelope_env(container, names.limits)
         req = _envelope_env(container, names.requests)
         parsed = {}
         for var, found in ((names.limits, lim), (names.requests, req)):
-            if found is None:
+            if found is None or found.seen.value is None:
+                continue  # valueFrom: only the node knows the value
+            where = f"{path}.env[{found.index}].value"
+            if found.seen.unresolved:
+                refs = ", ".join(f"$({ref})" for ref in found.seen.unresolved)
+                source = ("no env entry before it defines it; envFrom may, on the node"
+                          if container.get("envFrom") else "no env entry before it defines it")
+                findings.append(warning(
+                    where,
+                    f"{label}: {var}={found.written!r} left as written: {refs} is not resolved "
+                    f"({source}), so the container sees it literally; define it in an earlier "
+                    f"env entry or write the value out"))
                 continue
             try:
-                envelope = parse_envelope_string(found[1])
+                envelope = parse_envelope_string(found.seen.value)
                 for key in ("cpu", "memory"):
                     envelope.quantity(key)
             except QuantityError as exc:
-                findings.append(error(f"{path}.env[{found[0]}].value",
-                                      f"{label}: {var}={found[1]!r}: {exc}"))
+                findings.append(error(where, f"{label}: {_shown(var, found)}: {exc}"))
                 continue
             parsed[var] = envelope
-        if len(parsed) != 2:
+        if len(parsed) != 2 or lim is None or req is None:
             continue
         limits, requests = parsed[names.limits], parsed[names.requests]
-        where = f"{path}.env[{lim[0]}].value" if lim else path
+        where = f"{path}.env[{lim.index}].value"
         lim_mem, req_mem = limits.quantity("memory"), requests.quantity("memory")
         if lim_mem is not None and req_mem is not None and lim_mem != req_mem:
             findings.append(error(

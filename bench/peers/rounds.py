@@ -61,8 +61,9 @@ class PeerRound:
             self.objects = [policy]
             peers.apply_objects(cluster, self.objects)
         else:
+            # --idle-timeout above the API server's 90 s (see bench/floor.py IDLE_SECONDS).
             webhook = harness.start_webhook(self.workdir / label, kubeconfig=cluster.kubeconfig,
-                                            extra_args=["--log-level", "warning"])
+                                            extra_args=["--log-level", "warning", "--idle-timeout", "120"])
             self.process = webhook.process
             harness.wait_until("envelope /readyz", lambda: harness.https_get(
                 f"{webhook.url}/readyz", harness.tls_context(webhook.ca_file), timeout=2)[0] == 200,

@@ -201,9 +201,20 @@ the trust bundle (ca-bundle.crt, else ca.crt) of the webhook's own Secret. Empty
 
 {{/* certManager mode: cert-manager's cainjector writes caBundle from the Certificate. */}}
 {{- define "envelope.webhookAnnotations" -}}
-{{- if eq .Values.certificates.mode "certManager" -}}
+{{- if eq .Values.certificates.mode "certManager" }}
 cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "envelope.certManagerCertificateName" .) }}
+{{- end }}
+{{- if .Values.webhooks.safeInstall }}
+{{- $w := .Values.webhooks }}
+{{- $wanted := dict "workloads.mutate.envelope.io" $w.workloads.mutate.failurePolicy "workloads.validate.envelope.io" $w.workloads.validate.failurePolicy "quotas.validate.envelope.io" $w.quotas.failurePolicy "actors.validate.envelope.io" $w.actors.failurePolicy }}
+envelope.io/failure-policies: {{ $wanted | toJson | quote }}
+{{- end }}
 {{- end -}}
+
+{{/* The failurePolicy to render: with webhooks.safeInstall every webhook starts as
+Ignore, and a ready replica raises it to the wanted one (app/failurepolicy.py). */}}
+{{- define "envelope.failurePolicy" -}}
+{{- if .root.Values.webhooks.safeInstall -}}Ignore{{- else -}}{{ .want }}{{- end -}}
 {{- end -}}
 
 {{/* Settings every webhook entry shares. */}}

@@ -1,0 +1,64 @@
+"""Which rules do not apply to one object: the policy's exceptions and the object's own
+exemption annotation. Pure: the view is read only for the Namespace's labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.cluster.view import ClusterView
+from app.config import Policy, RuleException
+from app.rules.base import Subject
+
+__all__ = ["ALL", "exemptions", "needs_namespaces"]
+
+ALL = "*"
+
+
+def needs_namespaces(policy: Policy) -> bool:
+    """Whether the view must hold Namespaces for the policy's exceptions."""
+    return any(e.namespace_selector is not None for e in policy.exceptions)
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def _matches(exception: RuleException, subject: Subject, view: ClusterView) -> bool:
+    if exception.kinds and not ({subject.kind, f"{subject.group}/{subject.kind}"} & set(exception.kinds)):
+        return False
+    if exception.namespaces and subject.namespace not in exception.namespaces:
+        return False
+    if exception.object_selector is not None and not exception.object_selector.matches(
+            _labels(subject.obj if subject.obj is not None else subject.old)):
+        return False
+    if exception.namespace_selector is not None:
+        namespace = view.get("Namespace", subject.namespace) if subject.namespace else None
+        if namespace is None or not exception.namespace_selector.matches(_labels(namespace)):
+            return False  # an unknown namespace exempts nothing
+    return True
+
+
+def _annotated(subject: Subject, policy: Policy) -> list[str]:
+    obj = subject.obj if subject.obj is not None else subject.old
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    value = annotations.get(policy.exempt_annotation) if isinstance(annotations, dict) else None
+    if not isinstance(value, str):
+        return []
+    return [part.strip() for part in value.split(",") if part.strip() not in ("", ALL)]
+
+
+def exemptions(subject: Subject, view: ClusterView, policy: Policy) -> dict[str, str]:
+    """Rule id (or ``"*"``) -> why it does not apply to this object."""
+    found: dict[str, str] = {}
+    for i, exception in enumerate(policy.exceptions):
+        if _matches(exception, subject, view):
+            why = f"policy exceptions[{i}]" + (f": {exception.reason}" if exception.reason else "")
+            for rule_id in exception.rules:
+                found.setdefault(rule_id, why)
+    if policy.allow_object_exemptions:
+        for rule_id in _annotated(subject, policy):
+            found.setdefault(rule_id, f"annotation {policy.exempt_annotation}")
+    return found

@@ -1,0 +1,502 @@
+"""Which ResourceQuotas and LimitRanges make the API server refuse a pod without
+CPU limits. Pure functions over plain Kubernetes dicts.
+
+Matched against Kubernetes v1.34.12 and checked by the admission oracle
+(``e2e/test_oracle_admission.py``), which creates the CPU-limit-stripped pod on
+the real kube-apiserver:
+
+- quota scopes: ``pkg/quota/v1/evaluator/core/pods.go`` ``podMatchesScopeFunc``
+  (BestEffort/NotBestEffort by QoS class, ``pkg/apis/core/v1/helper/qos/qos.go``
+  ``ComputePodQOS``; Terminating/NotTerminating by ``activeDeadlineSeconds >= 0``;
+  PriorityClass through a label selector over ``{"PriorityClass": <name>}``, a
+  set that is empty for a pod without a class — so ``DoesNotExist`` and ``NotIn``
+  match such a pod; CrossNamespacePodAffinity by pod (anti-)affinity terms with
+  ``namespaces`` or a ``namespaceSelector``), ``pkg/quota/v1/resources.go``
+  ``Matches`` (every scope and scopeSelector expression must match; the operator
+  is ignored for every scope but PriorityClass);
+- quota constraints: ``pods.go`` ``Constraints`` (a matching quota on
+  ``limits.cpu`` requires a CPU limit on every container and init container,
+  unless pod-level resources are set) and ``PodUsageFunc`` (the pod's
+  ``limits.cpu`` must fit ``hard - used``);
+- LimitRanges: ``plugin/pkg/admission/limitranger/admission.go`` — first
+  ``PodMutateLimitFunc`` (a container without a CPU limit gets the
+  ``type: Container`` ``default``, which the API server fills from ``max`` when
+  unset, ``pkg/apis/core/v1/defaults.go`` ``SetDefaults_LimitRangeItem``), then
+  ``PodValidateLimitFunc``: ``min``/``max``/``maxLimitRequestRatio`` per
+  container and init container (``type: Container``) and on the pod's aggregate
+  (``type: Pod``, pod-level values overriding), compared in millis.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from app.quantity import QuantityError, parse_quantity
+from app.scheduling import clamp_quantity, is_supported_pod_level_resource
+
+__all__ = [
+    "CpuLimitNeed",
+    "apply_limit_range_defaults",
+    "cpu_limit_needs",
+    "cpu_limit_needs_in_order",
+    "is_best_effort",
+    "limit_range_orders",
+    "quota_matches_pod",
+    "quota_scope_text",
+]
+
+_MAX_MILLI = (2**63 - 1) // 1000
+
+
+@dataclass(frozen=True)
+class CpuLimitNeed:
+    """One object that makes the API server refuse the pod once its CPU limits
+    are gone: ``kind`` ResourceQuota or LimitRange, its ``name``, and ``reason``
+    with the numbers (and, for a quota, its scope)."""
+
+    kind: str
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f'{self.kind} "{self.name}" {self.reason}'
+
+
+# --------------------------------------------------------------------- pod facts
+
+
+def _q(value: object) -> Decimal | None:
+    """A quantity, saturated at 10^24 like app.scheduling's (cheap sums, no overflow)."""
+    if isinstance(value, Decimal):
+        return clamp_quantity(value)
+    try:
+        return clamp_quantity(parse_quantity(value))
+    except QuantityError:
+        return None
+
+
+def _containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            out += [c for c in items if isinstance(c, Mapping)]
+    return out
+
+
+def _rl(container: Mapping[str, Any], which: str) -> Mapping[str, Any]:
+    res = container.get("resources")
+    rl = res.get(which) if isinstance(res, Mapping) else None
+    return rl if isinstance(rl, Mapping) else {}
+
+
+def _pod_level(spec: Mapping[str, Any], which: str) -> Mapping[str, Any]:
+    res = spec.get("resources")
+    rl = res.get(which) if isinstance(res, Mapping) else None
+    return rl if isinstance(rl, Mapping) else {}
+
+
+def is_pod_level_resources_set(spec: Mapping[str, Any]) -> bool:
+    """component-helpers ``IsPodLevelResourcesSet``: pod-level cpu, memory or
+    hugepages in requests or limits."""
+    return any(is_supported_pod_level_resource(str(n))
+               for which in ("requests", "limits") for n in _pod_level(spec, which))
+
+
+def is_best_effort(spec: Mapping[str, Any]) -> bool:
+    """QoS BestEffort (qos.go ``ComputePodQOS``): no cpu/memory request or limit
+    above zero — on the pod level when ``spec.resources`` is set, else on the
+    containers and init containers."""
+    if isinstance(spec.get("resources"), Mapping):
+        lists = [_pod_level(spec, "requests"), _pod_level(spec, "limits")]
+    else:
+        lists = [_rl(c, w) for c in _containers(spec) for w in ("requests", "limits")]
+    for rl in lists:
+        for name in ("cpu", "memory"):
+            value = _q(rl.get(name)) if name in rl else None
+            if value is not None and value > 0:
+                return False
+    return True
+
+
+def _is_terminating(spec: Mapping[str, Any]) -> bool:
+    deadline = spec.get("activeDeadlineSeconds")
+    return isinstance(deadline, int) and not isinstance(deadline, bool) and deadline >= 0
+
+
+def _cross_namespace_affinity(spec: Mapping[str, Any]) -> bool:
+    affinity = spec.get("affinity")
+    if not isinstance(affinity, Mapping):
+        return False
+    for kind in ("podAffinity", "podAntiAffinity"):
+        block = affinity.get(kind)
+        if not isinstance(block, Mapping):
+            continue
+        terms = list(block.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+        preferred = block.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+        terms += [w.get("podAffinityTerm") for w in preferred if isinstance(w, Mapping)]
+        for term in terms:
+            if not isinstance(term, Mapping):
+                continue
+            if term.get("namespaces") or term.get("namespaceSelector") is not None:
+                return True
+    return False
+
+
+def _scope_selectors(quota: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """quota.go ``getScopeSelectorsFromQuota``: ``scopes`` as Exists, then the
+    scopeSelector's expressions."""
+    spec = quota.get("spec") if isinstance(quota.get("spec"), Mapping) else {}
+    out: list[Mapping[str, Any]] = [{"scopeName": s, "operator": "Exists"}
+                                    for s in spec.get("scopes") or []]  # type: ignore[union-attr]
+    selector = spec.get("scopeSelector")  # type: ignore[union-attr]
+    if isinstance(selector, Mapping):
+        out += [e for e in selector.get("matchExpressions") or [] if isinstance(e, Mapping)]
+    return out
+
+
+def _scope_matches(selector: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    scope = selector.get("scopeName")
+    if scope == "Terminating":
+        return _is_terminating(spec)
+    if scope == "NotTerminating":
+        return not _is_terminating(spec)
+    if scope == "BestEffort":
+        return is_best_effort(spec)
+    if scope == "NotBestEffort":
+        return not is_best_effort(spec)
+    if scope == "CrossNamespacePodAffinity":
+        return _cross_namespace_affinity(spec)
+    if scope == "PriorityClass":
+        name = str(spec.get("priorityClassName") or "")
+        operator = selector.get("operator")
+        values = [str(v) for v in selector.get("values") or []]
+        if operator == "Exists":
+            return name != ""
+        if operator == "In":
+            return name != "" and name in values
+        if operator == "NotIn":
+            return name == "" or name not in values
+        if operator == "DoesNotExist":
+            return name == ""
+        return False
+    return False
+
+
+def quota_matches_pod(quota: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Does this ResourceQuota apply to a pod with this spec? (scopes and scopeSelector)."""
+    return all(_scope_matches(s, spec) for s in _scope_selectors(quota))
+
+
+def quota_scope_text(quota: Mapping[str, Any]) -> str:
+    """The quota's scope for messages: ``scopes NotBestEffort, PriorityClass In (high)``."""
+    parts = []
+    for s in _scope_selectors(quota):
+        values = s.get("values") or []
+        parts.append(f"{s.get('scopeName')}" + ("" if s.get("operator") == "Exists"
+                                                else f" {s.get('operator')}" + (f" ({', '.join(values)})"
+                                                                                 if values else "")))
+    return f"scopes {', '.join(parts)}" if parts else "no scope"
+
+
+# -------------------------------------------------------------------- LimitRanges
+
+
+def _items(limit_range: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = limit_range.get("spec")
+    limits = spec.get("limits") if isinstance(spec, Mapping) else None
+    return [i for i in limits or [] if isinstance(i, Mapping)]
+
+
+def _defaulted_item(item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """SetDefaults_LimitRangeItem (type Container): default from max, defaultRequest
+    from default, then from min."""
+    default = dict(item.get("default") or {})
+    default_request = dict(item.get("defaultRequest") or {})
+    for key, value in (item.get("max") or {}).items():
+        default.setdefault(key, value)
+    for key, value in default.items():
+        default_request.setdefault(key, value)
+    for key, value in (item.get("min") or {}).items():
+        default_request.setdefault(key, value)
+    return {"default": default, "defaultRequest": default_request}
+
+
+def apply_limit_range_defaults(spec: Mapping[str, Any],
+                               limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of the pod spec with LimitRanger's container defaults filled in
+    (``PodMutateLimitFunc``, every LimitRange in turn; a value already set, or set
+    by an earlier LimitRange, is kept)."""
+    out: dict[str, Any] = copy.deepcopy(dict(spec))
+    for lr in limit_ranges:
+        limits: dict[str, Any] = {}
+        requests: dict[str, Any] = {}
+        for item in _items(lr):
+            if item.get("type") == "Container":
+                d = _defaulted_item(item)
+                requests.update(d["defaultRequest"])
+                limits.update(d["default"])
+        if not limits and not requests:
+            continue
+        for key in ("containers", "initContainers"):
+            for container in out.get(key) or []:
+                if not isinstance(container, dict):
+                    continue
+                res = container.setdefault("resources", {})
+                for which, defaults in (("limits", limits), ("requests", requests)):
+                    current = res.get(which)
+                    if not isinstance(current, dict):
+                        current = {}
+                        res[which] = current
+                    for name, value in defaults.items():
+                        current.setdefault(name, value)
+    return out
+
+
+def _milli(value: Decimal) -> int:
+    return int((value * 1000).to_integral_value(rounding=ROUND_CEILING))
+
+
+def _value(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def _enforced_values(req: Decimal | None, lim: Decimal | None, enforced: Decimal) -> tuple[int, int, int]:
+    """admission.go ``requestLimitEnforcedValues``: millis unless one overflows."""
+    r, lm = req or Decimal(0), lim or Decimal(0)
+    if max(_value(r), _value(lm), _value(enforced)) <= _MAX_MILLI:
+        return _milli(r), _milli(lm), _milli(enforced)
+    return _value(r), _value(lm), _value(enforced)
+
+
+def _show(value: object) -> str:
+    return str(value)
+
+
+def _check_cpu(kind: str, item: Mapping[str, Any], requests: Mapping[str, Any],
+               limits: Mapping[str, Any], who: str) -> list[str]:
+    """min/max/maxLimitRequestRatio on cpu for one container (or the pod)."""
+    problems = []
+    req_raw, lim_raw = requests.get("cpu"), limits.get("cpu")
+    req = _q(req_raw) if "cpu" in requests else None
+    lim = _q(lim_raw) if "cpu" in limits else None
+    for bound in ("min", "max", "maxLimitRequestRatio"):
+        raw = (item.get(bound) or {}).get("cpu")
+        enforced = _q(raw) if raw is not None else None
+        if enforced is None:
+            continue
+        r, lm, e = _enforced_values(req, lim, enforced)
+        if bound == "min":
+            if req is None:
+                problems.append(f"type {kind} min cpu {_show(raw)}: {who} has no CPU request")
+            elif r < e or (lim is not None and lm < e):
+                problems.append(f"type {kind} min cpu {_show(raw)}: {who} asks less")
+        elif bound == "max":
+            if lim is None:
+                problems.append(f"type {kind} max cpu {_show(raw)}: {who} has no CPU limit")
+            elif lm > e or (req is not None and r > e):
+                problems.append(f"type {kind} max cpu {_show(raw)}: {who} exceeds it")
+        else:
+            ratio_text = f"type {kind} maxLimitRequestRatio cpu {_show(raw)}"
+            if req is None or r == 0:
+                problems.append(f"{ratio_text}: {who} has no CPU request")
+            elif lim is None or lm == 0:
+                problems.append(f"{ratio_text}: {who} has no CPU limit")
+            else:
+                ratio = Decimal(lm) / Decimal(r)
+                allowed = Decimal(_milli(enforced)) / 1000 if _value(enforced) <= _MAX_MILLI \
+                    else Decimal(_value(enforced))
+                if ratio > allowed:
+                    problems.append(f"type {kind} maxLimitRequestRatio cpu {_show(raw)}: {who}'s CPU "
+                                    f"limit/request is {ratio:.3f}")
+    return problems
+
+
+def _aggregate(spec: Mapping[str, Any], which: str) -> dict[str, Decimal]:
+    """admission.go ``podRequests`` / ``podLimits``: containers + sidecars vs the
+    largest init container (+ earlier sidecars); pod-level values override."""
+    total: dict[str, Decimal] = {}
+
+    def add(into: dict[str, Decimal], rl: Mapping[str, Any]) -> None:
+        for name, raw in rl.items():
+            value = _q(raw)
+            if value is not None:
+                into[name] = into.get(name, Decimal(0)) + value
+
+    for c in spec.get("containers") or []:
+        if isinstance(c, Mapping):
+            add(total, _rl(c, which))
+    sidecars: dict[str, Decimal] = {}
+    peak: dict[str, Decimal] = {}
+    for c in spec.get("initContainers") or []:
+        if not isinstance(c, Mapping):
+            continue
+        if c.get("restartPolicy") == "Always":
+            add(total, _rl(c, which))
+            add(sidecars, _rl(c, which))
+            use = dict(sidecars)
+        else:
+            use = {}
+            add(use, _rl(c, which))
+            for k, v in sidecars.items():
+                use[k] = use.get(k, Decimal(0)) + v
+        for k, v in use.items():
+            if k not in peak or v > peak[k]:
+                peak[k] = v
+    for k, v in peak.items():
+        if k not in total or v > total[k]:
+            total[k] = v
+    if isinstance(spec.get("resources"), Mapping):
+        for name, raw in _pod_level(spec, which).items():
+            value = _q(raw)
+            if is_supported_pod_level_resource(str(name)) and value is not None:
+                total[str(name)] = value
+    return total
+
+
+def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, Any]) -> list[str]:
+    """What LimitRanger's validation says about the CPU of this (already
+    LimitRanger-defaulted) pod spec, for one LimitRange."""
+    problems: list[str] = []
+    for item in _items(limit_range):
+        kind = item.get("type")
+        if kind == "Container":
+            for c in _containers(spec):
+                problems += _check_cpu("Container", item, _rl(c, "requests"), _rl(c, "limits"),
+                                       f"container {c.get('name')}")
+        elif kind == "Pod":
+            problems += _check_cpu("Pod", item, _aggregate(spec, "requests"), _aggregate(spec, "limits"),
+                                   "the pod")
+    return problems
+
+
+# ------------------------------------------------------------------- the verdict
+
+
+def _hard(quota: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the quota enforces: ``status.hard`` (the admission plugin reads it);
+    ``spec.hard`` when no status was written yet."""
+    status = quota.get("status")
+    hard = status.get("hard") if isinstance(status, Mapping) else None
+    if not isinstance(hard, Mapping):
+        spec = quota.get("spec")
+        hard = spec.get("hard") if isinstance(spec, Mapping) else None
+    return hard if isinstance(hard, Mapping) else {}
+
+
+def _used(quota: Mapping[str, Any], name: str) -> Decimal:
+    status = quota.get("status")
+    used = status.get("used") if isinstance(status, Mapping) else None
+    value = _q(used.get(name)) if isinstance(used, Mapping) and name in used else None
+    return value or Decimal(0)
+
+
+def _first_default_cpu(limit_ranges: Iterable[Mapping[str, Any]]) -> tuple[str, Decimal | None] | None:
+    """The LimitRange whose default CPU limit a container gets (the first with one)."""
+    for lr in limit_ranges:
+        meta = lr.get("metadata") if isinstance(lr.get("metadata"), Mapping) else {}
+        for item in _items(lr):
+            if item.get("type") == "Container" and "cpu" in _defaulted_item(item)["default"]:
+                return str(meta.get("name", "")), _q(_defaulted_item(item)["default"]["cpu"])  # type: ignore[union-attr]
+    return None
+
+
+def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The orders LimitRanger may apply these LimitRanges in. It lists them from
+    its informer cache, whose order is a Go map's (undefined), and the first one
+    with a default for a resource gives it; so when two or more set container
+    defaults, each of them may come first. (Orders of the others do not matter.)"""
+    items = list(limit_ranges)
+
+    def sets_defaults(lr: Mapping[str, Any]) -> bool:
+        return any(i.get("type") == "Container" and any(_defaulted_item(i).values()) for i in _items(lr))
+
+    with_defaults = [lr for lr in items if sets_defaults(lr)]
+    if len(with_defaults) < 2:
+        return [items]
+    others = [lr for lr in items if lr not in with_defaults]
+    orders = [list(p) + others for p in itertools.permutations(with_defaults)]
+    return orders[:24]
+
+
+def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Mapping[str, Any]],
+                    quotas: Iterable[Mapping[str, Any]], *,
+                    limit_range_defaults: bool = True) -> list[CpuLimitNeed]:
+    """``cpu_limit_needs_in_order`` over every order LimitRanger may use
+    (``limit_range_orders``), merged: the CPU limits are needed when any order
+    refuses the pod.
+
+    ``limit_range_defaults=False`` judges a Pod whose LimitRange defaults were
+    applied *before* the webhook stripped its CPU limits (LimitRanger mutates
+    ahead of mutating webhooks and is not run again; its validation runs after):
+    nothing puts a CPU limit back, so no defaults are applied here."""
+    quotas = list(quotas)
+    merged: list[CpuLimitNeed] = []
+    orders = limit_range_orders(limit_ranges) if limit_range_defaults else [list(limit_ranges)]
+    for order in orders:
+        for need in cpu_limit_needs_in_order(stripped_spec, order, quotas,
+                                             limit_range_defaults=limit_range_defaults):
+            if need not in merged:
+                merged.append(need)
+    return merged
+
+
+def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Mapping[str, Any]],
+                             quotas: Iterable[Mapping[str, Any]], *,
+                             limit_range_defaults: bool = True) -> list[CpuLimitNeed]:
+    """Why the API server would refuse this pod spec — the pod as Envelope lets it
+    through, with no CPU limit left — on account of CPU: LimitRanges (both types)
+    and the ResourceQuotas that match the pod. Empty: nothing needs the limits.
+
+    Judges a *Pod* spec as the API server has it when admission runs (API
+    defaulting done, see app/scheduling.default_pod); LimitRanger's own defaults
+    are applied here."""
+    limit_ranges = list(limit_ranges)
+    spec = apply_limit_range_defaults(stripped_spec, limit_ranges if limit_range_defaults else [])
+    needs: list[CpuLimitNeed] = []
+    for lr in limit_ranges:
+        meta = lr.get("metadata") if isinstance(lr.get("metadata"), Mapping) else {}
+        lr_name = str(meta.get("name", ""))  # type: ignore[union-attr]
+        for item in _items(lr) if limit_range_defaults else []:
+            if item.get("type") != "Container" or "cpu" not in _defaulted_item(item)["default"]:
+                continue
+            default = _q(_defaulted_item(item)["default"]["cpu"])
+            for c in _containers(stripped_spec):
+                request = _q(_rl(c, "requests").get("cpu")) if "cpu" in _rl(c, "requests") else None
+                if "cpu" in _rl(c, "limits") or request is None or default is None:
+                    continue
+                # Validation (not LimitRanger) then refuses request > limit.
+                if request > default and _first_default_cpu(limit_ranges) == (lr_name, default):
+                    needs.append(CpuLimitNeed(
+                        "LimitRange", lr_name,
+                        f"default CPU limit {_defaulted_item(item)['default']['cpu']} is below "
+                        f"container {c.get('name')}'s CPU request {_rl(c, 'requests')['cpu']}"))
+        for problem in limit_range_cpu_problems(spec, lr):
+            needs.append(CpuLimitNeed("LimitRange", lr_name, problem))
+    pod_level = is_pod_level_resources_set(spec)
+    pod_limit_cpu = _aggregate(spec, "limits").get("cpu")
+    for quota in quotas:
+        hard = _hard(quota)
+        if "limits.cpu" not in hard or not quota_matches_pod(quota, spec):
+            continue
+        meta = quota.get("metadata") if isinstance(quota.get("metadata"), Mapping) else {}
+        name = str(meta.get("name", ""))  # type: ignore[union-attr]
+        scope = quota_scope_text(quota)
+        missing = [str(c.get("name")) for c in _containers(spec) if "cpu" not in _rl(c, "limits")]
+        if not pod_level and missing:
+            needs.append(CpuLimitNeed("ResourceQuota", name,
+                                      f"({scope}) sets limits.cpu={hard['limits.cpu']}: every container "
+                                      f"needs a CPU limit ({', '.join(sorted(missing))} has none)"))
+            continue
+        limit = _q(hard["limits.cpu"])
+        if pod_limit_cpu is not None and limit is not None \
+                and _used(quota, "limits.cpu") + pod_limit_cpu > limit:
+            needs.append(CpuLimitNeed("ResourceQuota", name,
+                                      f"({scope}) sets limits.cpu={hard['limits.cpu']}: LimitRange "
+                                      f"defaults would give the pod CPU limit {pod_limit_cpu}"))
+    return needs

@@ -1,0 +1,353 @@
+"""`envelope check` results as people and CI systems read them.
+
+Formats: ``text`` (``human`` is an alias), ``json``, ``sarif`` (SARIF 2.1.0, for GitHub
+code scanning and other SARIF viewers), ``junit`` (one testcase per object) and
+``github`` (GitHub Actions workflow commands, shown as annotations on the pull request).
+
+Everything here is a pure function of a :class:`Report`; the rules come in as a
+parameter (any objects with ``.id`` and ``.summary``, optionally ``.kinds``,
+``.reads`` and ``.needs``), so the rule registry can change shape freely.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+from xml.etree import ElementTree as ET
+
+import orjson
+
+__all__ = ["FORMATS", "NEEDS", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
+           "not_evaluated", "render"]
+
+FORMATS = ("text", "human", "json", "sarif", "junit", "github")
+FailOn = Literal["error", "warning"]
+SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
+                "sarif-schema-2.1.0.json")
+
+
+class RuleInfo(Protocol):
+    id: str
+    summary: str
+
+
+#: Kinds without which a rule has nothing to judge against and passes silently, so the
+#: result would be a silent "fine". A rule may declare its own (``Rule.needs``); this
+#: table is the fallback for rules that do not. All listed kinds must be present.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "pod-fits-node": ("Node",),
+    "limitrange-needs-cpu-limits": ("LimitRange",),
+    "limitrange-default-below-request": ("LimitRange",),
+    "quota-needs-cpu-limits": ("ResourceQuota",),
+    "namespace-memory-composition": ("ResourceQuota",),
+    "kai-pool-capacity": ("NodePool", "Node"),
+    "actor-placement": ("WorkerPool",),
+}
+
+
+@dataclass(frozen=True)
+class NotEvaluated:
+    rule: str
+    missing: tuple[str, ...]
+    """Kinds the input lacks."""
+    objects: int
+    """How many objects in the input the rule would have judged."""
+
+    @property
+    def message(self) -> str:
+        kinds = " or ".join(self.missing)
+        return (f"not evaluated: the input has no {kinds} objects, so {self.rule} could not "
+                f"judge {self.objects} object(s); add the {kinds} manifests to evaluate it")
+
+
+def not_evaluated(rules: Iterable[Any], objects: Iterable[tuple[str, str]],
+                  needs: Mapping[str, Collection[str]] = NEEDS,
+                  present: Collection[str] = ()) -> list[NotEvaluated]:
+    """Rules that judge some object of the input but lack a kind they need.
+
+    ``objects`` are the (API group, kind) of every loaded object. A rule's needs are its
+    own ``needs`` attribute when it has one, else ``needs[rule.id]``; a rule without a
+    ``kinds`` attribute is taken to judge every object. ``present`` adds kinds the rules
+    see besides the judged objects (a live cluster's, with ``--kubeconfig``).
+    """
+    seen = Counter(objects)
+    present = {kind for _, kind in seen} | set(present)
+    out = []
+    for rule in rules:
+        wanted = tuple(getattr(rule, "needs", None) or needs.get(rule.id, ()))
+        missing = tuple(k for k in wanted if k not in present)
+        if not missing:
+            continue
+        kinds = getattr(rule, "kinds", None)
+        judged = sum(n for key, n in seen.items() if kinds is None or key in kinds)
+        if judged:
+            out.append(NotEvaluated(rule.id, missing, judged))
+    return out
+
+
+@dataclass
+class ObjectResult:
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    file: str
+    document: int
+    line: int
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """``severity`` (error/warning), ``rule``, ``path``, ``message``, ``line``."""
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    """Mutations the webhook would make: ``rule``, ``path``, ``message``, ``line``."""
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    exempt: list[dict[str, str]] = field(default_factory=list)
+    """Rules not run on the object because a policy exception or annotation exempts it:
+    ``rule``, ``reason``."""
+
+    @property
+    def title(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where}"
+
+
+@dataclass
+class Report:
+    objects: list[ObjectResult]
+    rules: list[Any]
+    """The rules run (``.id``, ``.summary``): SARIF's rule metadata."""
+    not_evaluated: list[NotEvaluated] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(path, reason) of files and directories left out."""
+    version: str = "0"
+
+    def count(self, severity: str) -> int:
+        return sum(f["severity"] == severity for o in self.objects for f in o.findings)
+
+    def failed(self, fail_on: FailOn = "error") -> bool:
+        return bool(self.count("error") or (fail_on == "warning" and self.count("warning")))
+
+    @property
+    def mutated(self) -> int:
+        return sum(bool(o.patch) for o in self.objects)
+
+    def summary(self) -> str:
+        exempt = sum(len(o.exempt) for o in self.objects)
+        return (f"{len(self.objects)} objects: {self.count('error')} errors, "
+                f"{self.count('warning')} warnings, {self.mutated} would be mutated"
+                + (f", {exempt} rules skipped as exempt" if exempt else ""))
+
+    def skipped_summary(self) -> str:
+        if not self.skipped:
+            return ""
+        reasons = Counter(reason for _, reason in self.skipped)
+        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+        return f"skipped {len(self.skipped)} path(s): {parts}"
+
+
+def render(report: Report, fmt: str, fail_on: FailOn = "error") -> str:
+    """The report in ``fmt`` (one of :data:`FORMATS`), ending with a newline."""
+    if fmt in ("text", "human"):
+        return text(report)
+    if fmt == "json":
+        return orjson.dumps(as_json(report), option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "sarif":
+        return orjson.dumps(sarif(report, fail_on), option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "junit":
+        return junit(report, fail_on)
+    if fmt == "github":
+        return github(report)
+    raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+# --- text -------------------------------------------------------------------------------
+
+def text(report: Report) -> str:
+    lines = []
+    for o in report.objects:
+        if not o.findings and not o.changes and not o.exempt:
+            continue
+        lines.append(f"{o.title} ({o.file}:{o.line}, document {o.document})")
+        for f in o.findings:
+            at = f" [line {f['line']}]" if f.get("line") and f["line"] != o.line else ""
+            lines.append(f"  {f['severity']:<7} {f['rule']}: {f['message']}{at}")
+        lines.extend(f"  skip    {e['rule']}: exempt ({e['reason']})" for e in o.exempt)
+        lines.extend(f"  change  {c['message']}" for c in o.changes)
+    lines.extend(n.message for n in report.not_evaluated)
+    if report.skipped:
+        lines.append(report.skipped_summary())
+    lines.append(report.summary())
+    return "\n".join(lines) + "\n"
+
+
+# --- json -------------------------------------------------------------------------------
+
+def as_json(report: Report) -> dict[str, Any]:
+    return {
+        "objects": [{"kind": o.kind, "apiVersion": o.api_version, "namespace": o.namespace,
+                     "name": o.name, "source": f"{o.file}#{o.document}", "file": o.file,
+                     "document": o.document, "line": o.line, "findings": o.findings,
+                     "changes": o.changes, "patch": o.patch, "skipped": o.exempt}
+                    for o in report.objects],
+        "notEvaluated": [{"rule": n.rule, "missing": list(n.missing), "objects": n.objects,
+                          "message": n.message} for n in report.not_evaluated],
+        "skipped": [{"path": p, "reason": r} for p, r in report.skipped],
+        "summary": {"objects": len(report.objects), "errors": report.count("error"),
+                    "warnings": report.count("warning"), "mutated": report.mutated},
+    }
+
+
+# --- SARIF 2.1.0 ------------------------------------------------------------------------
+
+_LEVELS = {"error": "error", "warning": "warning", "change": "note"}
+
+
+def _uri(path: str) -> tuple[str, str | None]:
+    """A relative URI against %SRCROOT% (the working directory) when the file is under
+    it, as code scanning needs to place annotations; an absolute file URI otherwise."""
+    if path.startswith("<"):
+        return "stdin", None
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix(), "%SRCROOT%"
+    except ValueError:
+        return p.resolve().as_uri(), None
+
+
+def _help(rule: Any) -> str:
+    mode = getattr(getattr(rule, "default_mode", None), "value", None)
+    default = f" Its default mode is {mode}." if mode else ""
+    return (f"{rule.summary}.{default} Set its mode in the policy file "
+            f"(`rules: {{{rule.id}: enforce|warn|off}}`, see docs/configuration.md); "
+            f"`envelope.io/keep-cpu-limit: \"true\"` opts a workload out of CPU-limit removal.")
+
+
+def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
+    rules = sorted(report.rules, key=lambda r: r.id)
+    index = {r.id: i for i, r in enumerate(rules)}
+    descriptors = []
+    for r in rules:
+        mode = getattr(getattr(r, "default_mode", None), "value", "enforce")
+        descriptors.append({
+            "id": r.id, "name": "".join(w.capitalize() for w in re.split(r"[^a-zA-Z0-9]+", r.id)),
+            "shortDescription": {"text": r.summary},
+            "fullDescription": {"text": r.summary},
+            "help": {"text": _help(r), "markdown": _help(r)},
+            "defaultConfiguration": {"level": "warning" if mode == "warn" else "error",
+                                     "enabled": mode != "off"},
+            "properties": {"tags": ["kubernetes", "admission"]},
+        })
+    results = []
+    for o in report.objects:
+        uri, base = _uri(o.file)
+        artifact = {"uri": uri, **({"uriBaseId": base} if base else {})}
+        for f in [*o.findings, *({**c, "severity": "change"} for c in o.changes)]:
+            result: dict[str, Any] = {
+                "ruleId": f["rule"],
+                "level": _LEVELS[f["severity"]],
+                "message": {"text": f"{o.title}: {f['message']}"},
+                "locations": [{
+                    "physicalLocation": {"artifactLocation": artifact,
+                                         "region": {"startLine": max(1, f.get("line") or o.line)}},
+                    "logicalLocations": [{"fullyQualifiedName": f"{o.api_version}/{o.title}"
+                                                                f"#{f['path']}",
+                                          "kind": "object"}],
+                }],
+            }
+            if f["rule"] in index:
+                result["ruleIndex"] = index[f["rule"]]
+            results.append(result)
+    notes = [{"level": "note", "message": {"text": n.message},
+              "associatedRule": {"id": n.rule,
+                                 **({"index": index[n.rule]} if n.rule in index else {})}}
+             for n in report.not_evaluated]
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "envelope", "version": report.version,
+                                "rules": descriptors}},
+            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().resolve().as_uri() + "/"}},
+            "invocations": [{"executionSuccessful": True,
+                             "exitCode": 1 if report.failed(fail_on) else 0,
+                             "toolConfigurationNotifications": notes}],
+            "results": results,
+        }],
+    }
+
+
+# --- JUnit XML --------------------------------------------------------------------------
+
+def junit(report: Report, fail_on: FailOn = "error") -> str:
+    failing = ("error", "warning") if fail_on == "warning" else ("error",)
+    suites = ET.Element("testsuites", name="envelope check")
+    suite = ET.SubElement(suites, "testsuite", name="envelope check")
+    props = ET.SubElement(suite, "properties")
+    for n in report.not_evaluated:
+        ET.SubElement(props, "property", name=f"not-evaluated.{n.rule}", value=n.message)
+    failures = 0
+    for o in report.objects:
+        case = ET.SubElement(suite, "testcase", classname=o.file, name=o.title,
+                             file=o.file, line=str(o.line))
+        bad = [f for f in o.findings if f["severity"] in failing]
+        if bad:
+            failures += 1
+            node = ET.SubElement(case, "failure", type=bad[0]["rule"],
+                                 message="; ".join(f"{f['rule']}: {f['message']}" for f in bad))
+            node.text = "\n".join(f"{f['severity']} {f['rule']} ({o.file}:{f.get('line') or o.line}"
+                                  f" {f['path']}): {f['message']}" for f in bad)
+        rest = [f for f in o.findings if f["severity"] not in failing]
+        out = [f"{f['severity']} {f['rule']}: {f['message']}" for f in rest]
+        out += [f"change {c['rule']}: {c['message']}" for c in o.changes]
+        if out:
+            ET.SubElement(case, "system-out").text = "\n".join(out)
+    suite.set("tests", str(len(report.objects)))
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", "0")
+    suites.set("tests", str(len(report.objects)))
+    suites.set("failures", str(failures))
+    if report.not_evaluated or report.skipped:
+        lines = [n.message for n in report.not_evaluated]
+        if report.skipped:
+            lines.append(report.skipped_summary())
+        ET.SubElement(suite, "system-out").text = "\n".join(lines)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+
+
+# --- GitHub Actions workflow commands ---------------------------------------------------
+
+def _data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _prop(text: str) -> str:
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _gh_path(path: str) -> str:
+    """Annotations need the path relative to the repository (the working directory)."""
+    try:
+        return os.path.relpath(path) if not path.startswith("<") else path
+    except ValueError:
+        return path
+
+
+def github(report: Report) -> str:
+    lines = []
+    for o in report.objects:
+        file = _prop(_gh_path(o.file))
+        for f in o.findings:
+            lines.append(f"::{f['severity']} file={file},line={f.get('line') or o.line},"
+                         f"title={_prop('envelope[' + f['rule'] + ']')}::"
+                         f"{_data(o.title + ': ' + f['message'])}")
+    for n in report.not_evaluated:
+        lines.append(f"::notice title={_prop('envelope[' + n.rule + ']')}::{_data(n.message)}")
+    if report.skipped:
+        lines.append(f"::notice title=envelope::{_data(report.skipped_summary())}")
+    lines.append(report.summary())
+    return "\n".join(lines) + "\n"

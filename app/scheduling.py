@@ -1,0 +1,682 @@
+"""Does a pod fit a node? kube-scheduler's filters, one node at a time.
+
+Pure functions over plain Kubernetes dicts; no I/O. Matched against
+Kubernetes v1.34.12 (the e2e control plane) and checked there by the scheduling
+oracle (``e2e/test_oracle_scheduling.py``), which puts the same nodes and pod
+through the real kube-scheduler:
+
+- effective pod request: ``k8s.io/component-helpers/resource/helpers.go``
+  ``PodRequests`` / ``AggregateContainerRequests`` (regular containers plus
+  restartable init containers ("sidecars"), against the largest init container
+  plus the sidecars started before it; pod-level requests for cpu, memory and
+  hugepages-* replace the aggregate; ``spec.overhead`` is added);
+- API defaulting of a *Pod* (never of a template): ``pkg/apis/core/v1/defaults.go``
+  ``SetDefaults_Pod`` (container requests from limits), ``defaultHugePagePodLimits``
+  and ``defaultPodRequests`` (PodLevelResources, beta and on in 1.34);
+- resources: ``pkg/scheduler/framework/plugins/noderesources/fit.go`` ``fitsRequest``
+  (pods count; cpu in millicores, memory, ephemeral-storage and every scalar
+  resource — extended such as ``nvidia.com/gpu``, hugepages, ``*kubernetes.io/*``,
+  attachable volumes — as integers rounded up, ``resource.Quantity.Value()``);
+- ``pkg/scheduler/framework/plugins/nodeunschedulable`` (``spec.unschedulable``
+  unless the pod tolerates ``node.kubernetes.io/unschedulable:NoSchedule``);
+- ``pkg/scheduler/framework/plugins/tainttoleration`` with
+  ``k8s.io/api/core/v1/toleration.go`` ``ToleratesTaint`` (NoSchedule and
+  NoExecute taints; PreferNoSchedule never filters);
+- ``k8s.io/component-helpers/scheduling/corev1/nodeaffinity`` (``nodeSelector``
+  AND required node affinity; terms ORed, expressions ANDed, empty terms
+  skipped, operators In/NotIn/Exists/DoesNotExist/Gt/Lt from
+  ``k8s.io/apimachinery/pkg/labels/selector.go`` ``Requirement.Matches``,
+  ``matchFields`` on ``metadata.name`` with In/NotIn of one value).
+
+Not modelled (they need objects this module is not given): inter-pod
+(anti-)affinity, topology spread, host ports, volumes and DRA claims.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, ROUND_UP, Context, Decimal
+from typing import Any
+
+from app.quantity import QuantityError, parse_quantity
+
+__all__ = [
+    "CORDONED",
+    "Node",
+    "NodeVerdict",
+    "Shortfall",
+    "Verdict",
+    "aggregate_container_requests",
+    "clamp_quantity",
+    "default_pod",
+    "effective_pod_requests",
+    "evaluate",
+    "fit_node",
+    "node_from_object",
+    "pod_requests",
+    "tolerates",
+]
+
+ResourceList = dict[str, Decimal]
+
+UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+CORDONED = "node is unschedulable (cordoned)"
+NOT_SELECTED = "node does not match the pod's nodeSelector / required node affinity"
+_FILTERED_EFFECTS = ("NoSchedule", "NoExecute")
+_HUGEPAGES = "hugepages-"
+_QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_INT64 = re.compile(r"^[+-]?[0-9]+$")
+
+
+# ------------------------------------------------------------------ resource lists
+
+
+_CAP = Decimal("1e24")
+
+
+def clamp_quantity(value: Decimal) -> Decimal:
+    """Quantities beyond 10^24 (no node has that much of anything; kube-scheduler's
+    int64 counters end near 9.2e18) count as 10^24, so that sums and integer
+    conversions of ``1e999999999`` stay cheap and cannot overflow a Decimal context."""
+    if value.is_finite() and value.adjusted() > 24:
+        return _CAP if value > 0 else -_CAP
+    return value
+
+
+def _resource_list(raw: object) -> ResourceList:
+    """Parse a ResourceList; unparseable values raise QuantityError."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): clamp_quantity(parse_quantity(v)) for k, v in raw.items()}
+
+
+def _add(into: ResourceList, other: Mapping[str, Decimal]) -> None:
+    for name, value in other.items():
+        into[name] = into.get(name, Decimal(0)) + value
+
+
+def _max(into: ResourceList, other: Mapping[str, Decimal]) -> None:
+    for name, value in other.items():
+        if name not in into or value > into[name]:
+            into[name] = value
+
+
+def _containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    items = spec.get(key)
+    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+
+
+def _requirements(container: Mapping[str, Any], which: str) -> ResourceList:
+    resources = container.get("resources")
+    return _resource_list(resources.get(which)) if isinstance(resources, Mapping) else {}
+
+
+def _is_sidecar(container: Mapping[str, Any]) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def _aggregate(spec: Mapping[str, Any], which: str) -> ResourceList:
+    """component-helpers AggregateContainerRequests / AggregateContainerLimits."""
+    total: ResourceList = {}
+    for container in _containers(spec, "containers"):
+        _add(total, _requirements(container, which))
+    sidecars: ResourceList = {}
+    init_peak: ResourceList = {}
+    for container in _containers(spec, "initContainers"):
+        own = _requirements(container, which)
+        if _is_sidecar(container):
+            _add(total, own)
+            _add(sidecars, own)
+            in_use = dict(sidecars)
+        else:
+            in_use = dict(own)
+            _add(in_use, sidecars)
+        _max(init_peak, in_use)
+    _max(total, init_peak)
+    return total
+
+
+def aggregate_container_requests(spec: Mapping[str, Any]) -> ResourceList:
+    """Sum of the regular containers' and sidecars' requests, or the largest
+    "init container + sidecars started before it" when that is more, per resource
+    (component-helpers resource/helpers.go ``AggregateContainerRequests``)."""
+    return _aggregate(spec, "requests")
+
+
+def is_supported_pod_level_resource(name: str) -> bool:
+    """cpu, memory and hugepages-* (helpers.go ``IsSupportedPodLevelResource``)."""
+    return name in ("cpu", "memory") or name.startswith(_HUGEPAGES)
+
+
+def _pod_resources(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    resources = spec.get("resources")
+    return resources if isinstance(resources, Mapping) else {}
+
+
+def pod_requests(spec: Mapping[str, Any]) -> ResourceList:
+    """The request the scheduler charges for a *stored* (already defaulted) pod:
+    component-helpers ``PodRequests`` with PodLevelResources on (1.34 default)."""
+    requests = aggregate_container_requests(spec)
+    pod_level = _resource_list(_pod_resources(spec).get("requests"))
+    if any(is_supported_pod_level_resource(n) for n in pod_level):
+        for name, value in pod_level.items():
+            if is_supported_pod_level_resource(name):
+                requests[name] = value
+    _add(requests, _resource_list(spec.get("overhead")))
+    return requests
+
+
+# ----------------------------------------------------------------------- defaulting
+
+
+def _default_container_requests(container: dict[str, Any]) -> None:
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return
+    limits = resources.get("limits")
+    if not isinstance(limits, dict) or not limits:
+        return
+    requests = resources.get("requests")
+    if not isinstance(requests, dict):
+        requests = {}
+        resources["requests"] = requests
+    for name, value in limits.items():
+        requests.setdefault(name, value)
+
+
+def _canonical(value: Decimal) -> str:
+    """A quantity string with exactly ``value`` (plain digits when short)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    if -9 <= exponent <= 18:
+        return format(value, "f")
+    coefficient = ("-" if sign else "") + "".join(map(str, digits))
+    return f"{coefficient}e{exponent}"
+
+
+def _round_up_milli(value: object) -> object:
+    """pkg/apis/core/v1/defaults.go ``SetDefaults_ResourceList``: every value of a
+    ResourceList is rounded up to a multiple of 1m (``Quantity.RoundUp(-3)``)."""
+    try:
+        q = parse_quantity(value)
+    except QuantityError:
+        return value
+    if q.is_finite() and q.adjusted() > 24:
+        return value
+    exponent = q.as_tuple().exponent
+    if not isinstance(exponent, int) or exponent >= -3:
+        return value
+    ctx = Context(prec=len(q.as_tuple().digits) + 5)
+    return _canonical(q.quantize(Decimal("0.001"), rounding=ROUND_UP, context=ctx))
+
+
+def _round_lists(spec: dict[str, Any]) -> None:
+    """Round every resource list of a pod spec in place, as the generated defaulter
+    does after ``SetDefaults_Pod`` (containers, init containers, overhead and
+    pod-level resources)."""
+    lists: list[Any] = []
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
+                lists += [container["resources"].get("limits"), container["resources"].get("requests")]
+    lists.append(spec.get("overhead"))
+    if isinstance(spec.get("resources"), dict):
+        lists += [spec["resources"].get("limits"), spec["resources"].get("requests")]
+    for rl in lists:
+        if isinstance(rl, dict):
+            for name in list(rl):
+                rl[name] = _round_up_milli(rl[name])
+
+
+def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a *Pod* with the resource defaults the API server applies on
+    create (pkg/apis/core/v1/defaults.go ``SetDefaults_Pod``, v1.34):
+
+    1. every container and init container without a request for a resource it
+       limits gets request = limit;
+    2. PodLevelResources (on in 1.34), only when ``spec.resources`` is set:
+       ``defaultHugePagePodLimits`` (pod-level hugepages limit = the containers'
+       aggregate hugepages limit, unless a pod-level hugepages request exists),
+       then ``defaultPodRequests`` — only when pod-level *limits* exist: a missing
+       pod-level cpu/memory request defaults to the containers' aggregate request
+       when any container requests it, else to the pod-level limit (hugepages: to
+       the pod-level limit).
+
+    3. then, as the generated defaulter does for every ResourceList (templates
+       included), each value is rounded up to a multiple of 1m
+       (``SetDefaults_ResourceList``). The pod-level default is computed *before*
+       that rounding, from the unrounded container values: for a Pod written with
+       sub-millicore requests the API server's own validation may then refuse it
+       ("must be greater than or equal to aggregate container requests"; see
+       docs/fidelity.md).
+
+    Pod *templates* get no request defaulting (only step 3); apply this to the Pod
+    a template makes. New values are written as exact quantity strings.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(pod))
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        return out
+    _default_pod_spec(spec)
+    _round_lists(spec)
+    return out
+
+
+def _default_pod_spec(spec: dict[str, Any]) -> None:
+    """Steps 1 and 2 of ``default_pod``, in place."""
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict):
+                _default_container_requests(container)
+    resources = spec.get("resources")
+    if not isinstance(resources, dict):
+        return
+    limits_raw = resources.get("limits") if isinstance(resources.get("limits"), dict) else None
+    requests_raw = resources.get("requests") if isinstance(resources.get("requests"), dict) else None
+    # defaultHugePagePodLimits
+    if limits_raw or requests_raw:
+        pod_limits = dict(limits_raw or {})
+        for name, value in _aggregate(spec, "limits").items():
+            if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
+                continue
+            pod_limits.setdefault(name, _canonical(value))
+        if pod_limits:
+            resources["limits"] = pod_limits
+            limits_raw = pod_limits
+    # defaultPodRequests
+    if not limits_raw:
+        return
+    pod_requests_out = dict(requests_raw or {})
+    for name, value in aggregate_container_requests(spec).items():
+        # IsOvercommitAllowed: not hugepages (and not other non-overcommittable ones).
+        if name not in pod_requests_out and name in ("cpu", "memory"):
+            pod_requests_out[name] = _canonical(value)
+    for name, value in limits_raw.items():
+        if name not in pod_requests_out and is_supported_pod_level_resource(name):
+            pod_requests_out[name] = value
+    if pod_requests_out:
+        resources["requests"] = pod_requests_out
+
+
+def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = True) -> ResourceList:
+    """What the scheduler will charge for the pod made from this spec: API
+    defaulting (``default_pod``) and then ``pod_requests``. A template spec
+    becomes a Pod before it is scheduled, so it is defaulted the same way."""
+    spec = pod_or_spec.get("spec") if is_pod else pod_or_spec
+    if not isinstance(spec, Mapping):
+        return {}
+    if not is_pod:
+        # A template is stored with its resource lists rounded; its Pods are made
+        # from that stored template.
+        rounded = copy.deepcopy(dict(spec))
+        _round_lists(rounded)
+        spec = rounded
+    defaulted = default_pod({"spec": spec})["spec"]
+    return pod_requests(defaulted)
+
+
+# ---------------------------------------------------------------------- node model
+
+
+def _scheduler_units(name: str, value: Decimal) -> int:
+    """How NodeResourcesFit counts a quantity: millicores for cpu, else the
+    integer value; both rounded up away from zero (Quantity.MilliValue/Value)."""
+    scaled = value * 1000 if name == "cpu" else value
+    return int(scaled.to_integral_value(rounding=ROUND_CEILING)) if scaled >= 0 else \
+        -int((-scaled).to_integral_value(rounding=ROUND_CEILING))
+
+
+def scheduler_units(name: str, value: Decimal) -> int:
+    """Public ``_scheduler_units`` (app/autoscaling.py sizes potential nodes with it)."""
+    return _scheduler_units(name, value)
+
+
+def counted_requests(requests: Mapping[str, Decimal]) -> dict[str, int]:
+    """The pod's request as NodeResourcesFit counts it, in scheduler units."""
+    return _counted(requests)
+
+
+def is_scalar_resource(name: str) -> bool:
+    """pkg/scheduler/util/utils.go ``IsScalarResourceName``: extended resources,
+    hugepages-*, ``*kubernetes.io/*`` prefixed names and attachable-volumes-*."""
+    if name.startswith(_HUGEPAGES) or name.startswith("attachable-volumes-"):
+        return True
+    if "kubernetes.io/" in name:
+        return True
+    # IsExtendedResourceName: not native (has a "/" and no kubernetes.io/), not
+    # "requests.*", and "requests.<name>" is a qualified name.
+    if "/" not in name or name.startswith("requests."):
+        return False
+    prefix, _, short = f"requests.{name}".rpartition("/")
+    return bool(_QUALIFIED_NAME.match(f"requests.{name}")) and len(prefix) <= 253 and len(short) <= 63
+
+
+_FIT_NAMED = ("cpu", "memory", "ephemeral-storage")
+
+
+def _counted(requests: Mapping[str, Decimal]) -> dict[str, int]:
+    """The pod's request as NodeResourcesFit sees it (after ``SetMaxResource``)."""
+    out: dict[str, int] = {}
+    for name, value in requests.items():
+        if name in _FIT_NAMED or is_scalar_resource(name):
+            out[name] = max(out.get(name, 0), _scheduler_units(name, value))
+    return out
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the scheduler's filters see it.
+
+    ``allocatable`` and ``requested`` are in scheduler units (millicores for cpu,
+    integers otherwise); ``pods`` is how many pods it already runs. A node with
+    ``potential=True`` does not exist yet: a shape an autoscaler could create
+    (see ``evaluate``)."""
+
+    name: str
+    allocatable: Mapping[str, int]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[Mapping[str, str]] = ()
+    unschedulable: bool = False
+    requested: Mapping[str, int] = field(default_factory=dict)
+    pods: int = 0
+    potential: bool = False
+
+
+def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str, Any]] = (),
+                     *, potential: bool = False) -> Node:
+    """A ``Node`` from a Node object and the (stored) pods bound to it."""
+    meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
+    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+    allocatable: dict[str, int] = {}
+    for name, value in _resource_list(status.get("allocatable")).items():  # type: ignore[union-attr]
+        if name in _FIT_NAMED or name == "pods" or is_scalar_resource(name):
+            allocatable[name] = _scheduler_units(name, value)
+    requested: dict[str, int] = {}
+    count = 0
+    for pod in pods_on_node:
+        count += 1
+        spec_p = pod.get("spec")
+        if isinstance(spec_p, Mapping):
+            for name, units in _counted(pod_requests(spec_p)).items():
+                requested[name] = requested.get(name, 0) + units
+    taints = [t for t in spec.get("taints") or [] if isinstance(t, Mapping)]  # type: ignore[union-attr]
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}  # type: ignore[union-attr]
+    return Node(
+        name=str(meta.get("name", "")),  # type: ignore[union-attr]
+        allocatable=allocatable,
+        labels={str(k): str(v) for k, v in labels.items()},  # type: ignore[union-attr]
+        taints=tuple(taints),
+        unschedulable=bool(spec.get("unschedulable")),  # type: ignore[union-attr]
+        requested=requested,
+        pods=count,
+        potential=potential,
+    )
+
+
+# ------------------------------------------------------------------- placement rules
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """k8s.io/api/core/v1/toleration.go ``ToleratesTaint``: an empty effect matches
+    every effect, an empty key (operator Exists) every key, Exists every value,
+    Equal (or no operator) only the same value."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != (taint.get("effect") or ""):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != (taint.get("key") or ""):
+        return False
+    operator = toleration.get("operator") or ""
+    if operator in ("", "Equal"):
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return operator == "Exists"
+
+
+def _tolerations(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    items = spec.get("tolerations")
+    return [t for t in items if isinstance(t, Mapping)] if isinstance(items, list) else []
+
+
+def untolerated_taint(spec: Mapping[str, Any], node: Node) -> Mapping[str, str] | None:
+    """The first NoSchedule/NoExecute taint of ``node`` the pod does not tolerate."""
+    tolerations = _tolerations(spec)
+    for taint in node.taints:
+        if taint.get("effect") not in _FILTERED_EFFECTS:
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+def _requirement_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key = str(expr.get("key", ""))
+    operator = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    present = key in labels
+    if operator == "In":
+        return present and labels[key] in values
+    if operator == "NotIn":
+        return not present or labels[key] not in values
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if operator in ("Gt", "Lt"):
+        if not present or len(values) != 1:
+            return False
+        if not _INT64.match(labels[key]) or not _INT64.match(values[0]):
+            return False
+        have, want = int(labels[key]), int(values[0])
+        if not (-(2**63) <= have < 2**63 and -(2**63) <= want < 2**63):
+            return False
+        return have > want if operator == "Gt" else have < want
+    return False
+
+
+def _field_matches(expr: Mapping[str, Any], node_name: str) -> bool:
+    values = [str(v) for v in expr.get("values") or []]
+    if expr.get("key") != "metadata.name" or len(values) != 1:
+        return False
+    if expr.get("operator") == "In":
+        return node_name == values[0]
+    if expr.get("operator") == "NotIn":
+        return node_name != values[0]
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], node: Node) -> bool:
+    exprs = [e for e in term.get("matchExpressions") or [] if isinstance(e, Mapping)]
+    fields = [e for e in term.get("matchFields") or [] if isinstance(e, Mapping)]
+    if exprs and not all(_requirement_matches(e, node.labels) for e in exprs):
+        return False
+    # nodeaffinity.go: matchFields are checked only when the node has a name.
+    return not (fields and node.name and not all(_field_matches(e, node.name) for e in fields))
+
+
+def required_affinity_matches(spec: Mapping[str, Any], node: Node) -> bool:
+    """``nodeSelector`` (every pair) AND the required node affinity (any non-empty term)."""
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping):
+        for key, value in selector.items():
+            if node.labels.get(str(key)) != str(value):
+                return False
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") \
+        if isinstance(node_affinity, Mapping) else None
+    if not isinstance(required, Mapping):
+        return True
+    terms = [t for t in required.get("nodeSelectorTerms") or [] if isinstance(t, Mapping)
+             and (t.get("matchExpressions") or t.get("matchFields"))]
+    return any(_term_matches(t, node) for t in terms)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One resource a node lacks: the pod asks ``requested``; ``free`` of
+    ``allocatable`` is left (scheduler units: millicores for cpu)."""
+
+    resource: str
+    requested: int
+    free: int
+    allocatable: int
+
+    @property
+    def missing(self) -> int:
+        return self.requested - self.free
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """Why a pod does or does not fit one node. ``blocked`` holds the placement
+    reasons (unschedulable, selector/affinity, an untolerated taint); a node that
+    is not blocked but short of room has ``shortfalls``."""
+
+    node: Node
+    blocked: tuple[str, ...] = ()
+    shortfalls: tuple[Shortfall, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return not self.blocked and not self.shortfalls
+
+    def distance(self) -> tuple[int, Decimal]:
+        """Closeness of a node the pod may land on: fewer short resources, then
+        the smaller sum of (missing / requested)."""
+        ratio = sum((Decimal(s.missing) / Decimal(max(s.requested, 1)) for s in self.shortfalls),
+                    Decimal(0))
+        return (len(self.shortfalls), ratio)
+
+
+def fit_node(spec: Mapping[str, Any], node: Node,
+             requests: Mapping[str, Decimal] | None = None) -> NodeVerdict:
+    """The scheduler's filters for one node. ``spec`` is the *stored* pod spec
+    (defaulted: see ``default_pod``); ``requests`` overrides ``pod_requests(spec)``."""
+    counted = _counted(requests if requests is not None else pod_requests(spec))
+    return _fit(spec, node, counted, _tolerations(spec))
+
+
+def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
+         tolerations: list[Mapping[str, Any]]) -> NodeVerdict:
+    blocked: list[str] = []
+    if node.unschedulable and not any(
+        tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in tolerations
+    ):
+        blocked.append(CORDONED)
+    if not required_affinity_matches(spec, node):
+        blocked.append(NOT_SELECTED)
+    taint = untolerated_taint(spec, node) if node.taints else None
+    if taint is not None:
+        value = f"={taint.get('value')}" if taint.get("value") else ""
+        blocked.append(f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}")
+    shortfalls: list[Shortfall] = []
+    allowed_pods = node.allocatable.get("pods", 0)
+    if node.pods + 1 > allowed_pods:
+        shortfalls.append(Shortfall("pods", 1, allowed_pods - node.pods, allowed_pods))
+    for name in sorted(counted):
+        want = counted[name]
+        if want <= 0:
+            continue
+        alloc = node.allocatable.get(name, 0)
+        free = alloc - node.requested.get(name, 0)
+        if want > free:
+            shortfalls.append(Shortfall(name, want, free, alloc))
+    return NodeVerdict(node=node, blocked=tuple(blocked), shortfalls=tuple(shortfalls))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The pod against every node. ``fits`` when an existing node takes it;
+    ``fits_after_scale_up`` when only a potential node shape would; ``closest``
+    is the nearest node the pod may land on but lacks room on (None when no
+    node admits its placement constraints at all)."""
+
+    requests: Mapping[str, Decimal]
+    nodes: tuple[NodeVerdict, ...]
+    fits_on: NodeVerdict | None
+    fits_after_scale_up: NodeVerdict | None
+    closest: NodeVerdict | None
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_on is not None
+
+    def describe(self) -> str:
+        """A one-line reason for the refusal, with numbers."""
+        if self.fits_on is not None:
+            return f"fits node {self.fits_on.node.name}"
+        if self.fits_after_scale_up is not None:
+            return f"fits no current node; a new node like {self.fits_after_scale_up.node.name} would take it"
+        if self.closest is not None:
+            parts = ", ".join(
+                f"{s.resource} {_show(s.resource, s.requested)} requested, "
+                f"{_show(s.resource, max(s.free, 0))} free of {_show(s.resource, s.allocatable)}"
+                for s in self.closest.shortfalls
+            )
+            return f"fits no node; closest is {self.closest.node.name}: {parts}"
+        if not self.nodes:
+            return "there are no nodes"
+        reasons = sorted({r for v in self.nodes for r in v.blocked})
+        return f"no node admits the pod's placement ({len(self.nodes)} nodes: {'; '.join(reasons)})"
+
+
+def _show(resource: str, units: int) -> str:
+    return f"{units}m" if resource == "cpu" else str(units)
+
+
+def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mapping[str, Decimal] | None = None,
+             potential: Iterable[Node] = (), first_fit: bool = False) -> Verdict:
+    """``fit_node`` for every node; the pod fits when one existing node takes it.
+
+    ``potential`` are node shapes an autoscaler could still create (class 10 in
+    docs/fidelity.md): each is an empty node (no pods, nothing requested) with the
+    labels, taints and allocatable a new node would have. They never make
+    ``fits`` true; ``fits_after_scale_up`` says a new node would take the pod, so
+    a rule can choose to admit it. With no potential shapes the verdict is
+    exactly kube-scheduler's filter outcome. ``first_fit`` stops at the first node
+    that takes the pod (``nodes`` then holds only the nodes checked so far).
+    """
+    reqs = dict(requests) if requests is not None else pod_requests(spec)
+    counted = _counted(reqs)
+    tolerations = _tolerations(spec)
+    checked: list[NodeVerdict] = []
+    fits_on = None
+    for node in nodes:
+        verdict = _fit(spec, node, counted, tolerations)
+        checked.append(verdict)
+        if verdict.fits:
+            fits_on = verdict
+            if first_fit:
+                break
+    verdicts = tuple(checked)
+    scale_up = None
+    if fits_on is None:
+        for shape in potential:
+            v = _fit(spec, shape, counted, tolerations)
+            if v.fits:
+                scale_up = v
+                break
+    candidates = [v for v in verdicts if not v.blocked and v.shortfalls]
+    closest = min(candidates, key=NodeVerdict.distance) if candidates else None
+    return Verdict(requests=reqs, nodes=verdicts, fits_on=fits_on, fits_after_scale_up=scale_up,
+                   closest=closest)
+
+
+def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[str, str] | None = None,
+               taints: Sequence[Mapping[str, str]] = ()) -> Node:
+    """A potential node (class 10): an empty node with this allocatable."""
+    alloc: dict[str, int] = {}
+    for res, raw in allocatable.items():
+        try:
+            alloc[res] = _scheduler_units(res, clamp_quantity(parse_quantity(raw)))
+        except QuantityError:
+            continue
+    return Node(name=name, allocatable=alloc, labels=dict(labels or {}), taints=tuple(taints), potential=True)

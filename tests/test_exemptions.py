@@ -1,0 +1,145 @@
+"""Exceptions: rules that do not apply to an object, by policy or by the object's own
+annotation — reported as skipped with the reason, counted and logged, never silent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.cluster.view import StaticView
+from app.config import ConfigError, Policy, load_policy
+from app.server import Metrics, create_app
+from tests.conftest import RULES, container, run, workload
+
+BAD_MEMORY = container(requests={"memory": "1Gi"}, limits={"memory": "2Gi", "cpu": "2"})
+
+
+def deployment(namespace: str = "team-a", labels: dict[str, str] | None = None,
+               annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    obj = workload("Deployment", [BAD_MEMORY], namespace=namespace, annotations=annotations)
+    if labels is not None:
+        obj["metadata"]["labels"] = labels
+    return obj
+
+
+def policy(**exception: Any) -> Policy:
+    return Policy.model_validate({"exceptions": [{"rules": ["memory-request-equals-limit"],
+                                                  **exception}]})
+
+
+def rules_hit(result: Any) -> set[str]:
+    return {f.rule for f in result.errors}
+
+
+def test_without_an_exception_the_rule_denies() -> None:
+    assert rules_hit(run(deployment())) == {"memory-request-equals-limit"}
+
+
+@pytest.mark.parametrize(("exception", "obj", "exempt"), [
+    ({"namespaces": ["team-a"]}, deployment("team-a"), True),
+    ({"namespaces": ["team-b"]}, deployment("team-a"), False),
+    ({"kinds": ["Deployment"]}, deployment(), True),
+    ({"kinds": ["apps/Deployment"]}, deployment(), True),
+    ({"kinds": ["StatefulSet"]}, deployment(), False),
+    ({"objectSelector": {"matchLabels": {"tier": "batch"}}}, deployment(labels={"tier": "batch"}), True),
+    ({"objectSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]}},
+     deployment(labels={"tier": "batch"}), False),
+    ({"namespaces": ["team-a"], "kinds": ["StatefulSet"]}, deployment(), False),  # every condition
+])
+def test_policy_exceptions(exception: dict[str, Any], obj: dict[str, Any], exempt: bool) -> None:
+    result = run(obj, policy(reason="migration until Q3", **exception))
+    if exempt:
+        assert rules_hit(result) == set()
+        assert result.skipped == {"memory-request-equals-limit":
+                                  "policy exceptions[0]: migration until Q3"}
+        assert result.changes, "other rules still run (cpu-limits strips the CPU limit)"
+    else:
+        assert rules_hit(result) == {"memory-request-equals-limit"} and not result.skipped
+
+
+def test_namespace_selector_reads_the_namespace_labels() -> None:
+    namespaces = [{"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": "team-a", "labels": {"envelope.io/tier": "legacy"}}}]
+    selected = policy(namespaceSelector={"matchLabels": {"envelope.io/tier": "legacy"}})
+    assert run(deployment("team-a"), selected, view=StaticView(namespaces)).skipped
+    # a namespace the view does not hold exempts nothing
+    assert not run(deployment("team-b"), selected, view=StaticView(namespaces)).skipped
+
+
+def test_the_object_can_exempt_itself_unless_the_policy_forbids_it() -> None:
+    obj = deployment(annotations={"envelope.io/exempt": "memory-request-equals-limit, pod-fits-node"})
+    result = run(obj)
+    assert rules_hit(result) == set()
+    assert result.skipped == {"memory-request-equals-limit": "annotation envelope.io/exempt",
+                              "pod-fits-node": "annotation envelope.io/exempt"}
+    strict = Policy.model_validate({"allowObjectExemptions": False})
+    assert rules_hit(run(obj, strict)) == {"memory-request-equals-limit"}
+    everything = deployment(annotations={"envelope.io/exempt": "*"})
+    assert rules_hit(run(everything)) == {"memory-request-equals-limit"}  # only rule ids
+
+
+def test_the_keep_cpu_limit_opt_out_still_works() -> None:
+    obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],
+                   annotations={"envelope.io/keep-cpu-limit": "true"})
+    assert run(obj).patch == []
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("exceptions: [{rules: [nope], namespaces: [a]}]", "exceptions[0].rules: unknown rule id(s) ['nope']"),
+    ("exceptions: [{rules: [pod-fits-node]}]", "needs at least one of namespaces"),
+    ("exceptions: [{rules: [pod-fits-node], objectSelector: {matchLabel: {a: b}}}]", "matchLabel"),
+    ("exceptions: [{rules: [], kinds: [Pod]}]", "rules"),
+])
+def test_bad_exceptions_stop_startup_with_the_key(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="exceptions") as caught:
+        load_policy(path, {}, RULES)
+    assert says in str(caught.value)
+
+
+def test_check_shows_the_skip_with_its_reason(tmp_path: Path) -> None:
+    import yaml
+
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(deployment(
+        annotations={"envelope.io/exempt": "memory-request-equals-limit"})))
+    out = subprocess.run([sys.executable, "-m", "app", "check", "-f", str(tmp_path / "d.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "skip    memory-request-equals-limit: exempt (annotation envelope.io/exempt)" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "app", "check", "-f", str(tmp_path / "d.yaml"),
+                          "-o", "json"], capture_output=True, text=True, timeout=60)
+    [entry] = json.loads(out.stdout)["objects"]
+    assert entry["skipped"] == [{"rule": "memory-request-equals-limit",
+                                 "reason": "annotation envelope.io/exempt"}]
+
+
+def test_an_exempted_write_is_counted_and_logged(capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = Metrics()
+    app = create_app(RULES, Policy(), metrics=metrics)
+    obj = deployment(annotations={"envelope.io/exempt": "memory-request-equals-limit"})
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-9", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                          "operation": "CREATE", "namespace": "team-a", "name": "web", "object": obj}}
+
+    async def post() -> dict[str, Any]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            response = await client.post("/validate", content=json.dumps(review),
+                                         headers={"content-type": "application/json"})
+        return dict(response.json()["response"])
+
+    answer = asyncio.run(post())
+    assert answer["uid"] == "u-9" and answer["allowed"] is True
+    assert metrics.registry.get_sample_value(
+        "envelope_rule_exemptions_total", {"rule": "memory-request-equals-limit"}) == 1.0
+    logged = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"u-9"' in line]
+    assert logged and logged[0]["exempted"] == {
+        "memory-request-equals-limit": "annotation envelope.io/exempt"}

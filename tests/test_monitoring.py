@@ -1,0 +1,164 @@
+"""The chart's PrometheusRule and Grafana dashboard: rendered, checked by promtool,
+and fired by synthetic series in `promtool test rules`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.server import Metrics
+from tests.test_chart import CHART, render
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "e2e" / "controlplane" / "build-promtool.sh"
+ON = {"monitoring": {"prometheusRule": {"enabled": True},
+                     "grafanaDashboard": {"enabled": True}}}
+
+
+def rules_of(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    return render(values or ON).one("PrometheusRule")
+
+
+def dashboard() -> dict[str, Any]:
+    cm = next(d for d in render(ON).docs
+              if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"))
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return json.loads(cm["data"]["envelope.json"])
+
+
+def test_off_by_default() -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in render().docs}
+    assert not any(k == "PrometheusRule" or n.endswith("-dashboard") for k, n in kinds)
+
+
+def _exprs() -> list[str]:
+    exprs = [r["expr"] for g in rules_of()["spec"]["groups"] for r in g["rules"]]
+    exprs += [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+    return exprs
+
+
+def test_every_envelope_metric_used_exists() -> None:
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "gauge": ("",), "summary": ("_sum", "_count", "")}
+    # labelled metrics export no sample before their first use: names from the families
+    exported = {family.name + suffix for family in Metrics().registry.collect()
+                for suffix in suffixes.get(family.type, ("",))}
+    used = {m for e in _exprs() for m in re.findall(r"\benvelope_[a-z_]+", e)}
+    assert used, "no Envelope metric used"
+    assert used <= exported, used - exported
+
+
+def test_dashboard_is_a_grafana_dashboard_file() -> None:
+    board = dashboard()
+    assert board["uid"] == "envelope" and board["title"] == "Envelope"
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+        assert set(panel["gridPos"]) == {"x", "y", "w", "h"}
+    assert (CHART / "dashboards" / "envelope.json").is_file()
+
+
+def test_latency_threshold_follows_the_webhook_timeout() -> None:
+    def threshold(values: dict[str, Any]) -> str:
+        rule = next(r for r in rules_of(values)["spec"]["groups"][0]["rules"]
+                    if r["alert"] == "EnvelopeWebhookLatencyNearTimeout")
+        return rule["expr"].strip().rsplit(">", 1)[1].strip()
+
+    assert threshold(ON) == "4"
+    assert threshold({**ON, "webhooks": {"timeoutSeconds": 3}}) == "2.4"
+
+
+# ----------------------------------------------------------------- promtool (e2e)
+
+def promtool() -> Path:
+    override = os.environ.get("ENVELOPE_PROMTOOL_BIN")
+    if override:
+        return Path(override) / "promtool"
+    done = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.fail(f"{BUILD.name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
+                    pytrace=False)
+    return Path(done.stdout.strip().splitlines()[-1]) / "promtool"
+
+
+NS = "envelope-system"
+HOOK = "workloads.validate.envelope.io"
+LATENCY = "apiserver_admission_webhook_admission_duration_seconds_bucket"
+
+
+def _tests(rules: dict[str, Any]) -> dict[str, Any]:
+    by_name = {r["alert"]: r for r in rules["spec"]["groups"][0]["rules"]}
+
+    def annotations(alert: str, **values: str) -> dict[str, str]:
+        out = {}
+        for key, text in by_name[alert]["annotations"].items():
+            for placeholder, value in values.items():
+                text = text.replace("{{ " + placeholder + " }}", value)
+            out[key] = text
+        return out
+
+    return {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'envelope_certificate_expiry_timestamp_seconds{{namespace="{NS}",pod="a"}}',
+             "values": "259200x180"},  # 3 days after the epoch: expires within 7 days
+            {"series": f'envelope_certificate_expiry_timestamp_seconds{{namespace="{NS}",pod="b"}}',
+             "values": "100000000x180"},
+            {"series": f'kube_deployment_status_replicas_available{{namespace="{NS}",deployment="envelope"}}',
+             "values": "0x30"},
+            {"series": f'envelope_watch_synced{{namespace="{NS}",pod="a",kind="Node"}}', "values": "0x30"},
+            {"series": f'envelope_watch_synced{{namespace="{NS}",pod="a",kind="LimitRange"}}',
+             "values": "1x30"},
+            {"series": f'apiserver_admission_webhook_rejection_count{{name="{HOOK}",'
+                       f'error_type="calling_webhook_error"}}', "values": "0+60x30"},
+            {"series": 'apiserver_admission_webhook_rejection_count{name="other.example.com",'
+                       'error_type="calling_webhook_error"}', "values": "0+60x30"},
+            {"series": f'{LATENCY}{{name="{HOOK}",le="2.5"}}', "values": "0x30"},
+            {"series": f'{LATENCY}{{name="{HOOK}",le="10"}}', "values": "0+100x30"},
+            {"series": f'{LATENCY}{{name="{HOOK}",le="+Inf"}}', "values": "0+100x30"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "2h", "alertname": "EnvelopeCertificateExpiresSoon", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "namespace": NS, "pod": "a"},
+                "exp_annotations": annotations("EnvelopeCertificateExpiresSoon", **{
+                    "$labels.pod": "a", "$value | humanizeDuration": "2d 22h 0m 0s"})}]},
+            {"eval_time": "4m", "alertname": "EnvelopeNoReadyReplica", "exp_alerts": []},
+            {"eval_time": "10m", "alertname": "EnvelopeNoReadyReplica", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "namespace": NS, "deployment": "envelope"},
+                "exp_annotations": annotations("EnvelopeNoReadyReplica")}]},
+            {"eval_time": "20m", "alertname": "EnvelopeWatchNotSynced", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "namespace": NS, "pod": "a", "kind": "Node"},
+                "exp_annotations": annotations("EnvelopeWatchNotSynced", **{
+                    "$labels.pod": "a", "$labels.kind": "Node"})}]},
+            {"eval_time": "20m", "alertname": "EnvelopeWebhookErrors", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "name": HOOK},
+                "exp_annotations": annotations("EnvelopeWebhookErrors", **{"$labels.name": HOOK})}]},
+            {"eval_time": "20m", "alertname": "EnvelopeWebhookLatencyNearTimeout", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "name": HOOK},
+                "exp_annotations": annotations("EnvelopeWebhookLatencyNearTimeout", **{
+                    "$labels.name": HOOK, "$value | humanizeDuration": "9.925s"})}]},
+        ],
+    }]}
+
+
+@pytest.mark.e2e
+def test_promtool_checks_and_fires_the_alerts(tmp_path: Path) -> None:
+    tool = promtool()
+    rules = rules_of()
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rules["spec"]["groups"]}))
+    check = subprocess.run([str(tool), "check", "rules", "rules.yaml"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 6 rules found" in check.stdout + check.stderr
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(_tests(rules), sort_keys=False))
+    test = subprocess.run([str(tool), "test", "rules", "tests.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0, test.stdout + test.stderr

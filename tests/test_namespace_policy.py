@@ -1,0 +1,158 @@
+"""app/namespace_policy.py: which quotas and LimitRanges need CPU limits (classes 3
+and 4). The admission oracle (e2e/test_oracle_admission.py) checks the same
+function against the API server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.namespace_policy import (
+    apply_limit_range_defaults,
+    cpu_limit_needs,
+    is_best_effort,
+    limit_range_orders,
+    quota_matches_pod,
+    quota_scope_text,
+)
+
+
+def pod(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"containers": list(containers), **spec}
+
+
+def c(name: str = "c", **res: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "image": "x", "resources": res}
+
+
+def quota(name: str, hard: dict[str, str], scopes: list[str] | None = None,
+          selector: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"hard": hard}
+    if scopes:
+        spec["scopes"] = scopes
+    if selector:
+        spec["scopeSelector"] = {"matchExpressions": selector}
+    return {"metadata": {"name": name}, "spec": spec, "status": {"hard": hard}}
+
+
+def lr(name: str, *items: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"limits": list(items)}}
+
+
+NO_CPU_LIMIT = pod(c(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "1Gi"}))
+
+
+# ------------------------------------------------------------------- quota scopes
+
+
+@pytest.mark.parametrize(("scopes", "selector", "spec", "matches"), [
+    ([], None, NO_CPU_LIMIT, True),
+    (["NotBestEffort"], None, NO_CPU_LIMIT, True),
+    (["BestEffort"], None, NO_CPU_LIMIT, False),
+    (["BestEffort"], None, pod(c()), True),
+    (["Terminating"], None, NO_CPU_LIMIT, False),
+    (["Terminating"], None, {**NO_CPU_LIMIT, "activeDeadlineSeconds": 60}, True),
+    (["NotTerminating"], None, {**NO_CPU_LIMIT, "activeDeadlineSeconds": 60}, False),
+    (["NotTerminating", "NotBestEffort"], None, NO_CPU_LIMIT, True),
+    ([], [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}],
+     {**NO_CPU_LIMIT, "priorityClassName": "high"}, True),
+    ([], [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}], NO_CPU_LIMIT, False),
+    ([], [{"scopeName": "PriorityClass", "operator": "NotIn", "values": ["high"]}], NO_CPU_LIMIT, True),
+    ([], [{"scopeName": "PriorityClass", "operator": "NotIn", "values": ["high"]}],
+     {**NO_CPU_LIMIT, "priorityClassName": "high"}, False),
+    ([], [{"scopeName": "PriorityClass", "operator": "Exists"}], NO_CPU_LIMIT, False),
+    # Found by the admission oracle: a pod without a class has no "PriorityClass" key.
+    ([], [{"scopeName": "PriorityClass", "operator": "DoesNotExist"}], NO_CPU_LIMIT, True),
+    ([], [{"scopeName": "PriorityClass", "operator": "DoesNotExist"}],
+     {**NO_CPU_LIMIT, "priorityClassName": "low"}, False),
+    ([], [{"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}], NO_CPU_LIMIT, False),
+    ([], [{"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}],
+     {**NO_CPU_LIMIT, "affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+         {"weight": 1, "podAffinityTerm": {"topologyKey": "k", "namespaceSelector": {}}}]}}}, True),
+])
+def test_quota_scopes(scopes: list[str], selector: list[dict[str, Any]] | None, spec: dict[str, Any],
+                      matches: bool) -> None:
+    assert quota_matches_pod(quota("q", {"limits.cpu": "4"}, scopes, selector), spec) is matches
+
+
+def test_best_effort_uses_pod_level_resources_when_set() -> None:
+    assert is_best_effort(pod(c()))
+    assert not is_best_effort(pod(c(), resources={"limits": {"memory": "1Gi"}}))
+    assert is_best_effort(pod(c(requests={"cpu": "0"})))
+
+
+def test_scope_text() -> None:
+    q = quota("q", {"limits.cpu": "4"}, ["NotBestEffort"],
+              [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}])
+    assert quota_scope_text(q) == "scopes NotBestEffort, PriorityClass In (high)"
+
+
+# ---------------------------------------------------------------- the verdict
+
+
+def test_matching_quota_on_limits_cpu_needs_them_and_says_which() -> None:
+    needs = cpu_limit_needs(NO_CPU_LIMIT, [], [quota("compute", {"limits.cpu": "4"}, ["NotBestEffort"])])
+    assert [str(n) for n in needs] == [
+        'ResourceQuota "compute" (scopes NotBestEffort) sets limits.cpu=4: every container needs a CPU '
+        'limit (c has none)']
+
+
+def test_quota_that_does_not_match_is_ignored() -> None:
+    assert cpu_limit_needs(NO_CPU_LIMIT, [], [quota("be", {"pods": "5"}, ["BestEffort"]),
+                                              quota("term", {"limits.cpu": "4"}, ["Terminating"])]) == []
+
+
+def test_pod_level_resources_lift_the_per_container_quota_constraint() -> None:
+    spec = {**NO_CPU_LIMIT, "resources": {"requests": {"cpu": "500m"}}}
+    assert cpu_limit_needs(spec, [], [quota("compute", {"limits.cpu": "4"})]) == []
+
+
+def test_limit_range_default_fills_the_limit_unless_it_overshoots() -> None:
+    default = lr("defaults", {"type": "Container", "default": {"cpu": "2"}})
+    assert cpu_limit_needs(NO_CPU_LIMIT, [default], [quota("compute", {"limits.cpu": "4"})]) == []
+    needs = cpu_limit_needs(NO_CPU_LIMIT, [default], [quota("compute", {"limits.cpu": "1"})])
+    assert [n.name for n in needs] == ["compute"]
+    small = lr("small", {"type": "Container", "default": {"cpu": "100m"}})
+    assert "is below container c's CPU request 500m" in str(cpu_limit_needs(NO_CPU_LIMIT, [small], [])[0])
+
+
+def test_container_max_defaults_the_limit_to_max() -> None:
+    """SetDefaults_LimitRangeItem: default from max, so a max alone never refuses."""
+    assert cpu_limit_needs(NO_CPU_LIMIT, [lr("m", {"type": "Container", "max": {"cpu": "2"}})], []) == []
+    assert apply_limit_range_defaults(NO_CPU_LIMIT, [lr("m", {"type": "Container", "max": {"cpu": "2"}})]
+                                      )["containers"][0]["resources"]["limits"]["cpu"] == "2"
+
+
+def test_ratio_and_pod_type() -> None:
+    ratio = lr("ratio", {"type": "Container", "maxLimitRequestRatio": {"cpu": "2"}})
+    assert "has no CPU limit" in str(cpu_limit_needs(NO_CPU_LIMIT, [ratio], [])[0])
+    pod_max = lr("podmax", {"type": "Pod", "max": {"cpu": "4"}})
+    needs = cpu_limit_needs(NO_CPU_LIMIT, [pod_max], [])
+    assert [str(n) for n in needs] == ['LimitRange "podmax" type Pod max cpu 4: the pod has no CPU limit']
+    # A pod-level CPU limit satisfies a type Pod max.
+    assert cpu_limit_needs({**NO_CPU_LIMIT, "resources": {"limits": {"cpu": "2"}}}, [pod_max], []) == []
+    pod_min = lr("podmin", {"type": "Pod", "min": {"cpu": "1"}})
+    assert "min cpu 1" in str(cpu_limit_needs(NO_CPU_LIMIT, [pod_min], [])[0])
+
+
+def test_two_limit_ranges_with_defaults_may_apply_in_either_order() -> None:
+    """Found by the admission oracle: LimitRanger reads LimitRanges from its informer
+    in map order, so either default may win; the verdict merges both."""
+    a = lr("a", {"type": "Container", "default": {"cpu": "1"}})
+    b = lr("b", {"type": "Container", "max": {"cpu": "4"}, "maxLimitRequestRatio": {"cpu": "2"}})
+    assert len(limit_range_orders([a, b])) == 2
+    needs = cpu_limit_needs(NO_CPU_LIMIT, [a, b], [])
+    assert [n.name for n in needs] == ["b"]  # b's own default 4 over request 500m: ratio 8
+
+
+def test_a_pod_past_limitranger_gets_no_defaults_back() -> None:
+    """Pods reach the webhook after LimitRanger's defaults: stripped, a Container max
+    is then violated (no limit), and a default below the request no longer matters."""
+    m = lr("m", {"type": "Container", "max": {"cpu": "2"}})
+    assert cpu_limit_needs(NO_CPU_LIMIT, [m], []) == []
+    needs = cpu_limit_needs(NO_CPU_LIMIT, [m], [], limit_range_defaults=False)
+    assert [str(n) for n in needs] == [
+        'LimitRange "m" type Container max cpu 2: container c has no CPU limit']
+    small = lr("small", {"type": "Container", "default": {"cpu": "100m"}})
+    assert cpu_limit_needs(NO_CPU_LIMIT, [small], [], limit_range_defaults=False) == []
