@@ -60,7 +60,10 @@ def _envelope_answer() -> tuple[bytes, bytes]:
     from app.cluster.view import StaticView
     from app.engine import evaluate
 
-    result = evaluate(default_ruleset(), subject_of(timed_deployment()), StaticView(), Policy(), "mutate")
+    obj = timed_deployment()
+    # As bench/apiserver.py sends it: its own metadata (name, namespace, labels only).
+    obj["metadata"] = {"name": "bench-0", "namespace": "bench", "labels": obj["metadata"]["labels"]}
+    result = evaluate(default_ruleset(), subject_of(obj), StaticView(), Policy(), "mutate")
     head, _, tail = review_response(_UID_SLOT, decide(result, "deny")).partition(_UID_SLOT.encode())
     return head, tail
 
