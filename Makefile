@@ -11,7 +11,7 @@ METRICS_PORT ?= 9090
 ENVELOPE_CONTROLPLANE_DIR ?= $(HOME)/.cache/envelope/controlplane
 export ENVELOPE_CONTROLPLANE_DIR
 
-.PHONY: run test unit e2e lint fmt bench bench-apiserver bench-audit bench-cache bench-quotas install controlplane clean
+.PHONY: run test unit e2e lint fmt bench bench-apiserver bench-audit bench-peers bench-cache bench-quotas install controlplane clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,16 @@ bench-apiserver: $(STAMP) controlplane
 
 bench-audit: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/audit.py
+
+# Envelope side by side with the peers users would pick instead (Kyverno v1.19.1, built
+# from the Go module proxy by bench/peers/build-kyverno.sh; a MutatingAdmissionPolicy):
+# the same-answer check, then the API-server rounds, then the handlers alone. ~40 min.
+PEER_ROUNDS ?= go-h2,floor-patch,floor-envpatch,map,kyverno-cpol,kyverno-mpol,envelope,envelope-mc
+bench-peers: $(STAMP) controlplane
+	bash bench/peers/build-kyverno.sh >/dev/null
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/apiserver.py \
+		--rounds $(PEER_ROUNDS) --object mutated,compliant --concurrency 1,20 --count 300 --repeat 3
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/peers/handlers.py
 
 bench-cache: $(STAMP)
 	$(PY) bench/cache.py

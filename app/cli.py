@@ -137,7 +137,27 @@ def _parser() -> argparse.ArgumentParser:
                             "ActorTemplates are placed against its WorkerPools); the files' "
                             "objects replace the cluster's of the same name")
     _audit_parser(sub)
+    config = sub.add_parser("webhook-config",
+                            help="print the mutating webhook's matchConditions for a policy "
+                                 "(a strategic-merge patch for the chart's configuration)")
+    config.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
+    config.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     return parser
+
+
+def run_webhook_config(rules: RuleSet, policy: Policy, output: str) -> int:
+    from app.matchconditions import UnknownRule, webhook_config_patch
+    try:
+        patch = webhook_config_patch(rules, policy)
+    except UnknownRule as exc:
+        print(f"envelope: {exc}", file=sys.stderr)
+        return 2
+    if output == "json":
+        sys.stdout.write(orjson.dumps(patch, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        import yaml
+        sys.stdout.write(yaml.safe_dump(patch, sort_keys=False, width=1 << 20))
+    return 0
 
 
 def _audit_parser(sub: Any) -> None:
@@ -615,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.command == "audit":
         return run_audit(args, rules, policy)
+    if args.command == "webhook-config":
+        return run_webhook_config(rules, policy, args.output)
     problem = _serve_problem(args)
     if problem:
         print(f"envelope serve: {problem}", file=sys.stderr)

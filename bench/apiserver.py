@@ -10,9 +10,24 @@ each in a fresh namespace:
 - ``floor``: Envelope's server answering from its ``/floor`` route, an allow for the
   uid without decoding anything (what uvicorn + TLS cost, no rules);
 - ``floor-patch``: the same, answering the mutation with a one-op JSON patch;
+- ``floor-envpatch``: the same, answering with Envelope's own patch and warning for the
+  mutated object (precomputed): Envelope's patch without Envelope (mutated objects only);
 - ``go-h2`` / ``go-h1``: a do-nothing webhook in Go (``bench/noopwebhook``, standard
   library only) over HTTP/2 and over HTTP/1.1: what *any* webhook costs here;
-- ``envelope``: Envelope, with the chart's configurations in URL mode.
+- ``envelope``: Envelope, with the chart's configurations in URL mode, without the
+  mutating webhook's matchConditions (every write is sent to /mutate);
+- ``envelope-mc``: the same with the chart's matchConditions (compliant writes skip
+  /mutate; only the validating call remains);
+- the peers users would pick instead (``bench/peers``): ``map`` (a
+  MutatingAdmissionPolicy doing the same mutation with a CEL JSON patch, inside the API
+  server), ``kyverno-cpol`` and ``kyverno-mpol`` (Kyverno v1.19.1, built from the Go
+  module proxy by bench/peers/build-kyverno.sh, with a classic ClusterPolicy and with a
+  CEL MutatingPolicy). Before any peer round is timed, ``bench/peers/same_answer.py``
+  checks that the peers store what Envelope stores (``--same-answer N``).
+
+Objects (``--object``, comma-separated): ``mutated`` is bench/webhook.py's Deployment
+without its limits string envelope (which the peers cannot rewrite), with CPU limits to
+strip; ``compliant`` is that Deployment as Envelope stores it.
 
 ``--object compliant`` sends the Deployment as Envelope would store it (no CPU limits
 left to strip), so Envelope answers without a patch: the cost of checking a write that
@@ -48,18 +63,16 @@ sys.path.insert(0, str(ROOT / "e2e"))
 import harness  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from webhook import deployment  # noqa: E402
-
-from app.cli import subject_of  # noqa: E402
-from app.cluster.view import StaticView  # noqa: E402
-from app.config import Policy  # noqa: E402
-from app.engine import check_object  # noqa: E402
-from app.ruleset import default_ruleset  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench" / "peers"))
+import peers  # noqa: E402
+from objects import compliant_deployment, timed_deployment  # noqa: E402
+from rounds import PEER_ROUNDS, PeerRound  # noqa: E402
+from same_answer import same_answer  # noqa: E402
 
 FLOOR = ROOT / "bench" / "floor.py"
-RULES = default_ruleset()
 
-ROUNDS = ("none", "floor", "floor-patch", "go-h2", "go-h1", "envelope")
+ROUNDS = ("none", "floor", "floor-patch", "floor-envpatch", "go-h2", "go-h1", "envelope", "envelope-mc",
+          "map", "kyverno-cpol", "kyverno-mpol")
 NOOP_SOURCE = ROOT / "bench" / "noopwebhook"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -98,15 +111,15 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def compliant_deployment() -> dict[str, Any]:
-    """The bench Deployment as Envelope would store it: a second pass changes nothing."""
-    result = check_object(RULES, subject_of(deployment()), StaticView(), Policy())
-    if result.errors or not result.patch:
-        raise RuntimeError(f"the bench Deployment should need a patch and no error: {result.findings}")
-    again = check_object(RULES, subject_of(result.obj), StaticView(), Policy())
-    if again.patch or again.errors:
-        raise RuntimeError(f"the stored form still changes: {again.patch} {again.findings}")
-    return result.obj
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def run_round(cluster: harness.Cluster, namespace: str, count: int, concurrency: int,
@@ -162,79 +175,147 @@ def register_paths(cluster: harness.Cluster, url: str, ca_file: Path, mutate: st
     time.sleep(3)  # the API server loads configurations asynchronously
 
 
+def measure(cluster: harness.Cluster, label: str, count: int, concurrency: int,
+            template: dict[str, Any], watched: dict[str, int]) -> dict[str, float]:
+    ns = cluster.create_namespace(harness.unique_name(f"bench-{label}", max_length=40))
+    run_round(cluster, ns, 50, concurrency, template)  # warm up connections and caches
+    ns2 = cluster.create_namespace(ns + "-m")
+    before = {name: cpu_seconds(pid) for name, pid in watched.items()}
+    before["client"] = own_cpu_seconds()
+    started = time.perf_counter()
+    try:
+        samples = run_round(cluster, ns2, count, concurrency, template)
+    except RuntimeError as exc:
+        raise RuntimeError(f"round {label}, concurrency {concurrency}: {exc}") from None
+    wall = time.perf_counter() - started
+    result = summary(samples)
+    result["rate"] = count / wall
+    for name, pid in watched.items():
+        result[f"cpu:{name}"] = (cpu_seconds(pid) - before[name]) / count * 1000
+    result["cpu:client"] = (own_cpu_seconds() - before["client"]) / count * 1000
+    return result
+
+
+def start_round(label: str, cluster: harness.Cluster, work: Path, noop: Path | None,
+                probe_ns: str) -> tuple[harness.ManagedProcess | None, PeerRound | None]:
+    if label in PEER_ROUNDS:
+        peer = PeerRound(label, cluster, work)
+        return peer.start(probe_ns), peer
+    if label in ("floor", "floor-patch", "floor-envpatch"):
+        webhook = harness.start_webhook(work / label, kubeconfig=cluster.kubeconfig,
+                                        extra_args=["--log-level", "warning"], command=(str(FLOOR),))
+        register_paths(cluster, webhook.url, webhook.ca_file, "/" + label, "/floor")
+        return webhook.process, None
+    if label in ("go-h2", "go-h1"):
+        assert noop is not None
+        proc, url, ca_file = start_noop(work / label, noop, http1=label == "go-h1")
+        register_paths(cluster, url, ca_file, "/mutate", "/validate")
+        return proc, None
+    return None, None
+
+
+def stop_round(cluster: harness.Cluster, proc: harness.ManagedProcess | None, peer: PeerRound | None) -> None:
+    if peer is not None:
+        peer.stop()
+    elif proc is not None:
+        harness.unregister_webhook(cluster)
+        proc.stop()
+        time.sleep(2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=20)
-    parser.add_argument("--rounds", default=",".join(ROUNDS),
-                        help=f"comma-separated, from {', '.join(ROUNDS)} (default: all; 'none' always runs)")
-    parser.add_argument("--object", choices=("mutated", "compliant"), default="mutated",
-                        help="mutated: CPU limits for Envelope to strip (default); "
-                             "compliant: already as Envelope would store it")
+    parser.add_argument("--concurrency", default="20",
+                        help="comma-separated concurrencies, e.g. 1,20 (default 20)")
+    parser.add_argument("--rounds", default="none,floor,floor-patch,go-h2,go-h1,envelope",
+                        help=f"comma-separated, from {', '.join(ROUNDS)} ('none' always runs)")
+    parser.add_argument("--object", default="mutated",
+                        help="comma-separated, from mutated (CPU limits to strip) and compliant "
+                             "(already as Envelope stores it)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every round this many times (interleaved); report medians")
+    parser.add_argument("--same-answer", type=int, default=60, metavar="N",
+                        help="before timing peer rounds, check N generated Deployments store "
+                             "equal through each peer and Envelope (0: skip)")
     args = parser.parse_args()
-    template = deployment() if args.object == "mutated" else compliant_deployment()
+    objects = {"mutated": timed_deployment, "compliant": compliant_deployment}
+    wanted_objects = [o for o in args.object.split(",") if o]
+    if set(wanted_objects) - set(objects):
+        parser.error(f"unknown objects: {args.object}")
+    templates = {o: objects[o]() for o in wanted_objects}
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     rounds = ["none"] + [r for r in args.rounds.split(",") if r and r != "none"]
     unknown = set(rounds) - set(ROUNDS)
     if unknown:
         parser.error(f"unknown rounds: {', '.join(sorted(unknown))}")
     noop = noop_webhook_binary() if {"go-h2", "go-h1"} & set(rounds) else None
+    if {"kyverno-cpol", "kyverno-mpol"} & set(rounds):
+        peers.kyverno_dir()  # build (or find) it before the control plane starts
     work = Path(tempfile.mkdtemp(prefix="envelope-bench-apiserver-"))
-    cluster = harness.start_control_plane(work / "cp", bin_dir())
+    cluster = harness.start_control_plane(work / "cp", bin_dir(), apiserver_args=peers.MAP_APISERVER_ARGS)
     pids = {p.name: p.pid for p in cluster.processes}
-    results: dict[str, dict[str, float]] = {}
+    runs: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    rss: dict[str, list[float]] = {}
+    loads = [load()]
     try:
-        for label in rounds:
-            proc: harness.ManagedProcess | None = None
-            if label in ("floor", "floor-patch", "envelope"):
-                command = ("-m", "app", "serve") if label == "envelope" else (str(FLOOR),)
-                webhook = harness.start_webhook(work / label, kubeconfig=cluster.kubeconfig,
-                                                extra_args=["--log-level", "warning"],
-                                                command=command)
-                proc = webhook.process
-                if label == "envelope":
-                    harness.register_webhook(cluster, webhook)
-                else:
-                    register_paths(cluster, webhook.url, webhook.ca_file,
-                                   "/floor-patch" if label == "floor-patch" else "/floor", "/floor")
-            elif label in ("go-h2", "go-h1"):
-                assert noop is not None
-                proc, url, ca_file = start_noop(work / label, noop, http1=label == "go-h1")
-                register_paths(cluster, url, ca_file, "/mutate", "/validate")
-            ns = cluster.create_namespace(harness.unique_name(f"bench-{label}", max_length=40))
-            run_round(cluster, ns, 50, args.concurrency, template)  # warm up connections and caches
-            ns2 = cluster.create_namespace(ns + "-m")
-            watched = dict(pids, **({"webhook": proc.pid} if proc else {}))
-            before = {name: cpu_seconds(pid) for name, pid in watched.items()}
-            before["client"] = own_cpu_seconds()
-            started = time.perf_counter()
-            samples = run_round(cluster, ns2, args.count, args.concurrency, template)
-            wall = time.perf_counter() - started
-            result = summary(samples)
-            result["rate"] = args.count / wall
-            for name, pid in watched.items():
-                result[f"cpu:{name}"] = (cpu_seconds(pid) - before[name]) / args.count * 1000
-            result["cpu:client"] = (own_cpu_seconds() - before["client"]) / args.count * 1000
-            results[label] = result
-            if proc is not None:
-                harness.unregister_webhook(cluster)
-                proc.stop()
-                time.sleep(2)
+        peer_labels = [r for r in rounds if r in ("map", "kyverno-cpol", "kyverno-mpol")]
+        if peer_labels and args.same_answer:
+            differing = same_answer(cluster, work / "same-answer", args.same_answer,
+                                    ("envelope", *peer_labels))
+            if differing:
+                print(f"same answer: {differing} objects differ; not timing", file=sys.stderr)
+                return 1
+        probe_ns = cluster.create_namespace(harness.unique_name("bench-probe", max_length=40))
+        for rep in range(args.repeat):
+            for label in rounds:
+                proc, peer = start_round(label, cluster, work / f"{rep}", noop, probe_ns)
+                try:
+                    watched = dict(pids, **({"webhook": proc.pid} if proc else {}))
+                    for obj_name, template in templates.items():
+                        for c in concurrencies:
+                            if label == "floor-envpatch" and obj_name != "mutated":
+                                continue  # its patch names the mutated object's paths
+                            r = measure(cluster, label, args.count, c, template, watched)
+                            runs.setdefault((label, obj_name, c), []).append(r)
+                    if proc is not None:
+                        rss.setdefault(label, []).append(rss_mib(proc.pid))
+                finally:
+                    stop_round(cluster, proc, peer)
+            loads.append(load())
     finally:
         cluster.stop()
-    print(f"{args.count} Deployment creates ({args.object}) at concurrency {args.concurrency} "
-          "through kube-apiserver")
-    print("CPU columns: milliseconds of CPU per create, per process")
-    print("| round | creates/s | p50 ms | p99 ms | added p50 | added p99 "
-          "| kube-apiserver | etcd | webhook | client |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    base = results["none"]
-    for label, r in results.items():
-        print(f"| {label} | {r['rate']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} "
-              f"| {r['p50'] - base['p50']:+.1f} | {r['p99'] - base['p99']:+.1f} "
-              f"| {r['cpu:kube-apiserver']:.2f} | {r['cpu:etcd']:.2f} "
-              f"| {r.get('cpu:webhook', 0.0):.2f} | {r['cpu:client']:.2f} |")
+    report(runs, rss, args, loads)
     return 0
+
+
+def report(runs: dict[tuple[str, str, int], list[dict[str, float]]], rss: dict[str, list[float]],
+           args: argparse.Namespace, loads: list[str]) -> None:
+    median = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+    print(f"{args.count} Deployment creates per round through kube-apiserver; medians of "
+          f"{args.repeat} run(s); {loads[0]} at start, {loads[-1]} at the end "
+          f"(per repetition: {'; '.join(loads[1:])})")
+    print("CPU columns: milliseconds of CPU per create, per process")
+    for obj_name in dict.fromkeys(k[1] for k in median):
+        for c in dict.fromkeys(k[2] for k in median):
+            base = median[("none", obj_name, c)]
+            print(f"\n{obj_name} objects, concurrency {c}")
+            print("| round | creates/s | p50 ms | p99 ms | added p50 | added p99 "
+                  "| kube-apiserver | etcd | webhook | client |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
+            for (label, o, cc), r in median.items():
+                if (o, cc) != (obj_name, c):
+                    continue
+                print(f"| {label} | {r['rate']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} "
+                      f"| {r['p50'] - base['p50']:+.1f} | {r['p99'] - base['p99']:+.1f} "
+                      f"| {r['cpu:kube-apiserver']:.2f} | {r['cpu:etcd']:.2f} "
+                      f"| {r.get('cpu:webhook', 0.0):.2f} | {r['cpu:client']:.2f} |")
+    if rss:
+        print("\nRSS of each webhook process after its round (MiB, median): "
+              + ", ".join(f"{label} {statistics.median(v):.0f}" for label, v in rss.items()))
+    print("\nall runs (JSON):")
+    print(json.dumps({f"{k[0]}/{k[1]}/c{k[2]}": v for k, v in runs.items()}))
 
 
 if __name__ == "__main__":

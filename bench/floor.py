@@ -5,6 +5,10 @@
   decoding) — uvicorn + TLS + HTTP alone;
 - ``/floor-patch``: the same, answering with a one-op JSON patch — what a mutating
   answer costs the API server, apart from any rule;
+- ``/floor-envpatch``: the same, answering with the patch (and the warning) Envelope
+  answers for bench/peers/objects.py's timed Deployment, computed once at start — what
+  Envelope's patch costs the API server, apart from Envelope computing it (send only
+  that object: the patch names its containers' paths);
 - ``/floor-decode``: the floor plus what every review does before its rules — the body
   decoded and checked as an AdmissionReview, an allow encoded as a review does it.
 
@@ -33,9 +37,38 @@ from app.config import Policy
 from app.ruleset import default_ruleset
 from app.server import Handler, ReviewEndpoint, create_app
 
+IDLE_SECONDS = 120
+"""Longer than the API server keeps an idle webhook connection (90 s, http.DefaultTransport
+via k8s.io/client-go transport/cache.go), so it never reuses one this server just closed:
+with uvicorn's 5 s some creates failed with "failed calling webhook: EOF"."""
 _UID = re.compile(rb'"uid"\s*:\s*"([^"]*)"')
 _PATCH = base64.b64encode(orjson.dumps(
     [{"op": "add", "path": "/metadata/annotations", "value": {"envelope.io/floor": "1"}}]))
+
+
+_UID_SLOT = "00000000-0000-0000-0000-uid-slot-0000"
+
+
+def _envelope_answer() -> tuple[bytes, bytes]:
+    """Envelope's answer to the timed Deployment of the API-server bench (patch and
+    warning, encoded as /mutate encodes it), split around the uid."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+    from objects import timed_deployment
+
+    from app.admission import decide
+    from app.cli import subject_of
+    from app.cluster.view import StaticView
+    from app.engine import evaluate
+
+    obj = timed_deployment()
+    # As bench/apiserver.py sends it: its own metadata (name, namespace, labels only).
+    obj["metadata"] = {"name": "bench-0", "namespace": "bench", "labels": obj["metadata"]["labels"]}
+    result = evaluate(default_ruleset(), subject_of(obj), StaticView(), Policy(), "mutate")
+    head, _, tail = review_response(_UID_SLOT, decide(result, "deny")).partition(_UID_SLOT.encode())
+    return head, tail
+
+
+_ENVELOPE_ANSWER = _envelope_answer()
 
 
 def _uid(body: bytes) -> bytes:
@@ -54,6 +87,10 @@ async def floor_patch(body: bytes) -> tuple[int, bytes]:
                  b'"patchType":"JSONPatch","patch":"' + _PATCH + b'"}}')
 
 
+async def floor_envpatch(body: bytes) -> tuple[int, bytes]:
+    return 200, _ENVELOPE_ANSWER[0] + _uid(body) + _ENVELOPE_ANSWER[1]
+
+
 async def floor_decode(body: bytes) -> tuple[int, bytes]:
     try:
         uid, _ = parse_review(body)
@@ -63,7 +100,7 @@ async def floor_decode(body: bytes) -> tuple[int, bytes]:
 
 
 FLOOR_ROUTES: dict[str, Handler] = {"/floor": floor, "/floor-patch": floor_patch,
-                                    "/floor-decode": floor_decode}
+                                    "/floor-envpatch": floor_envpatch, "/floor-decode": floor_decode}
 
 
 def floor_app() -> FastAPI:
@@ -94,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print("floor: cannot load the certificate", file=sys.stderr)
         return 2
     config = uvicorn.Config(floor_app(), host=args.host, port=args.port, log_config=None,
-                            access_log=False, server_header=False)
+                            access_log=False, server_header=False,
+                            timeout_keep_alive=IDLE_SECONDS)
     config.load()
     config.ssl = state.context
     uvicorn.Server(config).run()

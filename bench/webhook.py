@@ -116,7 +116,7 @@ def wrk(url: str, script: Path, seconds: int, connections: int) -> dict[str, flo
     unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
     def pct(p: str) -> float:
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)$", out, re.M)
+        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
         assert m, out
         return float(m[1]) * unit[m[2]]
 

@@ -267,3 +267,46 @@ guarantees. */}}
   operations: ["CREATE", "UPDATE"]
   scope: Namespaced
 {{- end -}}
+
+{{/*
+The workloads' mutating webhook's matchConditions: the CEL expression that
+app/matchconditions.py generates for .Values.policy (`envelope webhook-config` prints
+it; tests/test_matchconditions.py checks that both say the same, byte for byte). True
+when some mutate-phase rule could act on the write; the API server does not call the
+webhook otherwise. Default modes: cpu-limits, env-envelope-cpu, memory-limit enforce;
+the two namespace guards warn.
+*/}}
+{{- define "envelope.mutateMatchExpression" -}}
+{{- $p := .Values.policy -}}
+{{- $rules := $p.rules | default dict -}}
+{{- $defaults := dict "cpu-limits" "enforce" "env-envelope-cpu" "enforce" "memory-limit" "enforce" "quota-needs-cpu-limits" "warn" "limitrange-needs-cpu-limits" "warn" -}}
+{{- $on := dict -}}
+{{- range $id, $mode := $defaults -}}
+{{- if ne (toString (index $rules $id | default $mode)) "off" -}}{{- $_ := set $on $id true -}}{{- end -}}
+{{- end -}}
+{{- $all := "((has(s.initContainers) ? s.initContainers : []) + (has(s.containers) ? s.containers : []))" -}}
+{{- $cpu := printf "(%s.exists(c, has(c.resources) && has(c.resources.limits) && \"cpu\" in c.resources.limits) || (has(s.resources) && has(s.resources.limits) && \"cpu\" in s.resources.limits))" $all -}}
+{{- $key := toJson $p.optOutAnnotation -}}
+{{- $ann := "(has(%s) && has(%s.annotations) && %s in %s.annotations && %s.annotations[%s].matches(r'^\\s*(?i:true)\\s*$'))" -}}
+{{- $optedOut := printf "!(%s || %s)" (printf $ann "object.metadata" "object.metadata" $key "object.metadata" "object.metadata" $key) (printf $ann "t.metadata" "t.metadata" $key "t.metadata" "t.metadata" $key) -}}
+{{- $clauses := list -}}
+{{- if or (hasKey $on "quota-needs-cpu-limits") (hasKey $on "limitrange-needs-cpu-limits") -}}
+{{- $clauses = append $clauses $cpu -}}
+{{- else if hasKey $on "cpu-limits" -}}
+{{- $clauses = append $clauses (printf "(%s && %s)" $cpu $optedOut) -}}
+{{- end -}}
+{{- if hasKey $on "env-envelope-cpu" -}}
+{{- $env := printf "%s.exists(c, has(c.env) && c.env.exists(e, e.name == %s && has(e.value) && e.value.matches('(?i)cpu')))" $all (toJson $p.envelopeEnv.limits) -}}
+{{- $clauses = append $clauses (printf "(%s && %s)" $env $optedOut) -}}
+{{- end -}}
+{{- if hasKey $on "memory-limit" -}}
+{{- $mem := "(has(%s.requests) && \"memory\" in %s.requests && !(has(%s.limits) && \"memory\" in %s.limits))" -}}
+{{- $clauses = append $clauses (printf "(%s.exists(c, has(c.resources) && %s) || (has(s.resources) && %s))" $all (printf $mem "c.resources" "c.resources" "c.resources" "c.resources") (printf $mem "s.resources" "s.resources" "s.resources" "s.resources")) -}}
+{{- end -}}
+{{- if not $clauses -}}
+false
+{{- else -}}
+{{- $roots := "(object.kind == \"Pod\" ? [object] : object.kind == \"CronJob\" ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : []))" -}}
+{{- printf "%s.exists(t, has(t.spec) && [t.spec].exists(s, %s))" $roots (join " || " $clauses) -}}
+{{- end -}}
+{{- end -}}
