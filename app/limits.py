@@ -59,7 +59,11 @@ class Limits:
     max_header_bytes: int = 64 * 1024
     header_timeout: float = 10.0
     body_timeout: float = 10.0
-    idle_timeout: float = 5.0
+    idle_timeout: float = 120.0
+    """Longer than the API server keeps an idle webhook connection (client-go's
+    transport: 90 s): closing first races its reuse, and a request sent on a connection
+    we just closed fails with EOF — refused under failurePolicy Fail (2 of ~600 creates
+    at concurrency 20 in the peers benchmark with 5 s)."""
     max_connections: int = 1000
     max_inflight_body_bytes: int = 64 * 1024 * 1024
     backlog: int = 2048
