@@ -29,7 +29,6 @@ the real kube-apiserver:
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
-from app.scheduling import clamp_quantity, is_supported_pod_level_resource
+from app.scheduling import clamp_quantity, copy_for_defaulting, is_supported_pod_level_resource
 
 __all__ = [
     "CpuLimitNeed",
@@ -232,7 +231,7 @@ def apply_limit_range_defaults(spec: Mapping[str, Any],
     """A copy of the pod spec with LimitRanger's container defaults filled in
     (``PodMutateLimitFunc``, every LimitRange in turn; a value already set, or set
     by an earlier LimitRange, is kept)."""
-    out: dict[str, Any] = copy.deepcopy(dict(spec))
+    out: dict[str, Any] = copy_for_defaulting({"spec": spec})["spec"]
     for lr in limit_ranges:
         limits: dict[str, Any] = {}
         requests: dict[str, Any] = {}

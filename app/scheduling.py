@@ -34,7 +34,6 @@ Not modelled (they need objects this module is not given): inter-pod
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -257,12 +256,44 @@ def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     Pod *templates* get no request defaulting (only step 3); apply this to the Pod
     a template makes. New values are written as exact quantity strings.
     """
-    out: dict[str, Any] = copy.deepcopy(dict(pod))
+    out = copy_for_defaulting(pod)
     spec = out.get("spec")
     if not isinstance(spec, dict):
         return out
     _default_pod_spec(spec)
     _round_lists(spec)
+    return out
+
+
+def _copy_resource_map(resources: dict[str, Any]) -> dict[str, Any]:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in resources.items()}
+
+
+def copy_for_defaulting(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of what defaulting writes — the spec, its container lists, each container
+    and its ``resources`` maps, the pod-level ``resources`` and ``overhead`` — sharing
+    everything else (env, probes, volumes) with ``pod``. A deep copy of the whole Pod
+    cost ~0.5 ms a review on the admission path (rules call this several times)."""
+    out = dict(pod)
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        return out
+    spec = out["spec"] = dict(spec)
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            copied = []
+            for item in items:
+                if isinstance(item, dict):
+                    item = dict(item)
+                    if isinstance(item.get("resources"), dict):
+                        item["resources"] = _copy_resource_map(item["resources"])
+                copied.append(item)
+            spec[key] = copied
+    if isinstance(spec.get("resources"), dict):
+        spec["resources"] = _copy_resource_map(spec["resources"])
+    if isinstance(spec.get("overhead"), dict):
+        spec["overhead"] = dict(spec["overhead"])
     return out
 
 
@@ -312,7 +343,7 @@ def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = Tru
     if not is_pod:
         # A template is stored with its resource lists rounded; its Pods are made
         # from that stored template.
-        rounded = copy.deepcopy(dict(spec))
+        rounded = copy_for_defaulting({"spec": spec})["spec"]
         _round_lists(rounded)
         spec = rounded
     defaulted = default_pod({"spec": spec})["spec"]

@@ -78,12 +78,15 @@ def _cpu_limit_needs(subject: Subject, obj: dict[str, Any], view: ClusterView,
     spec = pod_spec(subject, obj)
     if spec is None:
         return []
+    limit_ranges = view.list("LimitRange", subject.namespace)
+    quotas = view.list("ResourceQuota", subject.namespace) if kind == "ResourceQuota" else []
+    if not (quotas if kind == "ResourceQuota" else limit_ranges):
+        return []  # nothing of that kind in the namespace: nothing can need the limits
     try:
         stripped = _without_cpu_limits(spec)
-        quotas = view.list("ResourceQuota", subject.namespace) if kind == "ResourceQuota" else []
         # A Pod reaches the webhook after LimitRanger's defaults; once stripped, nothing
         # puts them back. A template's Pods get them after the strip.
-        needs = cpu_limit_needs(stripped, view.list("LimitRange", subject.namespace), quotas,
+        needs = cpu_limit_needs(stripped, limit_ranges, quotas,
                                 limit_range_defaults=subject.kind != "Pod")
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
@@ -109,6 +112,8 @@ def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, needs: list[Cp
       holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
+    if not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
+        return []  # the cheap reasons first: nothing to keep
     needs = _cpu_limit_needs(subject, obj, view, "ResourceQuota")
     return _guard(subject, obj, policy, needs)
 
@@ -128,6 +133,8 @@ def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict
       holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
+    if not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
+        return []  # the cheap reasons first: nothing to keep
     needs = _cpu_limit_needs(subject, obj, view, "LimitRange")
     return _guard(subject, obj, policy, needs)
 

@@ -323,7 +323,9 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
     judged, written = obj, obj
     if subject.kind != "Pod":
         spec = pod_spec(subject, obj)
-        if spec is not None:
+        # Only a pod-level resources block gets a request the template does not show;
+        # a container's defaulted request equals its limit and cannot differ from it.
+        if spec is not None and isinstance(spec.get("resources"), dict):
             try:
                 defaulted = default_pod({"spec": spec})["spec"]
             except QuantityError:
@@ -399,6 +401,10 @@ def _envelope_env(container: dict[str, Any], name: str) -> _EnvEnvelope | None:
     if index is None:
         return None
     written = env[index].get("value")
+    if isinstance(written, str) and "$" not in written and "valueFrom" not in env[index]:
+        # No reference to expand: the container sees it as written (the kubelet's
+        # expansion of the whole list is only needed for $(VAR) and $$).
+        return _EnvEnvelope(index, written, EnvValue(written))
     return _EnvEnvelope(index, written if isinstance(written, str) else "", container_env(env)[name])
 
 
