@@ -34,6 +34,7 @@ evaluated" warning, which concerns the view rather than the object.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from app.config import Mode, Policy
@@ -85,9 +86,10 @@ def _annotated(meta: str, annotation: str) -> str:
 
 _ALL_CONTAINERS = ("((has(s.initContainers) ? s.initContainers : []) + "
                    "(has(s.containers) ? s.containers : []))")
-_CPU_ANY = (f"({_ALL_CONTAINERS}.exists(c, has(c.resources) && has(c.resources.limits) && "
-            f"\"cpu\" in c.resources.limits) || "
-            f"(has(s.resources) && has(s.resources.limits) && \"cpu\" in s.resources.limits))")
+def _any_resources(test: Callable[[str], str]) -> str:
+    """``test`` holds for the resources of some container, init container or the pod."""
+    return (f"({_ALL_CONTAINERS}.exists(c, has(c.resources) && {test('c.resources')}) || "
+            f"(has(s.resources) && {test('s.resources')}))")
 
 
 def _memory_without_limit(r: str) -> str:
@@ -95,9 +97,8 @@ def _memory_without_limit(r: str) -> str:
             f"!(has({r}.limits) && \"memory\" in {r}.limits))")
 
 
-_MEMORY_NO_LIMIT = (f"({_ALL_CONTAINERS}.exists(c, has(c.resources) && "
-                    f"{_memory_without_limit('c.resources')}) || "
-                    f"(has(s.resources) && {_memory_without_limit('s.resources')}))")
+_CPU_ANY = _any_resources(lambda r: f"has({r}.limits) && \"cpu\" in {r}.limits")
+_MEMORY_NO_LIMIT = _any_resources(_memory_without_limit)
 
 
 def _env_cpu(name: str) -> str:
