@@ -87,8 +87,11 @@ def parse_review(body: bytes) -> tuple[str, Subject]:
         found = user_info.get("username")
         user = found[:256] if isinstance(found, str) else ""
         groups = len(user_info["groups"]) if isinstance(user_info.get("groups"), list) else 0
+    resource = request.get("resource")
+    found = resource.get("group") if isinstance(resource, dict) else None
+    resource_group = found if isinstance(found, str) and found != group else None
     return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run,
-                        user, groups)
+                        user, groups, resource_group)
 
 
 @dataclass

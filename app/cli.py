@@ -107,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="with --client-ca-file: comma-separated names (subject CN or "
                             "DNS/URI/IP SAN) a client certificate must carry, e.g. "
                             "kube-apiserver; empty: any certificate from the CA")
+    serve.add_argument("--caller-token", choices=("off", "warn", "enforce"),
+                       default=env("ENVELOPE_CALLER_TOKEN", "off"),
+                       help="KEP-6060 caller tokens (Kubernetes >= 1.37): check the Bearer token "
+                            "of every review against the API server's keys and the webhook "
+                            "configurations named by --validating/--mutating-webhook-configuration; "
+                            "warn: count and log only; enforce: 401 without a good one "
+                            "(env ENVELOPE_CALLER_TOKEN; docs/security.md)")
     add_limit_arguments(serve)
 
     check = sub.add_parser(
@@ -543,6 +550,34 @@ def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any]) ->
     PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values())).start()
 
 
+def _caller_check(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
+    """The KEP-6060 token check and its readiness check (None: cannot start it)."""
+    from app.callerauth import CallerCheck, KeySource
+    from app.cluster.kube import KubeClient, kube_configuration
+
+    configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
+                                   ("validatingwebhookconfigurations", args.validating_config))
+               if n]
+    if not configs:
+        print("envelope serve: --caller-token needs --validating-webhook-configuration and/or "
+              "--mutating-webhook-configuration (a token must be bound to one of them)",
+              file=sys.stderr)
+        return None
+    try:
+        client = KubeClient(kube_configuration(args.kubeconfig))
+    except Exception as exc:
+        print(f"envelope serve: --caller-token needs the API server (its keys): {exc}",
+              file=sys.stderr)
+        return None
+    source = KeySource(lambda path, accept: client.request("GET", path, timeout=5, accept=accept),
+                       configs)
+    source.start()
+    # Not ready without keys when enforcing (every review would get 401); warn mode never
+    # costs availability.
+    ready = {"caller tokens": source.problems} if args.caller_token == "enforce" else {}
+    return CallerCheck(args.caller_token, source), ready
+
+
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
 
@@ -561,8 +596,15 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         return 2
     metrics.watches.view = view
     all_checks = {**checks, **view_checks}
+    caller = None
+    if args.caller_token != "off":
+        made = _caller_check(args)
+        if made is None:
+            return 2
+        caller, caller_checks = made
+        all_checks.update(caller_checks)
     _raise_failure_policies(args, all_checks)
-    app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics)
+    app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics, caller=caller)
     if args.metrics_port:
         def failing() -> list[str]:
             return [f"{name}: {problem}" for name, check in all_checks.items() for problem in check()]

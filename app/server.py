@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Route
 
 from app.admission import BadReview, Decision, decide, parse_review, review_response
+from app.callerauth import REASONS, Caller, CallerCheck, CallerTokenError
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
 from app.engine import evaluate
@@ -86,6 +87,11 @@ class Metrics:
         self.cert_expiry = Gauge("envelope_certificate_expiry_timestamp_seconds",
                                  "When the serving certificate in use expires (Unix time)",
                                  registry=self.registry)
+        self.caller_tokens = Counter(
+            "envelope_caller_tokens_total",
+            "Review requests by what their caller token (KEP-6060) was: valid, missing, or why "
+            "it was refused (refused in enforce mode, only counted in warn mode)",
+            ("mode", "result"), registry=self.registry)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, remembered: a review touches a dozen series, and
@@ -110,17 +116,22 @@ def _error(status: int, message: str) -> tuple[int, bytes]:
     return status, orjson.dumps({"error": message})
 
 
-Handler = Callable[[bytes], Awaitable[tuple[int, bytes]]]
+Handler = Callable[[bytes, Caller | None], Awaitable[tuple[int, bytes]]]
 _JSON = [(b"content-type", b"application/json")]
+_CHALLENGE = [(b"www-authenticate", b'Bearer realm="envelope"')]
 
 
 class ReviewEndpoint:
     """A raw ASGI endpoint for one review path: ``POST`` with a body, answered by
-    ``handler``; any other method gets 405."""
+    ``handler``; any other method gets 405. With ``caller`` (KEP-6060 tokens), the
+    caller's token is checked before the body is read: in enforce mode a request
+    without a good one gets 401 and is never parsed."""
 
-    def __init__(self, handler: Handler, on_malformed: Callable[[], None] | None = None) -> None:
+    def __init__(self, handler: Handler, on_malformed: Callable[[], None] | None = None,
+                 caller: CallerCheck | None = None) -> None:
         self.handler = handler
         self.on_malformed = on_malformed
+        self.caller = caller
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
         if scope["method"] != "POST":
@@ -128,13 +139,21 @@ class ReviewEndpoint:
             await send(send_, status, payload, [(b"allow", b"POST")])
         else:
             media = _content_type(scope)
+            who: Caller | CallerTokenError | None = None
+            if self.caller is not None:
+                who = await self.caller.check(scope.get("headers", ()), scope["path"])
+            if isinstance(who, CallerTokenError) and self.caller and self.caller.mode == "enforce":
+                status, payload = _error(401, f"caller token refused ({who.reason}): {who.detail}")
+                await send(send_, status, payload, _CHALLENGE)
+                return
             if media != b"application/json":
                 # As controller-runtime's webhook server: the API server always sends JSON.
                 shown = media.decode("latin-1")[:80] if media else "none"
                 status, payload = _error(415, f"Content-Type must be application/json, got {shown}")
             else:
                 body = await read_body(scope, receive)
-                status, payload = body if isinstance(body, tuple) else await self.handler(body)
+                caller = who if isinstance(who, Caller) else None
+                status, payload = body if isinstance(body, tuple) else await self.handler(body, caller)
             await send(send_, status, payload)
         if status >= 400 and self.on_malformed is not None:
             self.on_malformed()
@@ -182,17 +201,24 @@ def create_app(
     view: ClusterView | None = None,
     ready_checks: dict[str, Callable[[], list[str]]] | None = None,
     metrics: Metrics | None = None,
+    caller: CallerCheck | None = None,
 ) -> FastAPI:
     """Build the webhook app. ``ready_checks`` gate ``/readyz``: each returns its
-    problems (caches not synced, no certificate), empty when ready."""
+    problems (caches not synced, no certificate), empty when ready. ``caller``: check
+    KEP-6060 caller tokens on the review paths (``app.callerauth``)."""
     app = FastAPI(title="Envelope", docs_url=None, redoc_url=None, openapi_url=None, **_NO_OTEL)
     app.state.policy = policy
     app.state.view = view or StaticView()
     app.state.metrics = metrics or Metrics()
     checks = ready_checks if ready_checks is not None else {}
     known_kinds = {kind for _, kind in rules.kinds}
+    checker = caller
+    if checker is not None:
+        m0: Metrics = app.state.metrics
+        counters = {reason: m0.caller_tokens.labels(checker.mode, reason) for reason in REASONS}
+        checker.count = lambda reason: counters[reason].inc()
 
-    async def review(body: bytes, phase: Phase) -> tuple[int, bytes]:
+    async def review(body: bytes, phase: Phase, caller: Caller | None) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
             uid, subject = parse_review(body)
@@ -200,6 +226,14 @@ def create_app(
             return _error(400, f"not an AdmissionReview: {exc}")
         except (RecursionError, ValueError, TypeError) as exc:  # defence in depth: still a 400
             return _error(400, f"not an AdmissionReview: {type(exc).__name__}")
+        if caller is not None and not caller.allows(subject.api_group):
+            assert checker is not None
+            refused = CallerTokenError("api-group", f"the token attests API group "
+                                                    f"{caller.group!r}, this review is for "
+                                                    f"{subject.api_group or 'core'!r}")
+            checker.failed(refused, f"/{phase}")
+            if checker.mode == "enforce":
+                return _error(403, f"caller token refused (api-group): {refused.detail}")
         policy: Policy = app.state.policy
         try:
             evaluation = evaluate(rules, subject, app.state.view, policy, phase)
@@ -248,11 +282,11 @@ def create_app(
                 False, f"Envelope cannot encode an answer for this object ({exc}); it nests too "
                        f"deeply to be a Kubernetes object", 400))
 
-    async def mutate(body: bytes) -> tuple[int, bytes]:
-        return await review(body, "mutate")
+    async def mutate(body: bytes, caller: Caller | None) -> tuple[int, bytes]:
+        return await review(body, "mutate", caller)
 
-    async def validate(body: bytes) -> tuple[int, bytes]:
-        return await review(body, "validate")
+    async def validate(body: bytes, caller: Caller | None) -> tuple[int, bytes]:
+        return await review(body, "validate", caller)
 
     async def healthz(request: Request) -> Response:
         return Response(b"ok", media_type="text/plain")
@@ -274,8 +308,9 @@ def create_app(
     def malformed(endpoint: str) -> Callable[[], None]:
         return metrics_.requests.labels(endpoint, "other", "", "malformed").inc
 
-    app.router.routes[:0] = [Route("/mutate", ReviewEndpoint(mutate, malformed("mutate"))),
-                             Route("/validate", ReviewEndpoint(validate, malformed("validate")))]
+    app.router.routes[:0] = [
+        Route("/mutate", ReviewEndpoint(mutate, malformed("mutate"), checker)),
+        Route("/validate", ReviewEndpoint(validate, malformed("validate"), checker))]
     return app
 
 

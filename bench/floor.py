@@ -76,22 +76,22 @@ def _uid(body: bytes) -> bytes:
     return found.group(1) if found else b""
 
 
-async def floor(body: bytes) -> tuple[int, bytes]:
+async def floor(body: bytes, caller: object = None) -> tuple[int, bytes]:
     return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
                  b'"response":{"uid":"' + _uid(body) + b'","allowed":true}}')
 
 
-async def floor_patch(body: bytes) -> tuple[int, bytes]:
+async def floor_patch(body: bytes, caller: object = None) -> tuple[int, bytes]:
     return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
                  b'"response":{"uid":"' + _uid(body) + b'","allowed":true,'
                  b'"patchType":"JSONPatch","patch":"' + _PATCH + b'"}}')
 
 
-async def floor_envpatch(body: bytes) -> tuple[int, bytes]:
+async def floor_envpatch(body: bytes, caller: object = None) -> tuple[int, bytes]:
     return 200, _ENVELOPE_ANSWER[0] + _uid(body) + _ENVELOPE_ANSWER[1]
 
 
-async def floor_decode(body: bytes) -> tuple[int, bytes]:
+async def floor_decode(body: bytes, caller: object = None) -> tuple[int, bytes]:
     try:
         uid, _ = parse_review(body)
     except BadReview as exc:

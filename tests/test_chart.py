@@ -410,6 +410,7 @@ def test_schema_describes_every_value() -> None:
     ({"policy": {"rules": {"cpu-limits": "sometimes"}}}, "/policy/rules"),
     ({"policy": {"unknownKey": 1}}, "unknownKey"),
     ({"certificates": {"mode": "provided", "provided": {"secretName": "x"}}}, "caBundle"),
+    ({"callerToken": {"mode": "strict"}}, "/callerToken/mode"),
 ])
 def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
     error = render_error(values)
@@ -729,6 +730,36 @@ def test_rbac_is_least_privilege(case: str) -> None:
     }
     for rule in role_writes:
         assert rule.get("resourceNames") or rule["verbs"] == ["create"], rule
+
+
+_DISCOVERY = {"nonResourceURLs": ["/.well-known/openid-configuration", "/openid/v1/jwks"],
+              "verbs": ["get"]}
+
+
+@pytest.mark.parametrize("mode", ["warn", "enforce"])
+def test_caller_token_mode(mode: str) -> None:
+    """--caller-token with the two configuration names the token must be bound to, and
+    the reads that needs: the issuer and keys, and the configurations (get, by name)."""
+    from app.cli import _parser
+
+    assert render().arg("--caller-token") is None
+    assert _DISCOVERY not in _rules(render(), "ClusterRole")
+    rendered = render({"callerToken": {"mode": mode}})
+    args = _parser().parse_args(rendered.container["args"])
+    assert args.caller_token == mode
+    name = rendered.one("ValidatingWebhookConfiguration")["metadata"]["name"]
+    assert args.validating_config == args.mutating_config == name
+    assert _DISCOVERY in _rules(rendered, "ClusterRole")
+    # Without safe install, in files mode: read the configurations, never update them.
+    plain = render(deep_merge(MODES["provided"], {"callerToken": {"mode": mode},
+                                                  "webhooks": {"safeInstall": False}}))
+    assert plain.arg("--validating-webhook-configuration") == name
+    config_rules = [r for r in _rules(plain, "ClusterRole")
+                    if r.get("apiGroups") == ["admissionregistration.k8s.io"]]
+    assert config_rules == [{
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+        "resourceNames": [name], "verbs": ["get"]}]
 
 
 def test_rbac_bindings_name_our_service_account() -> None:
@@ -1125,7 +1156,7 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
         "install", release, str(CHART), "-n", ns, "--create-namespace",
         "--set", f"webhooks.url=https://127.0.0.1:{port}", "--set", "certificates.extraSANs={127.0.0.1}",
         "--set", f"port={port}", "--set", f"metrics.port={metrics_port}",
-        "--set", "webhooks.actors.enabled=false")
+        "--set", "webhooks.actors.enabled=false", "--set", "callerToken.mode=warn")
     assert "kubectl apply --dry-run=server" in install.stdout
     assert set(_ca_bundles(cluster, name).values()) == {""}, "nothing to carry forward yet"
 
@@ -1165,6 +1196,10 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
                 return False
 
         _wait("/readyz (certificate injected, caches synced) under the chart's RBAC", ready, server)
+        # callerToken.mode=warn: the issuer, the keys and both configurations are readable
+        # under the chart's RBAC (the API server presents no token: counted as missing).
+        _wait("the caller-token keys", lambda: "caller tokens: keys and configurations read"
+              in (tmp_path / "webhook.log").read_text(), server)
         bundles = _ca_bundles(cluster, name)
         assert set(bundles) == {"workloads.mutate.envelope.io", "workloads.validate.envelope.io",
                                 "quotas.validate.envelope.io"}
@@ -1181,6 +1216,9 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
             proc = _dry_run(cluster, _bad_deployment(), excluded)
             assert proc.returncode == 0, f"{excluded}: {proc.stderr}"
         assert _dry_run(cluster, _good_deployment(), "default").returncode == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+            assert 'envelope_caller_tokens_total{mode="warn",result="missing"}' in resp.read().decode()
+        assert "cannot read the API server's keys" not in (tmp_path / "webhook.log").read_text()
 
         # helm upgrade carries the injected caBundle forward (lookup), also into a
         # webhook entry that did not exist before.

@@ -63,9 +63,13 @@ class KubeClient:
         return response
 
     def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json", timeout: float = 10) -> dict[str, Any]:
-        """A JSON request; raises :class:`ApiError` on any status but 2xx."""
+                content_type: str = "application/json", timeout: float = 10,
+                accept: str = "application/json") -> dict[str, Any]:
+        """A JSON request; raises :class:`ApiError` on any status but 2xx. ``accept``: a
+        JSON media type the endpoint insists on (``/openid/v1/jwks`` answers 406 to
+        anything but ``application/jwk-set+json``)."""
         headers = self._headers()
+        headers["Accept"] = accept
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

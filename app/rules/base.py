@@ -81,6 +81,14 @@ class Subject:
     """Who asks (``request.userInfo.username``): for logs only, never for rules."""
     groups: int = 0
     """How many groups the user is in (their names are not logged)."""
+    resource_group: str | None = None
+    """``request.resource.group`` when it differs from ``group`` (the caller-token check's
+    API group; rules judge the kind)."""
+
+    @property
+    def api_group(self) -> str:
+        """The API group of the resource written (``request.resource.group``)."""
+        return self.group if self.resource_group is None else self.resource_group
 
     @property
     def api_version(self) -> str:

@@ -14,6 +14,10 @@
 #   ENVELOPE_CONTROLPLANE_FORCE=1  rebuild every binary even if it is cached
 #   ENVELOPE_CONTROLPLANE_CACHED_ONLY=1  build nothing: exit 3 if a binary is not cached
 #                               (`make unit`, which needs no control plane, uses it)
+#   ENVELOPE_CONTROLPLANE_APISERVER_ONLY=vX.Y.Z  build only kube-apiserver, at that version,
+#                               under its own cache key (the KEP-6060 caller-token e2e runs
+#                               TOKEN_KUBERNETES_VERSION from versions.env; etcd stays the
+#                               pinned one)
 #   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
 #
 # Only the Go toolchain and the Go module proxy are needed: no Docker, no
@@ -29,6 +33,10 @@ source "${HERE}/versions.env"
 : "${ETCD_VERSION:?versions.env must set ETCD_VERSION}"
 : "${HELM_VERSION:?versions.env must set HELM_VERSION}"
 : "${CONTROLPLANE_RECIPE:?versions.env must set CONTROLPLANE_RECIPE}"
+APISERVER_ONLY="${ENVELOPE_CONTROLPLANE_APISERVER_ONLY:-}"
+if [[ -n "${APISERVER_ONLY}" ]]; then
+    KUBERNETES_VERSION="${APISERVER_ONLY}"
+fi
 
 log() { printf '[controlplane/build.sh] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -48,6 +56,9 @@ K8S_PATCH="${BASH_REMATCH[3]}"
 STAGING_VERSION="v0.${K8S_MINOR}.${K8S_PATCH}"
 
 KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_r${CONTROLPLANE_RECIPE}"
+if [[ -n "${APISERVER_ONLY}" ]]; then
+    KEY="kube-apiserver-${KUBERNETES_VERSION}_r${CONTROLPLANE_RECIPE}"
+fi
 ROOT="${ENVELOPE_CONTROLPLANE_DIR:-${HOME}/.cache/envelope/controlplane}"
 DIR="${ROOT}/${KEY}"
 BIN="${DIR}/bin"
@@ -259,6 +270,10 @@ ensure() {
 
 # Slowest first, so a failure there shows early. One at a time (2 cores).
 ensure kube-apiserver build_kube_apiserver "${KUBERNETES_VERSION}" "Kubernetes ${KUBERNETES_VERSION}" --version
+if [[ -n "${APISERVER_ONLY}" ]]; then
+    echo "${BIN}"
+    exit 0
+fi
 ensure kube-scheduler build_kube_scheduler "${KUBERNETES_VERSION}" "Kubernetes ${KUBERNETES_VERSION}" --version
 ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
 ensure kubectl build_kubectl "${KUBERNETES_VERSION}" "${KUBERNETES_VERSION}" version --client
