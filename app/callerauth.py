@@ -73,6 +73,9 @@ go-jose's ``DefaultLeeway``, one minute)."""
 REFRESH = 300.0
 """Seconds between background reads of the issuer, the keys and our configurations."""
 
+STALE = 3 * REFRESH
+"""Older than this, the keys in use make the server not ready (enforce mode)."""
+
 MIN_REFRESH = 10.0
 """A token naming an unknown key or configuration uid triggers a read at most this often."""
 
@@ -119,6 +122,9 @@ class Trust:
     routes: Mapping[str, tuple[Binding, ...]]
     """request path -> the bindings whose webhooks are called on it."""
     loaded: float = 0.0
+    """When it was read (Unix time)."""
+    missing: tuple[str, ...] = ()
+    """Our configurations the API server did not have (read again every few seconds)."""
 
 
 @dataclass(frozen=True)
@@ -159,8 +165,8 @@ def bearer(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 def path_of(client_config: Mapping[str, Any]) -> str | None:
     """The request path the API server calls a webhook on (None: not one we can tell)."""
     url = client_config.get("url")
-    if isinstance(url, str) and url:
-        return urllib.parse.urlsplit(url).path or "/"
+    if isinstance(url, str) and url:  # decoded, as the ASGI scope's path
+        return urllib.parse.unquote(urllib.parse.urlsplit(url).path) or "/"
     service = client_config.get("service")
     if isinstance(service, Mapping):
         path = service.get("path")
@@ -191,8 +197,8 @@ def bindings_of(resource: str, config: Mapping[str, Any]) -> dict[str, Binding]:
     """path -> Binding for one webhook configuration object as the API server returns it."""
     meta = config.get("metadata") or {}
     name, uid = meta.get("name"), meta.get("uid")
-    if not (isinstance(name, str) and isinstance(uid, str)):
-        return {}
+    if not (isinstance(name, str) and isinstance(uid, str)) or meta.get("deletionTimestamp"):
+        return {}  # a configuration being deleted binds no token (as the API server's validator)
     audiences: dict[str, set[str]] = {}
     webhooks = config.get("webhooks")
     for hook in webhooks if isinstance(webhooks, list) else ():
@@ -337,16 +343,28 @@ class KeySource:
         if not keys:
             raise ValueError("the API server's JWKS holds no usable key")
         routes: dict[str, list[Binding]] = {}
+        missing: list[str] = []
         for resource, name in self.configurations:
-            config = self.get(f"/apis/admissionregistration.k8s.io/v1/{resource}/{name}",
-                              "application/json")
+            try:
+                config = self.get(f"/apis/admissionregistration.k8s.io/v1/{resource}/{name}",
+                                  "application/json")
+            except Exception as exc:
+                if getattr(exc, "status", None) != 404:
+                    raise
+                missing.append(f"{resource}/{name}")
+                continue  # not there (yet): it binds no token; the keys are still read and used
             for path, binding in bindings_of(resource, config).items():
                 routes.setdefault(path, []).append(binding)
-        return Trust(issuer, keys, {p: tuple(b) for p, b in routes.items()}, time.monotonic())
+        return Trust(issuer, keys, {p: tuple(b) for p, b in routes.items()}, time.time(),
+                     tuple(missing))
 
     def refresh(self, *, soon: bool = False) -> Trust | None:
-        """Read now (``soon``: unless a read finished less than MIN_REFRESH ago)."""
-        with self._lock:
+        """Read now. ``soon`` (a request met an unknown key id or configuration uid):
+        only if no read finished in the last MIN_REFRESH seconds and none is under way —
+        requests never queue behind a read, whoever sends them."""
+        if not self._lock.acquire(blocking=not soon):
+            return self.trust
+        try:
             if soon and time.monotonic() - self._last < MIN_REFRESH:
                 return self.trust
             try:
@@ -358,22 +376,32 @@ class KeySource:
                         trust.issuer, set(trust.keys), trust.routes):
                     log.info("caller tokens: keys and configurations read", extra={"fields": {
                         "issuer": trust.issuer, "keys": len(trust.keys),
-                        "paths": sorted(trust.routes)}})
+                        "paths": sorted(trust.routes), "missing": list(trust.missing)}})
             except Exception as exc:  # keep what we had: a blip must not lock everyone out
                 self.problem = f"cannot read the API server's keys or our configurations: " \
                                f"{type(exc).__name__}: {str(exc)[:200]}"
                 log.warning("caller tokens: %s", self.problem)
             self._last = time.monotonic()
             return self.trust
+        finally:
+            self._lock.release()
 
     def problems(self) -> list[str]:
-        return [self.problem] if self.trust is None else []
+        """Not ready: nothing read yet, or the last good read is older than STALE (keys
+        the API server dropped would still be trusted, new ones not yet)."""
+        if self.trust is None:
+            return [self.problem]
+        age = time.time() - self.trust.loaded
+        if age > STALE:
+            return [f"keys and configurations last read {age:.0f} s ago (> {STALE:.0f} s): "
+                    f"{self.problem}"]
+        return []
 
     def start(self, interval: float = REFRESH) -> None:
         def loop() -> None:
             while True:
-                self.refresh()
-                self._wake.wait(interval if self.trust is not None else 5.0)
+                self.refresh()  # soon again while nothing is read or a configuration is missing
+                self._wake.wait(interval if self.trust and not self.trust.missing else 5.0)
                 self._wake.clear()
 
         threading.Thread(target=loop, name="caller-token-keys", daemon=True).start()
@@ -408,14 +436,15 @@ class CallerCheck:
         return caller
 
     async def check(self, headers: Iterable[tuple[bytes, bytes]], path: str) -> Caller | CallerTokenError:
-        """The verified caller, or why not (already counted and, in warn mode, logged)."""
+        """The verified caller, or why not (counted and logged). A verified caller is
+        counted ``valid`` by :meth:`judged`, once its API group is known to be covered."""
         try:
             token = bearer(headers)
             if token is None:
                 raise CallerTokenError("missing", "no Authorization: Bearer token")
             trust = self.source.trust
-            if trust is None:
-                raise CallerTokenError("no-keys", self.source.problem)
+            if trust is None:  # the reason is in the log and in /readyz, not in the answer
+                raise CallerTokenError("no-keys", "the API server's keys have not been read yet")
             try:
                 caller = self._verify(token, path, trust)
             except CallerTokenError as exc:
@@ -429,8 +458,20 @@ class CallerCheck:
         except CallerTokenError as exc:
             self.failed(exc, path)
             return exc
-        self.count("valid")
         return caller
+
+    def judged(self, caller: Caller, groups: Iterable[str], path: str) -> CallerTokenError | None:
+        """Count the request ``valid`` when the token's attested group covers every API
+        group the review names (its kind's and its resource's: both come from the sender,
+        and the rules are chosen by the kind), else count and return the refusal."""
+        missing = sorted({g for g in groups if not caller.allows(g)})
+        if not missing:
+            self.count("valid")
+            return None
+        refused = CallerTokenError("api-group", f"the token attests API group {caller.group!r}, "
+                                                f"this review is for {missing[0] or 'core'!r}")
+        self.failed(refused, path)
+        return refused
 
     def failed(self, exc: CallerTokenError, path: str) -> None:
         self.count(exc.reason)

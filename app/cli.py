@@ -550,7 +550,7 @@ def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any]) ->
     PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values())).start()
 
 
-def _caller_check(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
+def _caller_check(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] | None:
     """The KEP-6060 token check and its readiness check (None: cannot start it)."""
     from app.callerauth import CallerCheck, KeySource
     from app.cluster.kube import KubeClient, kube_configuration
@@ -572,6 +572,7 @@ def _caller_check(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None
     source = KeySource(lambda path, accept: client.request("GET", path, timeout=5, accept=accept),
                        configs)
     source.start()
+    metrics.caller_keys_read.set_function(lambda: source.trust.loaded if source.trust else 0.0)
     # Not ready without keys when enforcing (every review would get 401); warn mode never
     # costs availability.
     ready = {"caller tokens": source.problems} if args.caller_token == "enforce" else {}
@@ -598,7 +599,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     all_checks = {**checks, **view_checks}
     caller = None
     if args.caller_token != "off":
-        made = _caller_check(args)
+        made = _caller_check(args, metrics)
         if made is None:
             return 2
         caller, caller_checks = made

@@ -87,6 +87,10 @@ class Metrics:
         self.cert_expiry = Gauge("envelope_certificate_expiry_timestamp_seconds",
                                  "When the serving certificate in use expires (Unix time)",
                                  registry=self.registry)
+        self.caller_keys_read = Gauge(
+            "envelope_caller_token_keys_read_timestamp_seconds",
+            "When the API server's keys and our webhook configurations were last read for "
+            "caller tokens (Unix time; 0 until the first read)", registry=self.registry)
         self.caller_tokens = Counter(
             "envelope_caller_tokens_total",
             "Review requests by what their caller token (KEP-6060) was: valid, missing, or why "
@@ -153,7 +157,13 @@ class ReviewEndpoint:
             else:
                 body = await read_body(scope, receive)
                 caller = who if isinstance(who, Caller) else None
-                status, payload = body if isinstance(body, tuple) else await self.handler(body, caller)
+                if isinstance(body, tuple):
+                    status, payload = body
+                else:  # the handler counts the caller once it knows the review's groups
+                    status, payload = await self.handler(body, caller)
+                    who = None
+            if isinstance(who, Caller) and self.caller is not None:
+                self.caller.count("valid")  # never reached the review: no group to check
             await send(send_, status, payload)
         if status >= 400 and self.on_malformed is not None:
             self.on_malformed()
@@ -222,17 +232,15 @@ def create_app(
         started = time.perf_counter()
         try:
             uid, subject = parse_review(body)
-        except BadReview as exc:
-            return _error(400, f"not an AdmissionReview: {exc}")
-        except (RecursionError, ValueError, TypeError) as exc:  # defence in depth: still a 400
-            return _error(400, f"not an AdmissionReview: {type(exc).__name__}")
-        if caller is not None and not caller.allows(subject.api_group):
-            assert checker is not None
-            refused = CallerTokenError("api-group", f"the token attests API group "
-                                                    f"{caller.group!r}, this review is for "
-                                                    f"{subject.api_group or 'core'!r}")
-            checker.failed(refused, f"/{phase}")
-            if checker.mode == "enforce":
+        except (BadReview, RecursionError, ValueError, TypeError) as exc:  # all 400s
+            if caller is not None and checker is not None:
+                checker.count("valid")  # a good token, a body that is not a review
+            if isinstance(exc, BadReview):
+                return _error(400, f"not an AdmissionReview: {exc}")
+            return _error(400, f"not an AdmissionReview: {type(exc).__name__}")  # defence in depth
+        if caller is not None and checker is not None:
+            refused = checker.judged(caller, (subject.group, subject.api_group), f"/{phase}")
+            if refused is not None and checker.mode == "enforce":
                 return _error(403, f"caller token refused (api-group): {refused.detail}")
         policy: Policy = app.state.policy
         try:

@@ -185,16 +185,20 @@ def setup(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def _wait_ready(webhook: harness.Webhook, timeout: float = 60.0) -> None:
-    """/readyz is 200 once the issuer, the keys and both configurations are read."""
+    """/readyz is 200 once the issuer and the keys are read; the configurations, made
+    after Envelope started, are read again every 5 s until both are there (its log)."""
     context = ssl.create_default_context(cafile=str(webhook.ca_file))
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
         status, last = harness._https_get(f"{webhook.url}/readyz", context, timeout=5)
-        if status == 200:
+        if status == 200 and any(
+                '"paths":["/mutate","/validate"],"missing":[]' in line
+                for line in webhook.log_path.read_text().splitlines()):
             return
         time.sleep(0.5)
-    raise AssertionError(f"Envelope never became ready: {last}")
+    raise AssertionError(f"Envelope never read both configurations: {last}\n"
+                         f"{webhook.log_path.read_text()[-3000:]}")
 
 
 def _review(group: str = "", kind: str = "Pod", resource: str = "pods") -> dict[str, Any]:
@@ -296,6 +300,11 @@ def test_an_attested_group_is_held_to_the_review(setup: Setup) -> None:
     status, body = direct(setup, "/validate", token, _review("apps", "Deployment", "deployments"))
     assert status == 200 and body["response"]["uid"] == "direct-1", body
     status, body = direct(setup, "/validate", token)  # a Pod: core group
+    assert status == 403 and "(api-group)" in body["error"], body
+    # a Pod review that claims the apps resource group: the kind's group counts too
+    forged = _review("apps", "Deployment", "deployments")
+    forged["request"]["kind"] = {"group": "", "version": "v1", "kind": "Pod"}
+    status, body = direct(setup, "/validate", token, forged)
     assert status == 403 and "(api-group)" in body["error"], body
 
 

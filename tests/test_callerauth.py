@@ -244,6 +244,12 @@ def test_audience_as_the_api_server_derives_it(client_config: dict[str, Any],
     assert audience_of(client_config) == audience
 
 
+def test_url_paths_are_compared_as_the_server_sees_them() -> None:
+    config = {"metadata": {"name": "e", "uid": "u"},
+              "webhooks": [{"clientConfig": {"url": "https://10.0.0.1/va%6Cidate"}}]}
+    assert set(bindings_of("validatingwebhookconfigurations", config)) == {"/validate"}
+
+
 def test_bindings_follow_the_paths_of_our_webhooks() -> None:
     config = {"metadata": {"name": "envelope", "uid": "u"},
               "webhooks": [{"clientConfig": {"service": {"name": "e", "namespace": "n",
@@ -306,7 +312,62 @@ def test_keys_that_rotate_are_read_again_at_most_every_ten_seconds() -> None:
         refused = asyncio.run(check.check(bogus, "/validate"))
         assert isinstance(refused, CallerTokenError) and refused.reason == "unknown-key"
     assert api.reads == reads + 1
-    assert counted == ["valid"] + ["unknown-key"] * 20
+    # "valid" is counted once the review's groups are known (CallerCheck.judged)
+    assert counted == ["unknown-key"] * 20
+
+
+def test_a_rate_limited_read_never_waits_for_one_under_way() -> None:
+    api = Api()
+    source = _source(api)
+    kept = source.trust
+    source._last = float("-inf")
+    source._lock.acquire()  # a read is under way (slow API server)
+    try:
+        started = time.monotonic()
+        assert source.refresh(soon=True) is kept
+        assert time.monotonic() - started < 0.5
+    finally:
+        source._lock.release()
+
+
+def test_a_deleted_configuration_binds_nothing_and_the_keys_still_rotate() -> None:
+    api = Api()
+    source = _source(api)
+    new_key = _rsa()
+    api.keys = [_jwk(new_key, "k2", "RS256")]  # k1 dropped, k2 added
+    deleted = dict(api.configs)
+    del deleted["mutatingwebhookconfigurations"]
+
+    def get(path: str, accept: str) -> dict[str, Any]:
+        if "mutatingwebhookconfigurations" in path:
+            from app.cluster.kube import ApiError
+            raise ApiError(404, "not found")
+        return api.get(path, accept)
+
+    source.get = get
+    trust = source.refresh()
+    assert trust is not None and set(trust.keys) == {"k2"} and set(trust.routes) == {"/validate"}
+    assert trust.missing == ("mutatingwebhookconfigurations/envelope",)  # read again in 5 s
+    assert reason(sign(claims()), trust=trust) == "unknown-key"  # the dropped key
+    assert reason(sign(claims(), new_key, "k2"), trust=trust) == "valid"
+    mutating = claims(claim="mutatingwebhookconfiguration", uid=MUID, aud=f"{BASE}/mutate")
+    assert reason(sign(mutating, new_key, "k2"), "/mutate", trust) == "configuration"
+    # and one being deleted binds nothing either (the API server's validator refuses it too)
+    dying = _configs()["validatingwebhookconfigurations"]
+    dying["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    assert bindings_of("validatingwebhookconfigurations", dying) == {}
+
+
+def test_keys_not_read_for_long_make_the_server_not_ready() -> None:
+    import dataclasses
+
+    from app.callerauth import STALE
+    source = _source()
+    assert source.problems() == []
+    assert source.trust is not None
+    source.trust = dataclasses.replace(source.trust, loaded=time.time() - STALE - 1)
+    source.problem = "cannot read the API server's keys or our configurations: timeout"
+    assert "last read" in source.problems()[0] and "timeout" in source.problems()[0]
 
 
 def test_a_recreated_configuration_invalidates_remembered_tokens() -> None:
@@ -400,4 +461,38 @@ def test_warn_mode_answers_and_counts() -> None:
     response, metrics = _post("warn", "/validate", sign(claims(group="apps")), _review())
     assert response.status_code == 200
     assert 'envelope_caller_tokens_total{mode="warn",result="api-group"} 1.0' in metrics
-    assert 'envelope_caller_tokens_total{mode="warn",result="valid"} 1.0' in metrics
+    assert 'envelope_caller_tokens_total{mode="warn",result="valid"} 0.0' in metrics  # once each
+
+
+def test_the_kind_and_the_resource_group_must_both_be_attested() -> None:
+    # Both come from the sender; the rules are chosen by the kind's group.
+    body = json.loads(_review("apps", "Deployment"))
+    body["request"]["kind"] = {"group": "", "version": "v1", "kind": "Pod"}
+    response, _ = _post("enforce", "/validate", sign(claims(group="apps")), json.dumps(body).encode())
+    assert response.status_code == 403, response.text
+    assert "this review is for 'core'" in response.json()["error"]
+
+
+def test_a_good_token_with_a_bad_body_is_counted_once_as_valid() -> None:
+    for body, status in ((b"{}", 400), (b"x" * 10, 400)):
+        response, metrics = _post("enforce", "/validate", sign(claims()), body)
+        assert response.status_code == status
+        assert 'envelope_caller_tokens_total{mode="enforce",result="valid"} 1.0' in metrics
+
+
+def test_before_the_keys_are_read_the_answer_holds_no_server_detail() -> None:
+    api = Api()
+    source = KeySource(api.get, [("validatingwebhookconfigurations", "envelope")])
+    source.problem = "cannot read ...: HTTP 403: secret internal text"
+    app = create_app(RULES, Policy(), caller=CallerCheck("enforce", source))
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/validate", content=_review(),
+                                     headers={"content-type": "application/json",
+                                              "authorization": f"Bearer {sign(claims())}"})
+
+    response = asyncio.run(call())
+    assert response.status_code == 401 and "(no-keys)" in response.json()["error"]
+    assert "secret internal text" not in response.text
