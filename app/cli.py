@@ -558,11 +558,6 @@ def _caller_check(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str
     configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
                                    ("validatingwebhookconfigurations", args.validating_config))
                if n]
-    if not configs:
-        print("envelope serve: --caller-token needs --validating-webhook-configuration and/or "
-              "--mutating-webhook-configuration (a token must be bound to one of them)",
-              file=sys.stderr)
-        return None
     try:
         client = KubeClient(kube_configuration(args.kubeconfig))
     except Exception as exc:
@@ -631,6 +626,9 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
         return (f"unknown log level {args.log_level!r}; use one of debug, info, warning, "
                 f"error, critical")
+    if args.caller_token != "off" and not (args.validating_config or args.mutating_config):
+        return ("--caller-token needs --validating-webhook-configuration and/or "
+                "--mutating-webhook-configuration (a token must be bound to one of them)")
     ports = [(args.host, args.port, "--port")]
     if args.metrics_port:
         ports.append((args.metrics_host or args.host, args.metrics_port, "--metrics-port"))

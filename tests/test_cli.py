@@ -204,6 +204,13 @@ def test_serve_refuses_a_busy_port_and_an_unknown_log_level_cleanly() -> None:
     assert f"cannot listen on 127.0.0.1:{port} (--port)" in out.stderr
     out = envelope("serve", "--self-signed", "--port", "0", "--log-level", "loud")
     assert out.returncode == 2 and "unknown log level 'loud'" in out.stderr
+    out = envelope("serve", "--self-signed", "--port", "0", "--caller-token", "enforce")
+    assert out.returncode == 2 and "--caller-token needs --validating-webhook-configuration" \
+        in out.stderr
+    out = envelope("serve", "--self-signed", "--port", "0", "--caller-token", "warn",
+                   "--validating-webhook-configuration", "envelope", "--kubeconfig", "/nonexistent")
+    assert out.returncode == 2 and "--caller-token needs the API server" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def _commands(text: str) -> list[list[str]]:
