@@ -254,37 +254,33 @@ def _metrics(setup: Setup) -> str:
         return resp.read().decode()
 
 
+def _refused(setup: Setup, audience: str, reason: str, **how: Any) -> None:
+    """A token the API server mints (``mint(..., **how)``) is refused on /validate."""
+    code, token = mint(setup.cluster, audience, **how)
+    assert code == 201, token
+    status, body = direct(setup, "/validate", token)
+    assert status == 401 and f"({reason})" in body["error"], body
+
+
 def test_a_caller_without_a_token_gets_401(setup: Setup) -> None:
     status, body = direct(setup, "/validate", None)
     assert status == 401 and "(missing)" in body["error"], body
     # a plain service-account token (the API server's own audience, no webhook binding)
-    code, token = mint(setup.cluster, "https://127.0.0.1", kind=None, group=None)
-    assert code == 201, token
-    status, body = direct(setup, "/validate", token)
-    assert status == 401 and "(not-webhook-bound)" in body["error"], body
+    _refused(setup, "https://127.0.0.1", "not-webhook-bound", kind=None, group=None)
 
 
 def test_tokens_for_another_webhook_or_address_are_refused(setup: Setup) -> None:
     validate = setup.hosts["ValidatingWebhookConfiguration"] + "/validate"
     # bound to the mutating configuration, presented on /validate
-    code, token = mint(setup.cluster, validate, kind="MutatingWebhookConfiguration")
-    assert code == 201, token
-    status, body = direct(setup, "/validate", token)
-    assert status == 401 and "(configuration)" in body["error"], body
+    _refused(setup, validate, "configuration", kind="MutatingWebhookConfiguration")
     # bound to somebody else's configuration
     other = _configuration("ValidatingWebhookConfiguration", "https://10.0.0.9:443/validate",
                            setup.webhook.ca_file.read_bytes(), name="someone-else")
     other["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"nothing": "matches"}}
     setup.cluster.apply(other)
-    code, token = mint(setup.cluster, validate, name="someone-else")
-    assert code == 201, token
-    status, body = direct(setup, "/validate", token)
-    assert status == 401 and "(configuration)" in body["error"], body
+    _refused(setup, validate, "configuration", name="someone-else")
     # "*" tokens skip the audience check at issuance; Envelope still checks it
-    code, token = mint(setup.cluster, "https://attacker.example/validate")
-    assert code == 201, token
-    status, body = direct(setup, "/validate", token)
-    assert status == 401 and "(audience)" in body["error"], body
+    _refused(setup, "https://attacker.example/validate", "audience")
 
 
 def test_an_attested_group_is_held_to_the_review(setup: Setup) -> None:
