@@ -146,11 +146,11 @@ class ReviewEndpoint:
             who: Caller | CallerTokenError | None = None
             if self.caller is not None:
                 who = await self.caller.check(scope.get("headers", ()), scope["path"])
+            extra: list[tuple[bytes, bytes]] = []
             if isinstance(who, CallerTokenError) and self.caller and self.caller.mode == "enforce":
                 status, payload = _error(401, f"caller token refused ({who.reason}): {who.detail}")
-                await send(send_, status, payload, _CHALLENGE)
-                return
-            if media != b"application/json":
+                extra = _CHALLENGE
+            elif media != b"application/json":
                 # As controller-runtime's webhook server: the API server always sends JSON.
                 shown = media.decode("latin-1")[:80] if media else "none"
                 status, payload = _error(415, f"Content-Type must be application/json, got {shown}")
@@ -164,7 +164,7 @@ class ReviewEndpoint:
                     who = None
             if isinstance(who, Caller) and self.caller is not None:
                 self.caller.count("valid")  # never reached the review: no group to check
-            await send(send_, status, payload)
+            await send(send_, status, payload, extra)
         if status >= 400 and self.on_malformed is not None:
             self.on_malformed()
 

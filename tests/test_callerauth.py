@@ -434,6 +434,9 @@ def test_enforce_refuses_before_reading_the_review() -> None:
     assert response.headers["www-authenticate"] == 'Bearer realm="envelope"'
     assert "caller token refused (missing)" in response.json()["error"]
     assert 'envelope_caller_tokens_total{mode="enforce",result="missing"} 1.0' in metrics
+    # counted with the other refused requests, as every 4xx
+    assert ('envelope_admission_requests_total{decision="malformed",endpoint="validate",'
+            'kind="other",operation=""} 1.0') in metrics
     response, _ = _post("enforce", "/mutate", sign(claims()), _review())
     assert response.status_code == 401
     assert "(configuration)" in response.json()["error"]
