@@ -283,14 +283,13 @@ def _admit(caller: Caller, path: str, trust: Trust, now: float) -> None:
         raise CallerTokenError("expired", "the token has expired")
     bindings = trust.routes.get(path, ())
     same = [b for b in bindings if b.claim == caller.claim and b.name == caller.name]
-    if not same:
-        ours = ", ".join(f"{b.claim} {b.name}" for b in bindings) or "none"
-        raise CallerTokenError("configuration", f"bound to {caller.claim} {caller.name!r}; "
-                                                f"{path} is called from: {ours}")
+    if not same:  # the answer names only what the token holds, never our objects
+        raise CallerTokenError("configuration", f"bound to {caller.claim} {caller.name[:64]!r}, "
+                                                f"which does not call {path[:64]}")
     binding = same[0]
     if binding.uid != caller.uid:
         raise CallerTokenError("configuration-uid", f"bound to uid {caller.uid[:40]} of "
-                                                    f"{caller.name!r}, which is now {binding.uid}")
+                                                    f"{caller.name!r}, which has been re-created")
     if not binding.audiences.intersection(caller.audiences):
         raise CallerTokenError("audience", f"aud is not {' or '.join(sorted(binding.audiences))}")
 
