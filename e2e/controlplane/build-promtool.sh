@@ -5,7 +5,7 @@
 # Prometheus v3.X.Y is published as the Go module github.com/prometheus/prometheus at
 # v0.3XX.Y (its go.mod has no replace directives, so `go install` builds it as is).
 # The binary is cached outside the clone:
-#   ${ENVELOPE_PROMTOOL_DIR:-$HOME/.cache/envelope/promtool}/<version>/bin/promtool
+#   ${ENVELOPE_PROMTOOL_DIR:-$HOME/.cache/envelope/promtool}/<version>-remove_all_sd/bin/promtool
 # and not rebuilt while it reports the pinned version. Progress goes to stderr; the
 # only line on stdout is the bin directory: `BIN=$(bash e2e/controlplane/build-promtool.sh | tail -1)`.
 #
@@ -27,7 +27,10 @@ ver="${PROMETHEUS_VERSION#v}"
 MODULE_VERSION="v0.3$(printf '%02d' "${BASH_REMATCH[1]}").${BASH_REMATCH[2]}"
 
 ROOT="${ENVELOPE_PROMTOOL_DIR:-${HOME}/.cache/envelope/promtool}"
-DIR="${ROOT}/${PROMETHEUS_VERSION}"
+# Built with Prometheus' own `remove_all_sd` tag: no service-discovery plugins (AWS, Azure,
+# GCE, Kubernetes, ...), which `check rules` and `test rules` never use; a cold build takes
+# ~2 minutes instead of ~6.
+DIR="${ROOT}/${PROMETHEUS_VERSION}-remove_all_sd"
 BIN="${DIR}/bin"
 mkdir -p "${BIN}"
 exec 9>"${DIR}/.lock"
@@ -46,7 +49,7 @@ start=$(date +%s)
 log "building promtool ${PROMETHEUS_VERSION} (module github.com/prometheus/prometheus@${MODULE_VERSION}) ..."
 tmp="$(mktemp -d "${DIR}/.gobin.XXXXXX")"
 trap 'rm -rf "${tmp}"' EXIT
-GOBIN="${tmp}" go install -ldflags "-s -w \
+GOBIN="${tmp}" go install -tags remove_all_sd -ldflags "-s -w \
     -X github.com/prometheus/common/version.Version=${ver} \
     -X github.com/prometheus/common/version.Branch=HEAD \
     -X github.com/prometheus/common/version.Revision=${MODULE_VERSION}" \
