@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 import harness
+from app.callerauth import audience_of
 from harness import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -332,3 +333,29 @@ def test_a_recreated_configuration_ends_its_old_tokens(setup: Setup) -> None:
     status, body = direct(setup, "/validate", old)
     assert status == 401 and "(configuration-uid)" in body["error"], body
     setup.token_files[kind].write_text(new)  # keep the API server's own calls working
+
+
+@pytest.mark.parametrize("service", [
+    {"name": "envelope", "namespace": "envelope-system", "path": "/validate"},
+    {"name": "envelope", "namespace": "envelope-system", "port": 8443, "path": "/validate/"},
+    {"name": "envelope", "namespace": "envelope-system"},
+])
+def test_the_service_audience_is_the_one_the_api_server_requires(setup: Setup,
+                                                                  service: dict[str, Any]) -> None:
+    """For a named group the API server mints only for the webhook's own audience; it must
+    accept ours (``audience_of``) and refuse the near misses."""
+    name = f"svc-audience-{service.get('port', 443)}-{len(service)}"
+    config = _configuration("ValidatingWebhookConfiguration", "https://unused", b"", name=name,
+                            groups=(("apps", "deployments"),))
+    hook = config["webhooks"][0]
+    hook["clientConfig"] = {"service": service}
+    hook["namespaceSelector"] = {"matchLabels": {"nothing": "matches"}}
+    setup.cluster.apply(config)
+    ours = audience_of({"service": service})
+    assert ours is not None
+    code, token = mint(setup.cluster, ours, name=name, group="apps")
+    assert code == 201, (ours, token)
+    without_port = ours.replace(f":{service.get('port', 443)}", "")
+    for wrong in (without_port, ours.rstrip("/") + "/x", ours.replace("https://", "http://")):
+        code, body = mint(setup.cluster, wrong, name=name, group="apps")
+        assert code == 403, (wrong, body)
