@@ -140,7 +140,7 @@ def test_unknown_env_rule_is_refused() -> None:
 
 
 def test_serve_without_certificates_refuses_to_start() -> None:
-    out = envelope("serve", "--port", "0")
+    out = envelope("serve", "--port", "0", "--metrics-port", "0")
     assert out.returncode == 2 and "HTTPS only" in out.stderr
 
 
@@ -202,12 +202,12 @@ def test_serve_refuses_a_busy_port_and_an_unknown_log_level_cleanly() -> None:
                        "--metrics-port", "0")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"cannot listen on 127.0.0.1:{port} (--port)" in out.stderr
-    out = envelope("serve", "--self-signed", "--port", "0", "--log-level", "loud")
+    out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--log-level", "loud")
     assert out.returncode == 2 and "unknown log level 'loud'" in out.stderr
-    out = envelope("serve", "--self-signed", "--port", "0", "--caller-token", "enforce")
+    out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--caller-token", "enforce")
     assert out.returncode == 2 and "--caller-token needs --validating-webhook-configuration" \
         in out.stderr
-    out = envelope("serve", "--self-signed", "--port", "0", "--caller-token", "warn",
+    out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--caller-token", "warn",
                    "--validating-webhook-configuration", "envelope", "--kubeconfig", "/nonexistent")
     assert out.returncode == 2 and "--caller-token needs the API server" in out.stderr
     assert "Traceback" not in out.stderr
@@ -239,3 +239,17 @@ def test_ci_example_and_pre_commit_hook_use_real_flags(tmp_path: Path) -> None:
     [hook] = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["entry"] == "envelope check" and hook["pass_filenames"] is False
     assert _parser().parse_args([*hook["entry"].split()[1:], *hook["args"]]).filenames == ["."]
+
+
+def test_the_suite_runs_with_the_default_ports_held() -> None:
+    """`make test` passes while `make run` holds 8443 and 9090: tests.portguard holds both
+    for every session, so any test that used a default port would fail in this run."""
+    import socket
+
+    from tests.portguard import DEFAULT_PORTS
+
+    for port in DEFAULT_PORTS:
+        with socket.socket() as probe, pytest.raises(OSError):
+            probe.bind(("127.0.0.1", port))
+    out = envelope("serve", "--self-signed", "--host", "127.0.0.1", "--metrics-port", "0")
+    assert out.returncode == 2 and "cannot listen on 127.0.0.1:8443 (--port)" in out.stderr
