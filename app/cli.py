@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
 from app.cluster.static import Manifest, load
 from app.cluster.view import StaticView
-from app.config import ConfigError, Policy, load_policy
+from app.config import ConfigError, Policy, did_you_mean, load_policy
 from app.engine import Evaluation, check_object
 from app.exemptions import needs_namespaces
 from app.limits import add_arguments as add_limit_arguments
@@ -27,15 +28,62 @@ from app.substrate import as_crd_template, is_current_template, read_current_tem
 __all__ = ["main"]
 
 
+class _Help(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless the text already gives it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text or action.default is None
+                or action.default is argparse.SUPPRESS or action.default in (False, [], "")):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for mistyped subcommands and choices."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if match:
+            message += did_you_mean(match[1], re.findall(r"'([^']*)'", match[2]))
+        super().error(message)
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                    extra: list[str]) -> NoReturn:
+    """Unknown arguments, refused with the usage of the subcommand they were given to (not
+    the top level's) and the closest flag that subcommand has."""
+    sub = _subcommands(parser).get(args.command, parser)
+    flags = [o for action in sub._actions for o in action.option_strings]
+    first = next((a.split("=", 1)[0] for a in extra if a.startswith("-")), extra[0])
+    sub.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(first, flags)}")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="envelope", description=(
+    parser = _Parser(prog="envelope", description=(
         "Envelope: a Kubernetes admission webhook that strips CPU limits while keeping memory "
         "request = limit, and rejects GPU quota trees and actor sandboxes that cannot hold. "
-        "`envelope serve` runs the webhook; `envelope check` runs the same rules over files."))
+        "`envelope serve` runs the webhook; `envelope check` runs the same rules over files; "
+        "`envelope audit` judges what a cluster holds; `envelope webhook-config` prints the "
+        "webhook configuration a policy needs."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands")
 
-    serve = sub.add_parser("serve", help="run the admission webhook over HTTPS")
+    serve = sub.add_parser("serve", help="run the admission webhook over HTTPS",
+                           description="Run the admission webhook: POST /mutate and /validate "
+                                       "over HTTPS, /healthz and /readyz, metrics on a "
+                                       "separate plain-HTTP port (docs/deploy.md).")
     serve.add_argument("--host", default=os.environ.get("ENVELOPE_HOST", "0.0.0.0"),
                        help='address to serve HTTPS on (env ENVELOPE_HOST)')
     serve.add_argument("--port", type=int, default=int(os.environ.get("ENVELOPE_PORT", 8443)),
@@ -144,11 +192,16 @@ def _parser() -> argparse.ArgumentParser:
                             "ActorTemplates are placed against its WorkerPools); the files' "
                             "objects replace the cluster's of the same name")
     _audit_parser(sub)
-    config = sub.add_parser("webhook-config",
-                            help="print the mutating webhook's matchConditions for a policy "
-                                 "(a strategic-merge patch for the chart's configuration)")
-    config.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"))
-    config.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    config = sub.add_parser(
+        "webhook-config",
+        help="print the mutating webhook's matchConditions for a policy",
+        description="Print the mutating webhook's matchConditions for a policy, as a "
+                    "strategic-merge patch for the chart's MutatingWebhookConfiguration: the "
+                    "API server then sends only the writes some enabled rule could change.")
+    config.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                        help="policy file whose modes decide the conditions (env ENVELOPE_CONFIG)")
+    config.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                        help="yaml or json")
     return parser
 
 
@@ -169,13 +222,18 @@ def run_webhook_config(rules: RuleSet, policy: Policy, output: str) -> int:
 
 def _audit_parser(sub: Any) -> None:
     env = os.environ.get
-    audit = sub.add_parser("audit", help="judge the objects in a cluster as they stand; "
-                                         "print or write PolicyReports")
+    audit = sub.add_parser("audit", help="judge the objects in a cluster as they stand",
+                           description="Judge the objects in a cluster as they stand (one LIST "
+                                       "per kind): print the findings, or write PolicyReports "
+                                       "(docs/audit.md). Exit 0 clean, 1 with findings, 2 when "
+                                       "the cluster cannot be read.")
     audit.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                        help="the cluster to read (default: in-cluster)")
     audit.add_argument("-o", "--output", choices=("text", "json", "policyreport"),
-                       default="text")
-    audit.add_argument("--config", default=env("ENVELOPE_CONFIG"))
+                       default="text", help="text, json, or policyreport (the PolicyReport "
+                                            "objects --write would apply, as YAML)")
+    audit.add_argument("--config", default=env("ENVELOPE_CONFIG"),
+                       help="policy file (rule modes, settings) (env ENVELOPE_CONFIG)")
     audit.add_argument("--include-owned", action="store_true",
                        help="also judge Pods, ReplicaSets and Jobs made by a controller")
     audit.add_argument("--write", action="store_true",
@@ -187,10 +245,13 @@ def _audit_parser(sub: Any) -> None:
                        help="seconds between audits with --watch")
     audit.add_argument("--debounce", type=float, default=float(env("ENVELOPE_AUDIT_DEBOUNCE", 10)),
                        help="seconds without change before a change is audited")
-    audit.add_argument("--metrics-host", default=env("ENVELOPE_METRICS_HOST", "0.0.0.0"))
+    audit.add_argument("--metrics-host", default=env("ENVELOPE_METRICS_HOST", "0.0.0.0"),
+                       help="address for the metrics listener with --watch (env "
+                            "ENVELOPE_METRICS_HOST)")
     audit.add_argument("--metrics-port", type=int, default=int(env("ENVELOPE_METRICS_PORT", 9090)),
                        help="Prometheus port with --watch; 0 disables it")
-    audit.add_argument("--log-level", default=env("ENVELOPE_LOG_LEVEL", "info"))
+    audit.add_argument("--log-level", default=env("ENVELOPE_LOG_LEVEL", "info"),
+                       help="debug, info, warning or error (env ENVELOPE_LOG_LEVEL)")
 
 
 def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
@@ -651,7 +712,10 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse_unknown(parser, args, extra)
     rules = default_ruleset()
     try:
         policy = load_policy(args.config, None, rules)

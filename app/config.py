@@ -11,8 +11,9 @@ startup.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -165,17 +166,38 @@ class Policy(BaseModel):
     annotation per pod is noise in every ``kubectl get -o yaml``)."""
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:
+    """The ``ENVELOPE_FAILURE_MODE`` and ``ENVELOPE_RULE_*`` overrides, each value checked
+    here so that an error names the variable that holds it (not the file, not "defaults")."""
     by_env = rules.env_names()
     data: dict[str, Any] = {}
-    for key, value in environ.items():
+    modes = [m.value for m in Mode]
+    for key, value in sorted(environ.items()):
         if key == "ENVELOPE_FAILURE_MODE":
+            if value not in ("deny", "allow"):
+                raise ConfigError(f"{key}={value!r}: not a failure mode; use deny or allow"
+                                  f"{did_you_mean(value, ('deny', 'allow'))}")
             data["failureMode"] = value
         elif key.startswith("ENVELOPE_RULE_"):
             if key not in by_env:
-                raise ConfigError(f"{key}: no such rule; known: {sorted(by_env)}")
+                raise ConfigError(f"{key}: no such rule{did_you_mean(key, by_env)}; known: "
+                                  f"{sorted(by_env)}")
+            if value not in modes:
+                raise ConfigError(f"{key}={value!r}: not a mode; use enforce, warn or off"
+                                  f"{did_you_mean(value, modes)}")
             data.setdefault("rules", {})[by_env[key]] = value
     return data
+
+
+def _unknown_rules(where: str, unknown: list[str], rules: RuleSet) -> ConfigError:
+    named = ", ".join(f"{rid!r}{did_you_mean(rid, rules)}" for rid in unknown)
+    return ConfigError(f"{where}: unknown rule id(s) {named}; known: {sorted(rules)}")
 
 
 def _describe(error: ValidationError) -> str:
@@ -216,9 +238,7 @@ def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rule
     for i, exception in enumerate(policy.exceptions):
         bad = rules.unknown(r for r in exception.rules if r != "*")
         if bad:
-            raise ConfigError(f"{source}: exceptions[{i}].rules: unknown rule id(s) {bad}; known: "
-                              f"{sorted(rules)}")
+            raise _unknown_rules(f"{source}: exceptions[{i}].rules", bad, rules)
     if unknown:
-        raise ConfigError(f"{source}: rules: unknown rule id(s) {unknown}; known: "
-                          f"{sorted(rules)}")
+        raise _unknown_rules(f"{source}: rules", unknown, rules)
     return policy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_config_file_and_env_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("rules:\n  cpu-limit: warn\n", "unknown rule id(s) ['cpu-limit']"),
+        ("rules:\n  cpu-limit: warn\n", "unknown rule id(s) 'cpu-limit'"),
         ("rules:\n  cpu-limits: sometimes\n", "rules.cpu-limits"),
         ("failureMode: maybe\n", "failureMode"),
         ("optOutAnnotations: x\n", "optOutAnnotations"),
@@ -147,17 +148,60 @@ def test_serve_without_certificates_refuses_to_start() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_version_and_help_for_every_check_flag() -> None:
+def test_version_and_help_for_every_flag_of_every_subcommand() -> None:
     import tomllib
 
     out = envelope("--version")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert out.returncode == 0 and out.stdout.strip() == f"envelope {version}"
-    from app.cli import _parser
+    from app.cli import _parser, _subcommands
 
-    check = _parser()._subparsers._group_actions[0].choices["check"]  # type: ignore[union-attr]
-    for action in check._actions:
-        assert action.help, action.dest
+    parser = _parser()
+    top = envelope("--help").stdout
+    subcommands = _subcommands(parser)
+    assert set(subcommands) == {"serve", "check", "audit", "webhook-config"}
+    for name, sub in subcommands.items():
+        assert f"    {name}  " in top, name  # listed, with its one-line description
+        assert sub.description, name
+        text = sub.format_help()
+        for action in sub._actions:
+            assert action.help, (name, action.dest)
+            shown = action.default not in (None, False, [], "", argparse.SUPPRESS)
+            if shown and action.option_strings:
+                assert f"default: {action.default}" in " ".join(text.split()) or \
+                    f"default {action.default}" in " ".join(text.split()), (name, action.dest)
+
+
+def test_mistyped_subcommands_flags_and_rule_ids_get_a_suggestion(tmp_path: Path) -> None:
+    out = envelope("chek", "x.yaml")
+    assert out.returncode == 2 and "(did you mean 'check'?)" in out.stderr
+    out = envelope("check", "--fail-onn", "error", "x.yaml")
+    assert out.returncode == 2 and out.stderr.startswith("usage: envelope check ")
+    assert "unrecognized arguments: --fail-onn (did you mean '--fail-on'?)" in out.stderr
+    out = envelope("audit", "--inclde-owned")
+    assert out.stderr.startswith("usage: envelope audit ") and "'--include-owned'" in out.stderr
+    (tmp_path / "policy.yaml").write_text("rules:\n  pod-fit-node: warn\n")
+    out = envelope("check", "--config", str(tmp_path / "policy.yaml"), "x.yaml")
+    assert out.returncode == 2 and f"{tmp_path / 'policy.yaml'}: rules: unknown rule id(s) " \
+        "'pod-fit-node' (did you mean 'pod-fits-node'?)" in out.stderr
+
+
+@pytest.mark.parametrize(("environ", "fragment"), [
+    ({"ENVELOPE_RULE_POD_FITS_NODE": "warnn"},
+     "ENVELOPE_RULE_POD_FITS_NODE='warnn': not a mode; use enforce, warn or off "
+     "(did you mean 'warn'?)"),
+    ({"ENVELOPE_RULE_POD_FIT_NODE": "warn"},
+     "ENVELOPE_RULE_POD_FIT_NODE: no such rule (did you mean 'ENVELOPE_RULE_POD_FITS_NODE'?)"),
+    ({"ENVELOPE_FAILURE_MODE": "alow"},
+     "ENVELOPE_FAILURE_MODE='alow': not a failure mode; use deny or allow (did you mean 'allow'?)"),
+])
+def test_environment_errors_name_the_variable(tmp_path: Path, environ: dict[str, str],
+                                              fragment: str) -> None:
+    (tmp_path / "policy.yaml").write_text("rules:\n  pod-fits-node: warn\n")
+    for path in (None, tmp_path / "policy.yaml"):  # never blamed on the file or "defaults"
+        with pytest.raises(ConfigError) as info:
+            load_policy(path, environ, RULES)
+        assert str(info.value).startswith(fragment)
 
 
 def test_every_parse_error_in_the_run_is_reported_without_a_traceback(tmp_path: Path) -> None:
@@ -204,7 +248,8 @@ def test_serve_refuses_a_busy_port_and_an_unknown_log_level_cleanly() -> None:
     assert f"cannot listen on 127.0.0.1:{port} (--port)" in out.stderr
     out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--log-level", "loud")
     assert out.returncode == 2 and "unknown log level 'loud'" in out.stderr
-    out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--caller-token", "enforce")
+    out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0",
+                   "--caller-token", "enforce")
     assert out.returncode == 2 and "--caller-token needs --validating-webhook-configuration" \
         in out.stderr
     out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--caller-token", "warn",

@@ -92,7 +92,7 @@ def test_the_keep_cpu_limit_opt_out_still_works() -> None:
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("exceptions: [{rules: [nope], namespaces: [a]}]", "exceptions[0].rules: unknown rule id(s) ['nope']"),
+    ("exceptions: [{rules: [nope], namespaces: [a]}]", "exceptions[0].rules: unknown rule id(s) 'nope'"),
     ("exceptions: [{rules: [pod-fits-node]}]", "needs at least one of namespaces"),
     ("exceptions: [{rules: [pod-fits-node], objectSelector: {matchLabel: {a: b}}}]", "matchLabel"),
     ("exceptions: [{rules: [], kinds: [Pod]}]", "rules"),
