@@ -57,12 +57,14 @@ from app.exemptions import needs_namespaces
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 
-__all__ = ["JUDGED", "POLICY", "REPORT_BYTES", "Audit", "AuditMetrics", "Auditor", "Judged",
+__all__ = ["AUDIT_SCHEMA", "JUDGED", "POLICY", "REPORT_BYTES", "Audit", "AuditMetrics", "Auditor", "Judged",
            "Result", "audit", "judge", "judged_for", "load_view", "policy_reports", "read_kinds",
            "summary_text", "write_reports"]
 
 log = logging.getLogger("envelope.audit")
 
+AUDIT_SCHEMA = "audit/v1"
+"""``schemaVersion`` of ``audit -o json`` (docs/schemas/audit-output.v1.json)."""
 POLICY = "envelope"
 """The ``policy`` of every result: Envelope is one policy of many rules."""
 REPORT_NAME = "envelope-audit"
@@ -169,6 +171,14 @@ class Audit:
     """Optional kinds whose CRD is not installed."""
     started: float = 0.0
     seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        """``audit -o json`` (schema ``AUDIT_SCHEMA``)."""
+        counts = [{"namespace": ns, "rule": rule_id, "result": res, "count": n}
+                  for (ns, rule_id, res), n in sorted(self.counts().items())]
+        return {"schemaVersion": AUDIT_SCHEMA, "objects": self.objects, "owned": self.owned,
+                "absent": self.absent, "seconds": round(self.seconds, 3), "summary": counts,
+                "results": [r.as_dict() for r in self.results]}
 
     def counts(self) -> Counter[tuple[str, str, str]]:
         """(namespace, rule, result) -> results, passes included."""

@@ -291,13 +291,7 @@ def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
 
         sys.stdout.write(yaml.safe_dump_all(reports, sort_keys=False))
     elif args.output == "json":
-        counts = [{"namespace": ns, "rule": rule_id, "result": res, "count": n}
-                  for (ns, rule_id, res), n in sorted(found.counts().items())]
-        sys.stdout.write(orjson.dumps(
-            {"objects": found.objects, "owned": found.owned, "absent": found.absent,
-             "seconds": round(found.seconds, 3), "summary": counts,
-             "results": [r.as_dict() for r in found.results]},
-            option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(orjson.dumps(found.as_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         sys.stdout.write(summary_text(found))
     return 1 if any(r.result in ("fail", "error") for r in found.results) else 0

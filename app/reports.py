@@ -185,8 +185,14 @@ def text(report: Report) -> str:
 
 # --- json -------------------------------------------------------------------------------
 
+CHECK_SCHEMA = "check/v1"
+"""``schemaVersion`` of ``check -o json`` (docs/schemas/check-output.v1.json): fields are
+only added within a version; anything else is a new version and a CHANGELOG entry."""
+
+
 def as_json(report: Report) -> dict[str, Any]:
     return {
+        "schemaVersion": CHECK_SCHEMA,
         "objects": [{"kind": o.kind, "apiVersion": o.api_version, "namespace": o.namespace,
                      "name": o.name, "source": f"{o.file}#{o.document}", "file": o.file,
                      "document": o.document, "line": o.line, "findings": o.findings,
