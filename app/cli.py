@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -191,6 +192,13 @@ def _parser() -> argparse.ArgumentParser:
                             "WorkerPools from this cluster (one LIST each; api.ate.dev "
                             "ActorTemplates are placed against its WorkerPools); the files' "
                             "objects replace the cluster's of the same name")
+    check.add_argument("--validate", choices=("strict", "warn", "ignore", "true", "false"),
+                       default="strict",
+                       help="field validation as kubectl apply --validate does it, from the "
+                            "schemas of the Kubernetes version in app/data: strict (or true) "
+                            "refuses an object with an unknown field, warn warns and judges it "
+                            "without the field, ignore (or false) drops it silently; an unknown "
+                            "kind of a built-in API group is refused in every mode")
     _audit_parser(sub)
     config = sub.add_parser(
         "webhook-config",
@@ -329,9 +337,56 @@ def _entry(m: Manifest, subject: Subject, result: Evaluation) -> ObjectResult:
                   "line": m.line} for e in result.internal_errors]
     changes = [{"rule": f.rule, "path": f.path, "message": f.message, "line": m.line_of(f.path)}
                for f in result.changes]
+    patch = result.patch
+    refused = [f for f in findings if f["rule"] == "quantities" and f["severity"] == "error"]
+    if refused:
+        # The API server refuses this object before any webhook (a value it cannot decode or
+        # a quantity that does not parse): say only that, and propose no change to it.
+        findings, changes, patch = refused, [], []
     return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
-                        m.source, m.document, m.line, findings, changes, result.patch,
+                        m.source, m.document, m.line, findings, changes, patch,
                         [{"rule": r, "reason": why} for r, why in result.skipped.items()])
+
+
+FIELDS_RULE = "fields"
+"""The rule id of strict field validation's findings (not a rule of the rule set: the API
+server decides it before admission, see app/fieldschema.py)."""
+
+
+def _validate_fields(manifests: list[Manifest], validate: str
+                     ) -> list[tuple[Manifest | ObjectResult, list[dict[str, Any]]]]:
+    """``kubectl apply --validate`` offline, per manifest in input order: the manifest to
+    judge and its field warnings, or the refusal that replaces judging it. strict: an
+    object with an unknown field is refused whole, as the API server refuses it, and is
+    neither judged nor part of the cluster the rules see; warn: a warning per field and the
+    object judged without them (what the server stores); ignore: dropped silently. An
+    unknown kind or version of a built-in group is refused in every mode (kubectl cannot
+    map it)."""
+    from app.fieldschema import default_schema, prune
+
+    schema = default_schema()
+    out: list[tuple[Manifest | ObjectResult, list[dict[str, Any]]]] = []
+    for m in manifests:
+        problems = schema.check(m.obj)
+        fields_only = all(p.unknown_field for p in problems)
+        if not problems or (validate == "ignore" and fields_only):
+            out.append((replace(m, obj=prune(m.obj, problems)) if problems else m, []))
+            continue
+        severity = "warning" if validate == "warn" and fields_only else "error"
+        advice = ("the API server drops it (--validate=warn)" if severity == "warning" else
+                  "kubectl apply refuses the object (strict field validation); fix or remove "
+                  "the field")
+        findings = [{"severity": severity, "rule": FIELDS_RULE, "path": p.path,
+                     "message": f"{p.message}; {advice}" if p.unknown_field else p.message,
+                     "line": m.line_of(p.path)} for p in problems]
+        if severity == "warning":
+            out.append((replace(m, obj=prune(m.obj, problems)), findings))
+            continue
+        meta = m.obj.get("metadata") if isinstance(m.obj.get("metadata"), dict) else {}
+        out.append((ObjectResult(str(m.obj.get("kind", "")), str(m.obj.get("apiVersion", "")),
+                                 str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                                 m.source, m.document, m.line, findings), []))
+    return out
 
 
 ANY_NAMESPACE = "any namespace"
@@ -416,10 +471,13 @@ def _kinds(objects: list[dict[str, Any]]) -> set[str]:
     return {str(o.get("kind")) for o in objects}
 
 
+VALIDATE_ALIASES = {"true": "strict", "false": "ignore"}
+
+
 def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               fail_on: str = "error",
               exclude: list[str] | None = None, allow_empty: bool = False,
-              kubeconfig: str | None = None) -> int:
+              kubeconfig: str | None = None, validate: str = "strict") -> int:
     loaded = load(paths, exclude or ())
     if loaded.errors:
         for error in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line)):
@@ -440,6 +498,8 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
               file=sys.stderr)
         return 0 if allow_empty else 2
+    fielded = _validate_fields(manifests, validate)
+    manifests = [m for m, _ in fielded if isinstance(m, Manifest)]
     context: list[dict[str, Any]] = []
     if kubeconfig:
         from app.cluster.kube import KubeClient, kube_configuration
@@ -460,14 +520,19 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     objects = []
     pools: StaticView | None = None
-    for m in manifests:
+    for m, field_findings in fielded:
+        if isinstance(m, ObjectResult):  # refused by strict field validation
+            objects.append(m)
+            continue
         if is_current_template(m.obj):  # api.ate.dev: placed against every namespace's pools
             if pools is None:
                 pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
             objects.append(_current_template_result(m, manifests, pools, rules, policy))
             continue
         subject = subject_of(m.obj)
-        objects.append(_entry(m, subject, check_object(rules, subject, view, policy)))
+        entry = _entry(m, subject, check_object(rules, subject, view, policy))
+        entry.findings[:0] = field_findings
+        objects.append(entry)
     declared = list(rules.values())
     report = Report(objects, declared,
                     not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
@@ -725,7 +790,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_check(paths, rules, policy, args.output, fail_on=args.fail_on,
                              exclude=args.exclude, allow_empty=args.allow_empty,
-                             kubeconfig=args.kubeconfig)
+                             kubeconfig=args.kubeconfig,
+                             validate=VALIDATE_ALIASES.get(args.validate, args.validate))
         except Exception as exc:  # a bug of ours: say so in one line, the details on request
             if os.environ.get("ENVELOPE_DEBUG"):
                 raise

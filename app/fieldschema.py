@@ -1,0 +1,279 @@
+"""Strict field validation offline: what ``kubectl apply --validate=strict`` refuses.
+
+kubectl asks the API server to decode with ``fieldValidation=Strict``: an unknown or
+mistyped field name anywhere in a built-in object (``resource:`` for ``resources:``,
+``limts:``) refuses the whole object with ``strict decoding error: unknown field
+"spec.template.spec.containers[0].resource"``, and an unknown kind or version of a
+built-in group fails in kubectl's REST mapping (``no matches for kind "Deploymnet" in
+version "apps/v1"``). ``envelope check`` reads raw files, so without this a typo passes
+offline and fails at apply time.
+
+The schema is the API server's own: ``python -m app.fieldschema --kubeconfig K`` reads
+``/openapi/v3`` and discovery from a kube-apiserver and writes the field structure (names,
+nesting, maps, lists, where unknown fields are kept) of every built-in group it serves to
+``app/data/fieldschema.json.gz``. ``e2e/test_fieldschema.py`` rebuilds it from the e2e API
+server and compares, and holds ``envelope check`` to ``kubectl apply --dry-run=server
+--validate=strict`` over generated typos. Custom resources are not covered (their schemas
+are the cluster's CRDs, not Kubernetes'): their objects are never refused here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.config import did_you_mean
+
+__all__ = ["FieldProblem", "FieldSchema", "compact", "default_schema", "prune"]
+
+DATA = Path(__file__).resolve().parent / "data" / "fieldschema.json.gz"
+
+Node = str | dict[str, Any]
+"""A compact schema node: a type name, or ``{"p": {field: node}}`` (an object with these
+fields and no others), ``{"a": node}`` (a map of values of that node), ``{"i": node}`` (a
+list of them), ``{"u": 1}`` (anything is kept: preserve-unknown-fields, RawExtension), or
+``{}`` (a scalar)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FieldProblem:
+    path: str
+    """Where, as the API server names it (``spec.template.spec.containers[0].resource``);
+    ``kind`` or ``apiVersion`` for a type it does not serve."""
+    message: str
+    unknown_field: bool = True
+    """False for an unknown kind or version (the object cannot be judged at all)."""
+
+
+def _ref_name(ref: str) -> str:
+    return ref.rsplit("/", 1)[-1]
+
+
+def _convert(node: Mapping[str, Any]) -> Node:
+    if "$ref" in node:
+        return _ref_name(node["$ref"])
+    all_of = node.get("allOf")
+    if isinstance(all_of, list) and len(all_of) == 1 and "$ref" in all_of[0]:
+        return _ref_name(all_of[0]["$ref"])
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        return {"u": 1}
+    out: dict[str, Any] = {}
+    if isinstance(node.get("properties"), dict):
+        out["p"] = {k: _convert(v) for k, v in sorted(node["properties"].items())}
+    if isinstance(node.get("items"), dict):
+        out["i"] = _convert(node["items"])
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        out["a"] = _convert(extra) if extra else {"u": 1}
+    elif extra is True:
+        out["a"] = {"u": 1}
+    if node.get("type") == "object" and not out:
+        return {"u": 1}  # RawExtension, JSON, FieldsV1: Go decodes anything into them
+    return out
+
+
+LEGACY_GROUPS = frozenset({"", "apps", "autoscaling", "batch", "policy"})
+
+
+def built_in(group: str) -> bool:
+    """Kubernetes' own API groups: the legacy ones and ``*.k8s.io`` (which a CRD may take
+    only with an API-review approval); everything else is a custom resource."""
+    return group in LEGACY_GROUPS or group.endswith(".k8s.io")
+
+
+def compact(openapi: Mapping[str, Mapping[str, Any]], discovery: Mapping[str, Any],
+            version: str) -> dict[str, Any]:
+    """The field structure of every kind the API server serves.
+
+    ``openapi``: ``/openapi/v3`` documents by path (``apis/apps/v1``); ``discovery``:
+    group-version (``apps/v1``, ``v1``) -> its APIResourceList."""
+    types: dict[str, Node] = {}
+    for doc in openapi.values():
+        for name, schema in ((doc.get("components") or {}).get("schemas") or {}).items():
+            types.setdefault(name, _convert(schema))
+    gvk_type: dict[tuple[str, str, str], str] = {}
+    for doc in openapi.values():
+        for name, schema in ((doc.get("components") or {}).get("schemas") or {}).items():
+            for gvk in schema.get("x-kubernetes-group-version-kind") or ():
+                gvk_type.setdefault((gvk.get("group", ""), gvk["version"], gvk["kind"]), name)
+    kinds: dict[str, dict[str, str]] = {}
+    for group_version, resources in sorted(discovery.items()):
+        group, _, ver = group_version.rpartition("/")
+        if not built_in(group):
+            continue
+        for resource in resources.get("resources") or ():
+            if "/" in resource["name"]:
+                continue  # subresources (status, scale, eviction) are not written by files
+            name = gvk_type.get((group, ver, resource["kind"]))
+            if name:
+                kinds.setdefault(group_version, {})[resource["kind"]] = name
+    used: dict[str, Node] = {}
+    pending = [n for by_kind in kinds.values() for n in by_kind.values()]
+    while pending:
+        name = pending.pop()
+        if name in used or name not in types:
+            continue
+        used[name] = types[name]
+        pending.extend(_refs(types[name]))
+    return {"kubernetesVersion": version, "kinds": kinds, "types": dict(sorted(used.items()))}
+
+
+def _refs(node: Node) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+        return
+    for key in ("i", "a"):
+        if key in node:
+            yield from _refs(node[key])
+    for child in (node.get("p") or {}).values():
+        yield from _refs(child)
+
+
+class FieldSchema:
+    """The vendored structure; :meth:`check` finds what strict decoding refuses."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.version: str = data["kubernetesVersion"]
+        self.kinds: dict[str, dict[str, str]] = data["kinds"]
+        self.types: dict[str, Node] = data["types"]
+        self.groups: dict[str, list[str]] = {}
+        for group_version in self.kinds:
+            group, _, ver = group_version.rpartition("/")
+            self.groups.setdefault(group, []).append(ver)
+
+    def covers(self, api_version: str) -> bool:
+        """Whether objects of this apiVersion's group are built into Kubernetes."""
+        return api_version.rpartition("/")[0] in self.groups
+
+    def check(self, obj: Mapping[str, Any]) -> list[FieldProblem]:
+        """Unknown kind/version of a built-in group, else every unknown field (the API
+        server lists them all). ``[]`` for custom resources."""
+        api_version, kind = str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
+        group = api_version.rpartition("/")[0]
+        if group not in self.groups:
+            return []
+        by_kind = self.kinds.get(api_version)
+        if by_kind is None:
+            served = ", ".join(sorted(f"{group}/{v}" if group else v for v in self.groups[group]))
+            return [FieldProblem("apiVersion", f"no matches for kind {kind!r} in version "
+                                               f"{api_version!r}: Kubernetes {self.version} "
+                                               f"serves {served}", False)]
+        if kind not in by_kind:
+            elsewhere = sorted(gv for gv, ks in self.kinds.items() if kind in ks)
+            hint = (f"; {kind} is served by {', '.join(elsewhere)}" if elsewhere
+                    else did_you_mean(kind, by_kind))
+            return [FieldProblem("kind", f"no matches for kind {kind!r} in version "
+                                         f"{api_version!r}{hint}", False)]
+        problems: list[FieldProblem] = []
+        self._walk(obj, by_kind[kind], "", problems)
+        return problems
+
+    def _resolve(self, node: Node) -> dict[str, Any]:
+        while isinstance(node, str):
+            node = self.types.get(node, {"u": 1})
+        return node
+
+    def _walk(self, value: Any, node: Node, path: str, out: list[FieldProblem]) -> None:
+        # An explicit stack: a 1,000-level document must not exhaust Python's recursion.
+        stack: list[tuple[Any, Node, str]] = [(value, node, path)]
+        while stack:
+            value, node, path = stack.pop()
+            shape = self._resolve(node)
+            if "u" in shape:
+                continue
+            if isinstance(value, dict):
+                fields = shape.get("p")
+                if fields is not None:
+                    for key in value:
+                        where = f"{path}.{key}" if path else str(key)
+                        if key not in fields:
+                            out.append(FieldProblem(where, f'unknown field "{where}"'
+                                                           f"{did_you_mean(str(key), fields)}"))
+                    stack.extend((value[k], fields[k], f"{path}.{k}" if path else str(k))
+                                 for k in reversed(list(value)) if k in fields)
+                elif "a" in shape:
+                    stack.extend((v, shape["a"], f"{path}[{k}]") for k, v in value.items())
+            elif isinstance(value, list) and "i" in shape:
+                stack.extend((v, shape["i"], f"{path}[{i}]")
+                             for i, v in reversed(list(enumerate(value))))
+        out.sort(key=lambda p: p.path)
+
+
+def prune(obj: dict[str, Any], problems: list[FieldProblem]) -> dict[str, Any]:
+    """``obj`` without its unknown fields: what the API server stores when asked to warn
+    or ignore (``--validate=warn|false``)."""
+    out = orjson.loads(orjson.dumps(obj))
+    for problem in problems:
+        if not problem.unknown_field:
+            continue
+        parent: Any = out
+        steps = _steps(problem.path)
+        for step in steps[:-1]:
+            parent = parent[step]
+        parent.pop(steps[-1], None)
+    return out
+
+
+def _steps(path: str) -> list[str | int]:
+    steps: list[str | int] = []
+    for part in path.split("."):
+        name, *indexes = part.split("[")
+        if name:
+            steps.append(name)
+        steps.extend(int(i.rstrip("]")) if i.rstrip("]").isdigit() else i.rstrip("]")
+                     for i in indexes)
+    return steps
+
+
+@cache
+def default_schema() -> FieldSchema:
+    """The vendored schema (read once)."""
+    return FieldSchema(orjson.loads(gzip.decompress(DATA.read_bytes())))
+
+
+def read_from_cluster(kubeconfig: str | None) -> dict[str, Any]:
+    """``/openapi/v3`` and discovery of every group-version the API server serves."""
+    from app.cluster.kube import KubeClient, kube_configuration
+
+    client = KubeClient(kube_configuration(kubeconfig))
+    index = client.request("GET", "/openapi/v3")
+    openapi = {path: client.request("GET", entry["serverRelativeURL"])
+               for path, entry in index["paths"].items()
+               if path == "api/v1" or (path.startswith("apis/") and path.count("/") == 2)}
+    discovery: dict[str, Any] = {"v1": client.request("GET", "/api/v1")}
+    for group in client.request("GET", "/apis")["groups"]:
+        for ver in group["versions"]:
+            discovery[ver["groupVersion"]] = client.request("GET", f"/apis/{ver['groupVersion']}")
+    version = client.request("GET", "/version")["gitVersion"]
+    return compact(openapi, discovery, version)
+
+
+def encode(data: Mapping[str, Any]) -> bytes:
+    """The vendored file's bytes: sorted JSON, gzip without a timestamp (reproducible)."""
+    return gzip.compress(orjson.dumps(data, option=orjson.OPT_SORT_KEYS), mtime=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.fieldschema", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kubeconfig", help="the API server to read (default: $KUBECONFIG)")
+    parser.add_argument("--out", default=str(DATA), help="where to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    data = read_from_cluster(args.kubeconfig)
+    Path(args.out).write_bytes(encode(data))
+    print(f"wrote {args.out}: {len(data['types'])} types, "
+          f"{sum(map(len, data['kinds'].values()))} kinds, Kubernetes {data['kubernetesVersion']}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
