@@ -8,7 +8,13 @@
 - A CA rotation never breaks admission: the new CA is first *added* to the bundle
   (old and new trusted), and only after the API server has had it for a while is
   the serving certificate switched to one the new CA signed. The old CA stays in
-  the bundle until it expires.
+  the bundle for a bounded overlap after that switch (``overlap``, 300 s by default,
+  at least four certificate intervals): every replica re-reads the Secret each
+  ``interval`` and loads the new pair, and one that has not read it for half the
+  overlap reports not ready (so it is out of the Service before the old CA goes).
+  The overlap is timed on the leader's monotonic clock from when it first saw the
+  switch, so clock skew between replicas cannot shorten it. Then the bundle holds
+  the current CA only (and the next one while another rotation trusts it).
 - Writing ``envelope.io/rotate: <token>`` on the Secret forces a CA rotation (how
   the e2e suite and an operator who suspects a leaked key trigger it).
 """
@@ -67,20 +73,20 @@ def _der(pem: bytes) -> bytes:
     return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
 
 
-def trusted_bundle(bundle: list[bytes], keep: list[bytes], switched_at: dt.datetime | None,
-                   now: dt.datetime, overlap: dt.timedelta) -> list[bytes]:
+def trusted_bundle(bundle: list[bytes], keep: list[bytes], now: dt.datetime,
+                   since_switch: dt.timedelta | None, overlap: dt.timedelta) -> list[bytes]:
     """The CAs the webhook configurations trust after this step.
 
     ``keep`` (the current CA, and the next one while a rotation is trusting it) is
-    always in, expired CAs never. Any other CA (one rotated out) stays only while
-    ``now`` is within ``overlap`` of the last switch of the serving certificate
-    (``switched_at``; None: no switch is pending), so after that the bundle trusts
-    exactly ``keep`` — not every CA of every rotation until it expires."""
+    always in, expired CAs (by ``now``) never. Any other CA (one rotated out) stays only
+    while ``since_switch`` — how long ago the serving certificate last switched CA, None
+    when no switch is known — is shorter than ``overlap``; after that the bundle trusts
+    exactly ``keep``, not every CA of every rotation until it expires."""
     live = [c for c in bundle if not_after(c) > now]
     wanted = {_der(c) for c in keep}
     have = {_der(c) for c in live}
     live += [c for c in keep if _der(c) not in have]
-    if switched_at is None or now - switched_at >= overlap:
+    if since_switch is None or since_switch >= overlap:
         live = [c for c in live if _der(c) in wanted]
     return live
 
@@ -93,14 +99,6 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
-
-
-def _parse_time(text: str | None) -> dt.datetime | None:
-    try:
-        when = dt.datetime.fromisoformat(text or "")
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
 @dataclass
@@ -205,6 +203,8 @@ class SelfManaged:
     last_error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _read_at: float | None = field(default=None, init=False, repr=False)
+    _switch_seen: tuple[str, float] | None = field(default=None, init=False, repr=False)
+    """(``envelope.io/switched-at`` as read, our monotonic time when we first read it)."""
     monotonic: Callable[[], float] = field(default=time.monotonic)
 
     @property
@@ -344,15 +344,23 @@ class SelfManaged:
             changed = True
             log.info("serving certificate renewed")
         keep = [ca.cert_pem, *([_unb64(data["ca-next.crt"])] if data.get("ca-next.crt") else [])]
-        switched_at = _parse_time(annotations.get(SWITCHED_AT))
-        if switched_at is None and len(trusted_bundle(bundle, keep, None, now, self.overlap)) \
+        mark = annotations.get(SWITCHED_AT)
+        if mark is None and len(trusted_bundle(bundle, keep, now, None, self.overlap)) \
                 < len(bundle):
-            # A rotated-out CA and no (readable) switch time: a Secret written before the
+            # A rotated-out CA and no switch recorded: a Secret written before the
             # overlap was bounded. Start the overlap now rather than drop it at once.
-            annotations[SWITCHED_AT] = now.isoformat()
-            switched_at, changed = now, True
+            mark = annotations[SWITCHED_AT] = now.isoformat()
+            changed = True
+        # The overlap runs on *our* monotonic clock from when we first saw this switch
+        # (as the Lease does): a new leader whose wall clock is ahead of the one that
+        # switched cannot drop the old CA early; it waits a full overlap from failover.
+        since_switch = None
+        if mark is not None:
+            if self._switch_seen is None or self._switch_seen[0] != mark:
+                self._switch_seen = (mark, self.monotonic())
+            since_switch = dt.timedelta(seconds=self.monotonic() - self._switch_seen[1])
         before = {_der(c) for c in bundle}
-        bundle = trusted_bundle(bundle, keep, switched_at, now, self.overlap)
+        bundle = trusted_bundle(bundle, keep, now, since_switch, self.overlap)
         removed = len(before - {_der(c) for c in bundle})
         if removed:
             log.info("CA rotation: rotated-out CA removed from the trust bundle",

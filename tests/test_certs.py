@@ -22,21 +22,20 @@ def ders(bundle: list[bytes]) -> list[str]:
 
 def test_no_rotation_trusts_the_current_ca_only() -> None:
     ca = make_ca().cert_pem
-    assert trusted_bundle([ca], [ca], None, NOW, OVERLAP) == [ca]
-    assert ders(trusted_bundle([], [ca], None, NOW, OVERLAP)) == ders([ca])
+    assert trusted_bundle([ca], [ca], NOW, None, OVERLAP) == [ca]
+    assert ders(trusted_bundle([], [ca], NOW, None, OVERLAP)) == ders([ca])
 
 
 def test_while_trusting_the_next_ca_both_stay() -> None:
     old, nxt = make_ca().cert_pem, make_ca().cert_pem
-    assert trusted_bundle([old, nxt], [old, nxt], None, NOW, OVERLAP) == [old, nxt]
+    assert trusted_bundle([old, nxt], [old, nxt], NOW, None, OVERLAP) == [old, nxt]
 
 
 def test_rotated_out_ca_stays_for_the_overlap_then_goes() -> None:
     old, new = make_ca().cert_pem, make_ca().cert_pem
-    switched = NOW - dt.timedelta(seconds=299)
-    assert trusted_bundle([old, new], [new], switched, NOW, OVERLAP) == [old, new]
-    switched = NOW - dt.timedelta(seconds=300)
-    assert trusted_bundle([old, new], [new], switched, NOW, OVERLAP) == [new]
+    assert trusted_bundle([old, new], [new], NOW, dt.timedelta(seconds=299),
+                          OVERLAP) == [old, new]
+    assert trusted_bundle([old, new], [new], NOW, dt.timedelta(seconds=300), OVERLAP) == [new]
 
 
 def test_two_rotations_end_with_one_ca_not_three() -> None:
@@ -44,16 +43,13 @@ def test_two_rotations_end_with_one_ca_not_three() -> None:
     forced rotations the bundle trusted three CAs."""
     first, second, third = (make_ca().cert_pem for _ in range(3))
     bundle = [first, second, third]
-    recent = NOW - dt.timedelta(seconds=10)
-    assert trusted_bundle(bundle, [third], recent, NOW, OVERLAP) == bundle
-    later = NOW + OVERLAP
-    assert trusted_bundle(bundle, [third], recent, later, OVERLAP) == [third]
+    assert trusted_bundle(bundle, [third], NOW, dt.timedelta(seconds=10), OVERLAP) == bundle
+    assert trusted_bundle(bundle, [third], NOW, OVERLAP, OVERLAP) == [third]
 
 
 def test_a_rotation_started_during_the_overlap_keeps_its_next_ca() -> None:
     old, current, nxt = (make_ca().cert_pem for _ in range(3))
-    long_ago = NOW - dt.timedelta(hours=1)
-    assert trusted_bundle([old, current, nxt], [current, nxt], long_ago, NOW,
+    assert trusted_bundle([old, current, nxt], [current, nxt], NOW, dt.timedelta(hours=1),
                           OVERLAP) == [current, nxt]
 
 
@@ -61,7 +57,8 @@ def test_expired_cas_are_dropped_even_within_the_overlap() -> None:
     expired = make_ca(days=0).cert_pem  # not_after = now: expired by NOW + 1 s
     current = make_ca().cert_pem
     later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
-    assert trusted_bundle([expired, current], [current], later, later, OVERLAP) == [current]
+    assert trusted_bundle([expired, current], [current], later, dt.timedelta(0),
+                          OVERLAP) == [current]
 
 
 def test_issued_by_tells_cas_with_the_same_subject_apart() -> None:
