@@ -285,3 +285,10 @@ def test_save_is_all_or_none_on_a_full_disk(tiny_fs: Path) -> None:
         save_self_signed(certs, ca, ca)
     assert raised.value.filename == str(certs / "ca.crt")
     assert digest(certs) == found
+
+
+def test_an_overlap_shorter_than_four_reload_intervals_is_refused(tmp_path: Path) -> None:
+    out = serve(tmp_path, "--tls-mode", "self", "--namespace", "ns", "--service-name", "svc",
+                "--tls-interval", "5", "--ca-overlap-seconds", "19")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--ca-overlap-seconds 19 is shorter than 4x --tls-interval (20 s)" in out.stderr
