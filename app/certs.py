@@ -8,7 +8,13 @@
 - A CA rotation never breaks admission: the new CA is first *added* to the bundle
   (old and new trusted), and only after the API server has had it for a while is
   the serving certificate switched to one the new CA signed. The old CA stays in
-  the bundle until it expires.
+  the bundle for a bounded overlap after that switch (``overlap``, 300 s by default,
+  at least four certificate intervals): every replica re-reads the Secret each
+  ``interval`` and loads the new pair, and one that has not read it for half the
+  overlap reports not ready (so it is out of the Service before the old CA goes).
+  The overlap is timed on the leader's monotonic clock from when it first saw the
+  switch, so clock skew between replicas cannot shorten it. Then the bundle holds
+  the current CA only (and the next one while another rotation trusts it).
 - Writing ``envelope.io/rotate: <token>`` on the Secret forces a CA rotation (how
   the e2e suite and an operator who suspects a leaked key trigger it).
 """
@@ -25,11 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 
 from app.cluster.kube import ApiError, KubeClient
 from app.tls import KeyPair, TlsState, issue_serving, make_ca, not_after
 
-__all__ = ["LeaseElector", "SelfManaged", "split_bundle"]
+__all__ = ["LeaseElector", "SelfManaged", "split_bundle", "trusted_bundle"]
 
 log = logging.getLogger("envelope.certs")
 
@@ -37,6 +45,7 @@ ROTATE = "envelope.io/rotate"
 ROTATED = "envelope.io/rotated"
 PHASE = "envelope.io/rotation-phase"
 TRUSTING_SINCE = "envelope.io/trusting-since"
+SWITCHED_AT = "envelope.io/switched-at"
 
 
 def _now() -> dt.datetime:
@@ -58,6 +67,38 @@ def split_bundle(pem: bytes) -> list[bytes]:
 
 def _join(certs: list[bytes]) -> bytes:
     return b"".join(certs)
+
+
+def _der(pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+
+
+def trusted_bundle(bundle: list[bytes], keep: list[bytes], now: dt.datetime,
+                   since_switch: dt.timedelta | None, overlap: dt.timedelta) -> list[bytes]:
+    """The CAs the webhook configurations trust after this step.
+
+    ``keep`` (the current CA, and the next one while a rotation is trusting it) is
+    always in, expired CAs (by ``now``) never. Any other CA (one rotated out) stays only
+    while ``since_switch`` — how long ago the serving certificate last switched CA, None
+    when no switch is known — is shorter than ``overlap``; after that the bundle trusts
+    exactly ``keep``, not every CA of every rotation until it expires."""
+    live = [c for c in bundle if not_after(c) > now]
+    wanted = {_der(c) for c in keep}
+    have = {_der(c) for c in live}
+    live += [c for c in keep if _der(c) not in have]
+    if since_switch is None or since_switch >= overlap:
+        live = [c for c in live if _der(c) in wanted]
+    return live
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    """Whether ``ca`` signed ``cert`` (every CA here has the subject ``envelope-ca``,
+    so a subject match would say yes for a rotated-out CA too)."""
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 @dataclass
@@ -155,10 +196,16 @@ class SelfManaged:
     ca_days: int = 3650
     renew_before: dt.timedelta = dt.timedelta(days=30)
     interval: float = 5.0
+    overlap: dt.timedelta = dt.timedelta(seconds=300)
+    """How long a rotated-out CA stays trusted after the serving certificate switched."""
     injected: bool = False
     leader: bool = False
     last_error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _read_at: float | None = field(default=None, init=False, repr=False)
+    _switch_seen: tuple[str, float] | None = field(default=None, init=False, repr=False)
+    """(``envelope.io/switched-at`` as read, our monotonic time when we first read it)."""
+    monotonic: Callable[[], float] = field(default=time.monotonic)
 
     @property
     def secret_path(self) -> str:
@@ -182,6 +229,7 @@ class SelfManaged:
         try:
             self.leader = self.elector.try_acquire()
             secret = self._get_secret()
+            self._read_at = self.monotonic()
             if self.leader:
                 secret = self._reconcile(secret)
             if secret is not None:
@@ -197,6 +245,14 @@ class SelfManaged:
         out = self.state.problems()
         if not out and not self.injected:
             out.append("CA bundle not yet injected into the webhook configurations")
+        unread = None if self._read_at is None else self.monotonic() - self._read_at
+        if unread is not None and unread > self.overlap.total_seconds() / 2:
+            # A rotation may have switched the serving certificate since; the old CA
+            # leaves the bundle ``overlap`` after that switch. Out of the Service
+            # before then rather than serve a certificate nobody trusts any more.
+            out.append(f"certificate Secret {self.namespace}/{self.secret} not read for "
+                       f"{unread:.0f} s (more than half the CA overlap of "
+                       f"{self.overlap.total_seconds():.0f} s)")
         if self.last_error and out:
             out.append(self.last_error)
         return out
@@ -221,12 +277,12 @@ class SelfManaged:
     def _bundle_trusts_loaded_cert(self) -> bool:
         if self.state.cert_pem is None:
             return False
-        issuer = x509.load_pem_x509_certificate(self.state.cert_pem).issuer
+        cert = x509.load_pem_x509_certificate(self.state.cert_pem)
         for _, config in self._configurations():
             for hook in config.get("webhooks") or []:
                 bundle = _unb64((hook.get("clientConfig") or {}).get("caBundle"))
-                subjects = [x509.load_pem_x509_certificate(c) for c in split_bundle(bundle)]
-                if not any(c.subject == issuer for c in subjects):
+                cas = [x509.load_pem_x509_certificate(c) for c in split_bundle(bundle)]
+                if not any(_issued_by(cert, ca) for ca in cas):
                     return False
         return True
 
@@ -277,6 +333,7 @@ class SelfManaged:
                          "tls.crt": _b64(serving.cert_pem), "tls.key": _b64(serving.key_pem)})
             for key in (PHASE, TRUSTING_SINCE):
                 annotations.pop(key, None)
+            annotations[SWITCHED_AT] = now.isoformat()
             if token:
                 annotations[ROTATED] = token
             changed = True
@@ -286,6 +343,28 @@ class SelfManaged:
             data["tls.crt"], data["tls.key"] = _b64(serving.cert_pem), _b64(serving.key_pem)
             changed = True
             log.info("serving certificate renewed")
+        keep = [ca.cert_pem, *([_unb64(data["ca-next.crt"])] if data.get("ca-next.crt") else [])]
+        mark = annotations.get(SWITCHED_AT)
+        if mark is None and len(trusted_bundle(bundle, keep, now, None, self.overlap)) \
+                < len(bundle):
+            # A rotated-out CA and no switch recorded: a Secret written before the
+            # overlap was bounded. Start the overlap now rather than drop it at once.
+            mark = annotations[SWITCHED_AT] = now.isoformat()
+            changed = True
+        # The overlap runs on *our* monotonic clock from when we first saw this switch
+        # (as the Lease does): a new leader whose wall clock is ahead of the one that
+        # switched cannot drop the old CA early; it waits a full overlap from failover.
+        since_switch = None
+        if mark is not None:
+            if self._switch_seen is None or self._switch_seen[0] != mark:
+                self._switch_seen = (mark, self.monotonic())
+            since_switch = dt.timedelta(seconds=self.monotonic() - self._switch_seen[1])
+        before = {_der(c) for c in bundle}
+        bundle = trusted_bundle(bundle, keep, now, since_switch, self.overlap)
+        removed = len(before - {_der(c) for c in bundle})
+        if removed:
+            log.info("CA rotation: rotated-out CA removed from the trust bundle",
+                     extra={"fields": {"removed": removed, "trusted": len(bundle)}})
         if _b64(_join(bundle)) != data.get("ca-bundle.crt"):
             data["ca-bundle.crt"] = _b64(_join(bundle))
             changed = True

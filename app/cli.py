@@ -138,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
                        help='renew this many days before expiry (--tls-mode self)')
     serve.add_argument("--tls-interval", type=float, default=5.0,
                        help="seconds between certificate checks (self mode)")
+    serve.add_argument("--ca-overlap-seconds", type=float, default=300.0,
+                       help="after a CA rotation switched the serving certificate, keep the "
+                            "old CA in the caBundle this long, then drop it (at least 4x "
+                            "--tls-interval; a replica that has not read the Secret for half "
+                            "of it reports not ready) (--tls-mode self)")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                        help="read the cluster through this kubeconfig (default: in-cluster)")
     serve.add_argument("--cluster-view", choices=("auto", "live", "none"),
@@ -543,43 +548,61 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
 
 
-def _cluster_view(args: argparse.Namespace, rules: RuleSet,
-                  policy: Policy) -> tuple[Any, dict[str, Any]]:
+def _cluster_view(args: argparse.Namespace, rules: RuleSet, policy: Policy,
+                  configuration: Any, where: str) -> tuple[Any, dict[str, Any]]:
     """The live view (started) of what the rules read, and its readiness check, or an
-    empty static view."""
+    empty static view (``none``, or ``auto`` with no cluster configuration at all —
+    said in a WARNING line). (None, {}) when ``live`` has no cluster to watch."""
     import logging
 
-    from app.cluster.kube import kube_configuration
     from app.cluster.live import LiveView, resources_for
 
     log = logging.getLogger("envelope")
     if args.cluster_view == "none":
         return StaticView(indexes=rules.indexes), {}
-    try:
-        configuration = kube_configuration(args.kubeconfig)
-    except Exception as exc:
+    if configuration is None:
         if args.cluster_view == "live":
-            print(f"envelope serve: no cluster configuration: {exc}", file=sys.stderr)
+            print(f"envelope serve: --cluster-view live needs a cluster configuration: {where}",
+                  file=sys.stderr)
             return None, {}
-        log.warning("no cluster configuration; rules see an empty cluster",
-                    extra={"fields": {"reason": str(exc)[:200]}})
+        log.warning("--cluster-view auto found no cluster configuration: the rules see an "
+                    "EMPTY cluster (as --cluster-view none), so checks that read quotas, "
+                    "LimitRanges, Nodes or queues allow what they cannot see; give "
+                    "--kubeconfig or run in a pod for a live view, or say --cluster-view none",
+                    extra={"fields": {"clusterView": "none", "reason": where}})
         return StaticView(indexes=rules.indexes), {}
     kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
     view = LiveView(configuration, resources_for(kinds), staleness=args.staleness,
                     indexes=rules.indexes)
     view.start()
-    log.info("watching the cluster", extra={"fields": {"host": configuration.host}})
+    log.info("watching the cluster", extra={"fields": {"host": configuration.host,
+                                                       "from": where}})
     return view, {"cluster view": view.problems}
 
 
-def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] | None:
-    """The server's TLS state and its readiness check, per ``--tls-mode``."""
+def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
+         after_start: list[Any]) -> tuple[Any, dict[str, Any]] | None:
+    """The server's TLS state and its readiness check, per ``--tls-mode``. What must
+    wait until the server is listening (writing new ``--self-signed`` files, watching
+    them) is appended to ``after_start``: a start that fails before leaves the files it
+    found as they were."""
     import datetime as dt
+    import logging
     import socket
 
     from app.certs import LeaseElector, SelfManaged
-    from app.cluster.kube import KubeClient, kube_configuration
-    from app.tls import FileWatcher, KeyPair, TlsState, client_ca_problem, write_self_signed
+    from app.cluster.kube import KubeClient
+    from app.tls import (
+        SELF_SIGNED_NAMES,
+        FileWatcher,
+        KeyPair,
+        TlsState,
+        client_ca_problem,
+        issue_serving,
+        make_ca,
+        reusable_self_signed,
+        save_self_signed,
+    )
 
     client_ca: bytes | None = None
     client_names = frozenset(n.strip() for n in (args.client_names or "").split(",") if n.strip())
@@ -602,9 +625,31 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
     state = TlsState(on_load=lambda when: metrics.cert_expiry.set(when.timestamp()),
                      client_ca=client_ca, client_names=client_names)
     if args.self_signed:
-        paths = write_self_signed(Path(args.self_signed_dir))
-        print(f"CA certificate: {paths.ca}", flush=True)
-        args.cert_file, args.key_file = str(paths.cert), str(paths.key)
+        directory = Path(args.self_signed_dir)
+        found = reusable_self_signed(directory)
+        if isinstance(found, str):
+            logging.getLogger("envelope").info(
+                "making a new self-signed CA and serving certificate; written once the "
+                "server listens", extra={"fields": {"directory": str(directory),
+                                                    "reason": found}})
+            ca = make_ca()
+            serving = issue_serving(ca, SELF_SIGNED_NAMES)
+            if not state.load(serving):
+                print("envelope serve: cannot load the new self-signed certificate (see the "
+                      "log line above)", file=sys.stderr)
+                return None
+
+            def save() -> None:
+                paths = save_self_signed(directory, ca, serving)
+                print(f"CA certificate: {paths.ca}", flush=True)
+                watcher = FileWatcher(state, paths.cert, paths.key)
+                watcher.check()
+                watcher.start()
+
+            after_start.append(save)
+            return state, {"certificate": state.problems}
+        print(f"CA certificate: {found.ca}", flush=True)
+        args.cert_file, args.key_file = str(found.cert), str(found.key)
     if args.tls_mode == "files" or args.self_signed:
         if not (args.cert_file and args.key_file):
             print("envelope serve: give --cert-file and --key-file, --self-signed, or "
@@ -627,7 +672,11 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
         print("envelope serve: --tls-mode self needs --namespace and --service-name",
               file=sys.stderr)
         return None
-    client = KubeClient(kube_configuration(args.kubeconfig))
+    if configuration is None:
+        print(f"envelope serve: --tls-mode self keeps its Secret and caBundle through the "
+              f"API server, and there is no cluster configuration: {where}", file=sys.stderr)
+        return None
+    client = KubeClient(configuration)
     svc, ns = args.service_name, args.namespace
     names = [f"{svc}.{ns}.svc", svc, f"{svc}.{ns}", f"{svc}.{ns}.svc.cluster.local",
              *args.tls_extra_san]
@@ -639,7 +688,8 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
         client, state, ns, args.tls_secret, names, configs,
         LeaseElector(client, ns, args.lease_name, identity),
         cert_days=args.cert_validity_days, ca_days=args.ca_validity_days,
-        renew_before=dt.timedelta(days=args.renew_before_days), interval=args.tls_interval)
+        renew_before=dt.timedelta(days=args.renew_before_days), interval=args.tls_interval,
+        overlap=dt.timedelta(seconds=args.ca_overlap_seconds))
     for _ in range(30):  # a certificate before serving, if the API server lets us
         manager.step()
         if state.cert_pem is not None:
@@ -650,7 +700,8 @@ def _tls(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] |
     return state, {"certificate": manager.problems}
 
 
-def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any]) -> None:
+def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any],
+                            configuration: Any, where: str) -> None:
     """With the webhook configurations named, raise their webhooks to the failurePolicy
     the chart recorded once this replica is ready and reachable through them
     (``app.failurepolicy``)."""
@@ -659,31 +710,30 @@ def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any]) ->
                if n]
     if not configs:
         return
-    from app.cluster.kube import KubeClient, kube_configuration
+    from app.cluster.kube import KubeClient
     from app.failurepolicy import PolicyRaiser
 
-    try:
-        client = KubeClient(kube_configuration(args.kubeconfig))
-    except Exception as exc:  # no cluster: nothing to raise
-        print(f"envelope serve: cannot raise failure policies: {exc}", file=sys.stderr)
+    if configuration is None:  # no cluster: nothing to raise
+        print(f"envelope serve: cannot raise failure policies: {where}", file=sys.stderr)
         return
+    client = KubeClient(configuration)
     PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values())).start()
 
 
-def _caller_check(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str, Any]] | None:
+def _caller_check(args: argparse.Namespace, metrics: Any, configuration: Any,
+                  where: str) -> tuple[Any, dict[str, Any]] | None:
     """The KEP-6060 token check and its readiness check (None: cannot start it)."""
     from app.callerauth import CallerCheck, KeySource
-    from app.cluster.kube import KubeClient, kube_configuration
+    from app.cluster.kube import KubeClient
 
     configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
                                    ("validatingwebhookconfigurations", args.validating_config))
                if n]
-    try:
-        client = KubeClient(kube_configuration(args.kubeconfig))
-    except Exception as exc:
-        print(f"envelope serve: --caller-token needs the API server (its keys): {exc}",
+    if configuration is None:
+        print(f"envelope serve: --caller-token needs the API server (its keys): {where}",
               file=sys.stderr)
         return None
+    client = KubeClient(configuration)
     source = KeySource(lambda path, accept: client.request("GET", path, timeout=5, accept=accept),
                        configs)
     source.start()
@@ -694,32 +744,53 @@ def _caller_check(args: argparse.Namespace, metrics: Any) -> tuple[Any, dict[str
     return CallerCheck(args.caller_token, source), ready
 
 
+def _cluster_configuration(args: argparse.Namespace) -> tuple[Any, str]:
+    """The cluster configuration every part of ``serve`` uses, decided once
+    (``app.cluster.kube.serve_configuration``); raises ClusterConfigError."""
+    from app.cluster.kube import serve_configuration
+
+    uses = (args.cluster_view != "none" or args.tls_mode == "self"
+            or args.caller_token != "off" or args.mutating_config or args.validating_config)
+    if not uses:
+        return None, "nothing in this start reads the cluster (--cluster-view none)"
+    return serve_configuration(args.kubeconfig or None)
+
+
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
 
+    from app.cluster.kube import ClusterConfigError
     from app.logs import setup_logging
     from app.metrics_server import MetricsServer
     from app.server import Metrics, create_app
+    from app.serving import Server
 
     setup_logging(args.log_level)
+    try:
+        configuration, where = _cluster_configuration(args)
+    except ClusterConfigError as exc:
+        print(f"envelope serve: {exc}; refusing to start rather than run without the "
+              f"cluster it was given (rules would see an empty cluster)", file=sys.stderr)
+        return 2
     metrics = Metrics()
-    tls = _tls(args, metrics)
+    after_start: list[Any] = []
+    tls = _tls(args, metrics, configuration, where, after_start)
     if tls is None:
         return 2
     state, checks = tls
-    view, view_checks = _cluster_view(args, rules, policy)
+    view, view_checks = _cluster_view(args, rules, policy, configuration, where)
     if view is None:
         return 2
     metrics.watches.view = view
     all_checks = {**checks, **view_checks}
     caller = None
     if args.caller_token != "off":
-        made = _caller_check(args, metrics)
+        made = _caller_check(args, metrics, configuration, where)
         if made is None:
             return 2
         caller, caller_checks = made
         all_checks.update(caller_checks)
-    _raise_failure_policies(args, all_checks)
+    _raise_failure_policies(args, all_checks, configuration, where)
     app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics, caller=caller)
     if args.metrics_port:
         def failing() -> list[str]:
@@ -734,8 +805,9 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
                                               state.peer_allowed if args.client_ca_file else None))
     config.load()
     config.ssl = state.context
-    uvicorn.Server(config).run()
-    return 0
+    server = Server(config, after_start)
+    server.run()
+    return server.exit_code
 
 
 def _serve_problem(args: argparse.Namespace) -> str | None:
@@ -746,6 +818,10 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
         return (f"unknown log level {args.log_level!r}; use one of debug, info, warning, "
                 f"error, critical")
+    if args.tls_mode == "self" and args.ca_overlap_seconds < 4 * args.tls_interval:
+        return (f"--ca-overlap-seconds {args.ca_overlap_seconds:g} is shorter than 4x "
+                f"--tls-interval ({4 * args.tls_interval:g} s): replicas reload the Secret "
+                f"every --tls-interval and must have done so before the old CA is dropped")
     if args.caller_token != "off" and not (args.validating_config or args.mutating_config):
         return ("--caller-token needs --validating-webhook-configuration and/or "
                 "--mutating-webhook-configuration (a token must be bound to one of them)")

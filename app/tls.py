@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "client_ca_problem",
-           "issue_serving", "make_ca",
-           "not_after", "peer_names", "write_self_signed"]
+           "issue_serving", "make_ca", "not_after", "peer_names", "reusable_self_signed",
+           "save_self_signed", "self_signed_paths", "write_self_signed"]
 
 log = logging.getLogger("envelope.tls")
 
@@ -104,20 +104,97 @@ def not_after(cert_pem: bytes) -> dt.datetime:
     return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
 
 
+SELF_SIGNED_NAMES = ["localhost", "127.0.0.1", "::1"]
+
+
 def write_self_signed(directory: Path, names: list[str] | None = None,
                       days: int = 365) -> CertPaths:
     """Make a CA and a serving certificate signed by it, with SANs for ``names``
-    (default localhost, 127.0.0.1, ::1). Keys are written with mode 0600."""
-    names = names or ["localhost", "127.0.0.1", "::1"]
-    directory.mkdir(parents=True, exist_ok=True)
+    (default localhost, 127.0.0.1, ::1), and write them (:func:`save_self_signed`)."""
+    names = names or SELF_SIGNED_NAMES
     ca = make_ca(days=days)
-    serving = issue_serving(ca, names, days)
-    paths = CertPaths(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
-    paths.ca.write_bytes(ca.cert_pem)
-    paths.cert.write_bytes(serving.cert_pem)
-    paths.key.touch(mode=0o600)
-    paths.key.write_bytes(serving.key_pem)
+    return save_self_signed(directory, ca, issue_serving(ca, names, days))
+
+
+def self_signed_paths(directory: Path) -> CertPaths:
+    return CertPaths(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+
+
+def save_self_signed(directory: Path, ca: KeyPair, serving: KeyPair) -> CertPaths:
+    """Write ca.crt, tls.crt and tls.key (mode 0600) into ``directory``, all or none:
+    each goes to a temporary file next to it, flushed to disk, and only when all three
+    are written are they renamed over the old ones. A failed write (a full disk, a
+    read-only directory) leaves the files that were there intact and raises an
+    OSError whose ``filename`` is the path that could not be written."""
+    paths = self_signed_paths(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for target, data, mode in ((paths.ca, ca.cert_pem, 0o644),
+                                   (paths.cert, serving.cert_pem, 0o644),
+                                   (paths.key, serving.key_pem, 0o600)):
+            temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+                staged.append((temporary, target))
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        for temporary, target in staged:
+            try:
+                os.replace(temporary, target)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        staged = []
+    finally:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
     return paths
+
+
+def reusable_self_signed(directory: Path, names: list[str] | None = None,
+                         min_left: dt.timedelta = dt.timedelta(days=7)) -> CertPaths | str:
+    """The pair already in ``directory`` if it can serve as it is (both files and the
+    CA readable, the certificate signed by that CA, its key matching, SANs covering
+    ``names``, more than ``min_left`` before it expires), else why not. Reusing it
+    keeps the CA a client was given across restarts."""
+    paths = self_signed_paths(directory)
+    try:
+        ca_pem, cert_pem, key_pem = (p.read_bytes() for p in (paths.ca, paths.cert, paths.key))
+    except OSError as exc:
+        return f"cannot read {exc.filename}: {exc.strerror}"
+    try:
+        ca_cert = x509.load_pem_x509_certificate(ca_pem)
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cert.verify_directly_issued_by(ca_cert)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if key.public_key().public_bytes(serialization.Encoding.DER,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo) != \
+                cert.public_key().public_bytes(serialization.Encoding.DER,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo):
+            return f"{paths.key} does not match {paths.cert}"
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except Exception as exc:  # unparsable, not signed by the CA, no SANs: make a new pair
+        return f"unusable pair in {directory}: {type(exc).__name__}: {str(exc)[:200]}"
+    have = {str(v) for v in sans.get_values_for_type(x509.DNSName)}
+    have |= {str(v) for v in sans.get_values_for_type(x509.IPAddress)}
+    missing = [n for n in (names or SELF_SIGNED_NAMES) if str(_normal(n)) not in have]
+    if missing:
+        return f"{paths.cert} lacks the names {', '.join(missing)}"
+    left = min(cert.not_valid_after_utc, ca_cert.not_valid_after_utc) - _now()
+    if left < min_left:
+        return f"{paths.cert} expires in {left} (less than {min_left})"
+    return paths
+
+
+def _normal(name: str) -> str:
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name
 
 
 class TlsState:

@@ -1,5 +1,6 @@
 """``--tls-mode self`` against the real API server: the webhook makes its CA, injects it
-into its own configurations, and rotates it while requests keep being admitted."""
+into its own configurations, and rotates it while requests keep being admitted; after
+each forced rotation and the bounded overlap the caBundle trusts the new CA only."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 import harness
 from harness import Cluster
@@ -23,10 +26,11 @@ from harness import Cluster
 CONFIG = "envelope-self-e2e"
 NAMESPACE = "envelope-system"
 LABEL = "envelope.test/self-tls"
+OVERLAP = 8  # seconds the rotated-out CA stays trusted after the switch (4x --tls-interval 1 is the floor)
 
 
-def served_issuer(port: int) -> str:
-    """The issuer of the certificate a replica serves right now (no verification)."""
+def served_cert(port: int) -> x509.Certificate:
+    """The certificate a replica serves right now (no verification)."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
@@ -34,8 +38,24 @@ def served_issuer(port: int) -> str:
             ctx.wrap_socket(raw) as tls:
         der = tls.getpeercert(binary_form=True)
     assert der
-    return x509.load_der_x509_certificate(der).issuer.rfc4514_string() + \
-        f" serial={x509.load_der_x509_certificate(der).serial_number}"
+    return x509.load_der_x509_certificate(der)
+
+
+def served_issuer(port: int) -> str:
+    cert = served_cert(port)
+    return cert.issuer.rfc4514_string() + f" serial={cert.serial_number}"
+
+
+def bundle_cas(encoded: str) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(base64.b64decode(encoded))
+
+
+def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except Exception:
+        return False
+    return True
 
 
 def configurations(port: int) -> list[dict]:
@@ -63,7 +83,7 @@ def start_replica(cluster: Cluster, workdir: Path, name: str) -> tuple[harness.M
            "--metrics-port", str(metrics), "--tls-mode", "self", "--namespace", NAMESPACE,
            "--service-name", "envelope", "--tls-extra-san", "127.0.0.1",
            "--mutating-webhook-configuration", CONFIG, "--validating-webhook-configuration", CONFIG,
-           "--tls-interval", "1", "--cluster-view", "live"]
+           "--tls-interval", "1", "--ca-overlap-seconds", str(OVERLAP), "--cluster-view", "live"]
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAME": name,
            "PYTHONPATH": str(harness.REPO_ROOT)}
     proc = harness.start_process(cmd, workdir / f"{name}.log", name=name, env=env, cwd=harness.REPO_ROOT)
@@ -147,22 +167,48 @@ def test_self_mode_injects_and_rotates_without_failed_admissions(
 
     worker = threading.Thread(target=admit)
     worker.start()
+    trusted: list[list[str]] = []
     try:
         time.sleep(2)
-        before = {port: served_issuer(port) for _, port in replicas}
-        cluster.kubectl("annotate", "secret", "envelope-tls", "-n", NAMESPACE, "envelope.io/rotate=r1")
-        wait(lambda: cluster.kubectl_json("get", "secret", "envelope-tls", "-n", NAMESPACE)["metadata"]
-             .get("annotations", {}).get("envelope.io/rotated") == "r1", 60, "rotation finished")
-        for _, port in replicas:  # every replica reloads the new certificate from the Secret
-            wait(lambda port=port: served_issuer(port) != before[port], 30, "replica reloaded")
-        time.sleep(3)
+        for token in ("r1", "r2"):  # two forced rotations ("suspected leaked key")
+            trusted.append(rotate(cluster, replicas, token))
     finally:
         stop.set()
         worker.join(60)
     failures = [err for code, err in results if code]
+    print(f"\nself TLS rotation: {len(results)} admissions through the webhooks, "
+          f"{len(failures)} failed; CAs trusted after each rotation: {[len(t) for t in trusted]}")
     assert len(results) >= 5, results
     assert failures == [], failures[:3]
-    # old and new CA both trusted: the bundle holds two certificates
-    rotated = base64.b64decode(secret_bundle(cluster)).count(b"BEGIN CERTIFICATE")
-    assert rotated == 2
+    # each rotation ended with one CA, a new one each time (before: 2, then 3 CAs trusted)
+    assert [len(t) for t in trusted] == [1, 1] and trusted[0] != trusted[1], trusted
     assert injected(cluster) == [secret_bundle(cluster)] * 2
+
+
+def rotate(cluster: Cluster, replicas: list[tuple[harness.ManagedProcess, int]],
+           token: str) -> list[str]:
+    """Force a rotation, see both CAs trusted while replicas reload, then only the new
+    one after the overlap; returns the fingerprints the bundle ends with."""
+    def secret() -> dict:
+        return cluster.kubectl_json("get", "secret", "envelope-tls", "-n", NAMESPACE)
+
+    before = {port: served_issuer(port) for _, port in replicas}
+    cluster.kubectl("annotate", "--overwrite", "secret", "envelope-tls", "-n", NAMESPACE,
+                    f"envelope.io/rotate={token}")
+    wait(lambda: secret()["metadata"].get("annotations", {}).get("envelope.io/rotated") == token,
+         60, f"rotation {token} finished")
+    switched = secret()
+    seen = time.time()
+    switched_at = datetime.fromisoformat(switched["metadata"]["annotations"]["envelope.io/switched-at"])
+    if seen - switched_at.timestamp() < OVERLAP - 1:  # still inside the overlap: both trusted
+        assert len(bundle_cas(switched["data"]["ca-bundle.crt"])) >= 2
+    for _, port in replicas:  # every replica reloads the new certificate from the Secret
+        wait(lambda port=port: served_issuer(port) != before[port], 30, "replica reloaded")
+    wait(lambda: len(bundle_cas(secret_bundle(cluster))) == 1, OVERLAP + 30,
+         f"old CA dropped after rotation {token}")
+    wait(lambda: injected(cluster) == [secret_bundle(cluster)] * 2, 30, "bundle injected")
+    [ca] = bundle_cas(secret_bundle(cluster))
+    for _, port in replicas:  # what every replica serves chains to the one trusted CA
+        assert signed_by(served_cert(port), ca)
+    time.sleep(2)  # admissions keep passing with the single-CA bundle in place
+    return [ca.fingerprint(hashes.SHA256()).hex()]

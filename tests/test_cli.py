@@ -254,7 +254,9 @@ def test_serve_refuses_a_busy_port_and_an_unknown_log_level_cleanly() -> None:
         in out.stderr
     out = envelope("serve", "--self-signed", "--port", "0", "--metrics-port", "0", "--caller-token", "warn",
                    "--validating-webhook-configuration", "envelope", "--kubeconfig", "/nonexistent")
-    assert out.returncode == 2 and "--caller-token needs the API server" in out.stderr
+    # the kubeconfig asked for cannot be loaded: refused before anything else, naming it
+    assert out.returncode == 2 and "cannot load kubeconfig (--kubeconfig / KUBECONFIG) " \
+        "/nonexistent: no such file; refusing to start" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -4,6 +4,7 @@ and out — no generated models on any path we own."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import orjson
@@ -12,7 +13,8 @@ from kubernetes import config as kube_config
 from kubernetes.client import Configuration
 from kubernetes.client.rest import RESTClientObject
 
-__all__ = ["ApiError", "KubeClient", "kube_configuration"]
+__all__ = ["ApiError", "ClusterConfigError", "KubeClient", "kube_configuration",
+           "serve_configuration"]
 
 
 def kube_configuration(kubeconfig: str | None = None) -> Configuration:
@@ -26,6 +28,55 @@ def kube_configuration(kubeconfig: str | None = None) -> Configuration:
             pass
     kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     return configuration
+
+
+class ClusterConfigError(Exception):
+    """A cluster configuration was asked for (or found) and cannot be loaded."""
+
+
+DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+def serve_configuration(kubeconfig: str | None) -> tuple[Configuration | None, str]:
+    """The cluster ``envelope serve`` reads, decided once at start: (configuration,
+    where it came from), or (None, why there is none).
+
+    - A kubeconfig asked for (``--kubeconfig`` or ``KUBECONFIG``; a list separated by
+      ``:`` as kubectl reads it) must load: a missing, empty or unparsable file raises
+      :class:`ClusterConfigError` naming it — never an empty cluster in its place.
+    - Else, in a pod (``KUBERNETES_SERVICE_HOST`` set) the service account must load.
+    - Else ``~/.kube/config`` if it exists (and then it must load).
+    - Else there is no cluster: (None, the reason), for ``--cluster-view auto`` to say
+      loudly that rules see an empty cluster.
+    """
+    def load(path: str, what: str) -> Configuration:
+        paths = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
+        if not any(os.path.isfile(p) for p in paths):
+            raise ClusterConfigError(f"cannot load {what} {path}: no such file")
+        configuration = Configuration()
+        try:
+            kube_config.load_kube_config(config_file=path, client_configuration=configuration)
+        except Exception as exc:  # yaml, ConfigException, a missing cert file: all mean unusable
+            text = " ".join(str(exc).split())[:300]
+            raise ClusterConfigError(f"cannot load {what} {path}: {text}") from exc
+        return configuration
+
+    if kubeconfig:
+        return load(kubeconfig, "kubeconfig (--kubeconfig / KUBECONFIG)"), f"kubeconfig {kubeconfig}"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = Configuration()
+        try:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        except Exception as exc:
+            raise ClusterConfigError(
+                f"in a pod (KUBERNETES_SERVICE_HOST is set) but the service account "
+                f"configuration cannot be loaded: {exc}") from exc
+        return configuration, "in-cluster service account"
+    default = os.path.expanduser(DEFAULT_KUBECONFIG)
+    if os.path.exists(default):
+        return load(default, "kubeconfig"), f"kubeconfig {default}"
+    return None, (f"no --kubeconfig or KUBECONFIG given, not in a pod (no "
+                  f"KUBERNETES_SERVICE_HOST) and no {default}")
 
 
 class ApiError(Exception):
