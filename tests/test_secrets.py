@@ -11,7 +11,11 @@ HTTP handler (response and log line) and by ``envelope check`` in every output f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +179,87 @@ def test_pairs_know_where_their_value_lies() -> None:
     with pytest.raises(PairError) as caught:
         parse_envelope_string("a=1, bogus ,c=2")
     assert caught.value.span == (5, 10)
+
+
+# --- logged fields are capped (3 MB reviews wrote 57 MiB of log in half a second) ---
+
+def _lines(err: str, marker: str) -> list[str]:
+    return [line for line in err.splitlines() if marker in line]
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_a_review_with_megabyte_uid_name_and_namespace_logs_under_4_kib(
+        path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    size = 600_000  # five of them (uid, name and namespace twice): a 3 MB review
+    uid, name, namespace = "u" * size, "n" * size, "s" * size
+    env = [{"name": "RESOURCE_LIMITS", "value": "memory=1Gi"},
+           {"name": "RESOURCE_REQUESTS", "value": "memory=2Gi"}]
+    obj = workload("Deployment", [container(limits={"cpu": "1", "memory": "1Gi"}, env=env)],
+                   name=name, namespace=namespace)
+    review = _review(obj, uid)
+    review["request"].update(name=name, namespace=namespace)
+    answer = _post(create_app(RULES, Policy()), path, review)
+    assert answer["uid"] == uid  # the answer still carries the whole uid
+    logged = _lines(capsys.readouterr().err, '"logger":"envelope.admission"')
+    assert len(logged) == 1
+    line = logged[0]
+    assert len(line.encode()) < 4096, len(line)
+    record = json.loads(line)
+    assert record["uid"].startswith("u" * 128) and record["uid"].endswith(
+        "…[cut: 600,000 characters]")
+    assert record["name"] == "n" * 253 + "…[cut: 600,000 characters]"
+    assert record["namespace"] == "s" * 63 + "…[cut: 600,000 characters]"
+    assert record["decision"] == {"/mutate": "patch", "/validate": "deny"}[path]
+
+
+def test_a_megabyte_kind_is_capped_too(capsys: pytest.CaptureFixture[str]) -> None:
+    review = _review({"metadata": {"name": "x"}}, "u-kind")
+    review["request"]["kind"] = {"group": "g" * 1_000_000, "version": "v1", "kind": "K" * 1_000_000}
+    answer = _post(create_app(RULES, Policy()), "/validate", review)
+    assert answer["uid"] == "u-kind" and answer["allowed"] is True
+    [line] = _lines(capsys.readouterr().err, '"u-kind"')
+    assert len(line.encode()) < 4096
+
+
+def _formatted(record: logging.LogRecord) -> str:
+    from app.logs import JsonFormatter
+    return JsonFormatter().format(record)
+
+
+def test_every_logging_call_is_capped() -> None:
+    """Fields, the message, the uid and a traceback quoting an object: each bounded."""
+    from app.logs import FIELD_LIMITS, LINE_LIMIT
+    big = "x" * 3_000_000
+    try:
+        raise KeyError(big)
+    except KeyError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("envelope.test", logging.ERROR, __file__, 1, "rule %s failed",
+                               (big,), exc_info)
+    record.fields = {"error": big, "nested": {"deep": ["y" * 1000] * 40}, big: 1}  # type: ignore[attr-defined]
+    record.uid = big  # type: ignore[attr-defined]
+    line = _formatted(record)
+    assert len(line.encode()) <= LINE_LIMIT
+    data = json.loads(line)
+    assert data["msg"].endswith("…[cut: 3,000,012 characters]")
+    assert len(data["uid"]) < FIELD_LIMITS["uid"] + 40
+    assert len(data["exception"]) < FIELD_LIMITS["exception"] + 40
+    assert "KeyError" in data["exception"]
+    assert data["nested"]["deep"][-1] == "…[24 more]"
+    assert data["error"] == "x" * 256 + "…[cut: 3,000,000 characters]"
+
+
+def test_a_line_of_many_wide_fields_stays_under_the_line_limit() -> None:
+    """Characters JSON writes six bytes wide, in every field at its limit: the line is
+    written again with its short scalars, naming what it dropped."""
+    from app.logs import LINE_LIMIT, admission_log
+    wide = "\x00" * 100_000
+    fields: dict[str, Any] = {f"f{i}": wide for i in range(40)}
+    fields.update(uid="u-wide", decision="deny", name=wide, message=wide)
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured):
+        admission_log.write(fields)
+    line = captured.getvalue().strip()
+    assert len(line.encode()) <= LINE_LIMIT
+    data = json.loads(line)
+    assert data["uid"] == "u-wide" and data["decision"] == "deny" and "dropped:" in data["cut"]
