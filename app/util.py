@@ -9,7 +9,7 @@ from collections.abc import Hashable, Iterable
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-__all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "dig", "dotted", "plain_number", "shown",
+__all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "cut_middle", "dig", "dotted", "plain_number", "shown",
            "undotted"]
 
 WARNING_LIMIT = 120
@@ -67,6 +67,18 @@ def cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}…[cut: {len(text):,} characters]"
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: its beginning and its end (where a
+    message says what to change) around ``…[cut: 3,000,000 characters]…``. Applied
+    twice, the same."""
+    if len(text) <= limit:
+        return text
+    marker = f"…[cut: {len(text):,} characters]…"
+    keep = max(0, limit - len(marker))
+    head = (keep + 1) // 2
+    return f"{text[:head]}{marker}{text[len(text) - (keep - head):] if keep > head else ''}"
 
 
 def shown(text: str, limit: int = 80) -> str:

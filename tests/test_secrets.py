@@ -263,3 +263,77 @@ def test_a_line_of_many_wide_fields_stays_under_the_line_limit() -> None:
     assert len(line.encode()) <= LINE_LIMIT
     data = json.loads(line)
     assert data["uid"] == "u-wide" and data["decision"] == "deny" and "dropped:" in data["cut"]
+
+
+# --- what an object holds reaches a message only cut (audit of class 5) ---
+
+BIG = 2_000_000
+BOUNDED_CASES = {
+    # a CRD or a file keeps a quantity as written; the message quoted it whole, twice
+    "bad quantity": container(limits={"memory": "x" * BIG}, requests={"memory": "1Gi"}),
+    "long container name": container(name="c" * BIG, limits={"cpu": "1", "memory": "1Gi"},
+                                     requests={"memory": "2Gi"}),
+    "long resource name": container(limits={"k" * BIG: "x"}, requests={"memory": "2Gi"}),
+    "deep value": container(limits={"memory": {"a": {"b": ["v" * 1000] * 1000}}}),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDED_CASES)
+def test_a_megabyte_value_makes_a_denial_of_a_few_kib(case: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    obj = workload("Deployment", [BOUNDED_CASES[case]])
+    answer = _post(create_app(RULES, Policy()), "/validate", _review(obj, "u-big"))
+    assert answer["allowed"] is False
+    message = answer["status"]["message"]
+    assert len(message) < 8192, len(message)  # was 2-4 MB: the value, once per error
+    assert message.endswith("]")  # the rule id, after the cut
+    if case != "deep value":  # that one is described by its type, never quoted
+        assert "…[cut: " in message
+    [line] = _lines(capsys.readouterr().err, '"u-big"')
+    assert len(line.encode()) < 4096
+
+
+def test_findings_keep_their_beginning_and_end() -> None:
+    from app.rules.base import MESSAGE_LIMIT, PATH_LIMIT, error
+    finding = error("spec." + "p" * 10_000, "container: " + "v" * 10_000 + " is not a quantity")
+    assert len(finding.message) <= MESSAGE_LIMIT and len(finding.path) <= PATH_LIMIT
+    assert finding.message.startswith("container: ") and finding.message.endswith(
+        " is not a quantity")
+    assert "…[cut: 10,029 characters]…" in finding.message
+
+
+def test_an_internal_error_quoting_the_object_is_cut(capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    from app.ruleset import RuleSet
+
+    def crash(subject: Any, obj: Any, view: Any, policy: Any) -> Any:
+        raise ValueError(f"cannot read {obj['metadata']['name']}")  # a bug quoting the object
+
+    crashing = RuleSet([replace(r, fn=crash) if r.id == "memory-limit" else r
+                        for r in RULES.values()], RULES.copiers)
+    obj = workload("Deployment", [container()], name="n" * BIG)
+    answer = _post(create_app(crashing, Policy(failure_mode="deny")), "/mutate",
+                   _review(obj, "u-crash"))
+    assert answer["allowed"] is False and answer["status"]["code"] == 500
+    message = answer["status"]["message"]
+    assert "memory-limit: ValueError: cannot read nnn" in message and len(message) < 1024
+    for line in _lines(capsys.readouterr().err, "u-crash"):
+        assert len(line.encode()) < 8192
+
+
+def test_envelope_check_output_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = [dict(workload("Deployment", [c]), metadata={"name": f"w{i}", "namespace": "team-a"})
+            for i, c in enumerate(BOUNDED_CASES.values())]
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    for output in FORMATS:
+        code = main(["check", "-o", output, "-f", str(path)])
+        out = capsys.readouterr()
+        assert code != 0
+        if output == "json":  # it carries the patch, whose annotation names the container
+            for entry in json.loads(out.out)["objects"]:
+                for finding in entry["findings"] + entry["changes"]:
+                    assert len(finding["message"]) <= 1024 and len(finding["path"]) <= 512
+        else:
+            assert len(out.out) + len(out.err) < 64 * 1024, (output, len(out.out))
