@@ -62,6 +62,8 @@ def capped(value: Any, limit: int = _OTHER, depth: int = 0) -> Any:
             out["…"] = f"{len(value) - _ITEMS:,} more"
         return out
     if isinstance(value, list | tuple):
+        if len(value) <= _ITEMS and all(type(v) is str and len(v) <= _OTHER for v in value):
+            return value  # rule ids, the usual list
         items = [capped(v, _OTHER, depth + 1) for v in value[:_ITEMS]]
         if len(value) > _ITEMS:
             items.append(f"…[{len(value) - _ITEMS:,} more]")
@@ -70,8 +72,24 @@ def capped(value: Any, limit: int = _OTHER, depth: int = 0) -> Any:
 
 
 def _capped_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    return {cut(str(key), _OTHER): capped(value, FIELD_LIMITS.get(key, _OTHER))
-            for key, value in list(fields.items())[:_FIELDS]}
+    """Each field capped (:func:`capped`). On the hot path: one line per review, so the
+    usual short strings and numbers take a type check and a length."""
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if len(out) >= _FIELDS:
+            break
+        if type(key) is not str or len(key) > _OTHER:
+            key = cut(str(key), _OTHER)
+        kind = type(value)
+        if kind is str:
+            limit = FIELD_LIMITS.get(key, _OTHER)
+            out[key] = value if len(value) <= limit else cut(value, limit)
+        elif kind is bool or kind is float or value is None or (
+                kind is int and -2**63 <= value < 2**64):
+            out[key] = value
+        else:
+            out[key] = capped(value, FIELD_LIMITS.get(key, _OTHER))
+    return out
 
 
 _FIRST = ("ts", "level", "logger", "msg", "uid", "decision", "kind", "namespace", "name",

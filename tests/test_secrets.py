@@ -289,8 +289,8 @@ def test_a_megabyte_value_makes_a_denial_of_a_few_kib(case: str,
     assert message.endswith("]")  # the rule id, after the cut
     if case != "deep value":  # that one is described by its type, never quoted
         assert "…[cut: " in message
-    [line] = _lines(capsys.readouterr().err, '"u-big"')
-    assert len(line.encode()) < 4096
+    lines = _lines(capsys.readouterr().err, '"u-big"')
+    assert lines and all(len(line.encode()) < 4096 for line in lines), [x[:300] for x in lines]
 
 
 def test_findings_keep_their_beginning_and_end() -> None:
@@ -337,3 +337,24 @@ def test_envelope_check_output_is_bounded(tmp_path: Path, capsys: pytest.Capture
                     assert len(finding["message"]) <= 1024 and len(finding["path"]) <= 512
         else:
             assert len(out.out) + len(out.err) < 64 * 1024, (output, len(out.out))
+
+
+def test_the_loggers_serve_writes_with_all_go_through_the_caps(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve`` sets the root handler once; uvicorn's loggers propagate to it (uvicorn
+    runs with ``log_config=None``), so their lines are capped too."""
+    from app.logs import setup_logging
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("info")
+        for name in ("uvicorn.error", "envelope.engine", "envelope.cluster"):
+            logging.getLogger(name).warning("bad request %s", "r" * 3_000_000,
+                                            extra={"fields": {"path": "/" + "p" * 3_000_000}})
+        lines = [line for line in capsys.readouterr().err.splitlines() if "bad request" in line]
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert len(lines) == 3
+    for line in lines:
+        assert len(line.encode()) < 2048
