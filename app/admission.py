@@ -14,11 +14,13 @@ import orjson
 
 from app.engine import Evaluation
 from app.rules.base import Subject
-from app.util import brief
+from app.util import brief, cut
 
 __all__ = ["BadReview", "Decision", "decide", "parse_review", "review_response"]
 
 API_VERSION = "admission.k8s.io/v1"
+INTERNAL_ERROR_LIMIT = 300
+"""Characters of one internal error (``rule: Type: text``) a message keeps."""
 
 
 class BadReview(ValueError):
@@ -115,7 +117,10 @@ def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     # server truncates a warning only past 256 characters.
     warnings = [f"envelope[{f.rule}]: {brief(f.message)}" for f in evaluation.warnings]
     if evaluation.internal_errors:
-        reason = "; ".join(evaluation.internal_errors)
+        # An exception's text may quote the object: each is cut, like a finding.
+        reason = "; ".join(cut(e, INTERNAL_ERROR_LIMIT) for e in evaluation.internal_errors[:8])
+        if len(evaluation.internal_errors) > 8:
+            reason += f"; and {len(evaluation.internal_errors) - 8} more"
         if failure_mode == "deny":
             return Decision(False, f"Envelope could not evaluate this object ({reason}); "
                                    f"denied because failureMode is deny", 500,

@@ -18,9 +18,12 @@ from typing import Any
 
 from app.quantity import QuantityError, parse_quantity
 from app.scheduling import default_pod, effective_pod_requests
+from app.util import shown
 
 __all__ = [
     "EnvelopeString",
+    "Pair",
+    "PairError",
     "compare_quantities",
     "is_integer_cpu",
     "move_cpu_limit_to_request",
@@ -76,6 +79,18 @@ class Pair:
     text: str
     key: str
     value: str
+    span: tuple[int, int] = (0, 0)
+    """Where ``value`` lies in the envelope's ``raw``: what a message may not show when
+    it came from another variable (``app.envexpand.Source``)."""
+
+
+class PairError(QuantityError):
+    """A chunk of a string envelope that is not ``key=value``; ``span`` is where it
+    lies in the string."""
+
+    def __init__(self, message: str, span: tuple[int, int]) -> None:
+        super().__init__(message)
+        self.span = span
 
 
 @dataclass(frozen=True)
@@ -90,9 +105,14 @@ class EnvelopeString:
     pairs: tuple[Pair, ...]
 
     def get(self, key: str) -> str | None:
+        found = self.pair(key)
+        return None if found is None else found.value
+
+    def pair(self, key: str) -> Pair | None:
+        """The first pair of ``key`` (the one :meth:`get` and :meth:`quantity` read)."""
         for pair in self.pairs:
             if pair.key.lower() == key:
-                return pair.value
+                return pair
         return None
 
     def quantity(self, key: str) -> Decimal | None:
@@ -113,14 +133,19 @@ class EnvelopeString:
 
 
 def _pairs(text: str) -> Iterator[Pair]:
+    at = 0
     for chunk in text.split(","):
+        begin, at = at, at + len(chunk) + 1
         item = chunk.strip()
         if not item:
             continue
+        begin += len(chunk) - len(chunk.lstrip())
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise QuantityError(f"{item!r} is not a key=value pair")
-        yield Pair(text=item, key=key.strip(), value=value.strip())
+            raise PairError(f"{shown(item)} is not a key=value pair", (begin, begin + len(item)))
+        start = begin + len(key) + 1 + len(value) - len(value.lstrip())
+        stripped = value.strip()
+        yield Pair(text=item, key=key.strip(), value=stripped, span=(start, start + len(stripped)))
 
 
 def parse_envelope_string(text: str) -> EnvelopeString:

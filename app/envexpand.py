@@ -17,34 +17,61 @@ Pure functions; no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EnvValue", "container_env", "expand", "references"]
+__all__ = ["EnvValue", "Source", "container_env", "expand", "expand_tracked", "references"]
 
 _UNKNOWN = object()
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a ``$(name)`` reference put ``name``'s value: ``value[start:end]``.
+    Text there is another variable's (a token, a password): messages name the
+    variable, never show the text (issue 25, class 5)."""
+
+    start: int
+    end: int
+    name: str
 
 
 def expand(text: str, mapping: Callable[[str], str | None]) -> str:
     """expand.go ``Expand``; ``mapping`` returns None for an undefined name, which
     then stays as ``$(name)``."""
+    return expand_tracked(text, mapping)[0]
+
+
+def expand_tracked(text: str, mapping: Callable[[str], str | None]) -> tuple[str, tuple[Source, ...]]:
+    """:func:`expand`, and where in the result each defined reference's value lies
+    (empty values included, at their place)."""
     out: list[str] = []
+    sources: list[Source] = []
+    length = 0
     checkpoint = 0
     cursor = 0
     n = len(text)
     while cursor < n:
         if text[cursor] == "$" and cursor + 1 < n:
-            out.append(text[checkpoint:cursor])
+            piece = text[checkpoint:cursor]
+            out.append(piece)
+            length += len(piece)
             read, is_var, advance = _read_variable_name(text, cursor + 1)
             if is_var:
                 value = mapping(read)
-                out.append(f"$({read})" if value is None else value)
+                if value is None:
+                    piece = f"$({read})"
+                else:
+                    piece = value
+                    sources.append(Source(length, length + len(value), read))
             else:
-                out.append(read)
+                piece = read
+            out.append(piece)
+            length += len(piece)
             cursor += advance
             checkpoint = cursor + 1
         cursor += 1
-    return "".join(out) + text[checkpoint:]
+    return "".join(out) + text[checkpoint:], tuple(sources)
 
 
 def references(text: str) -> tuple[str, ...]:
@@ -82,13 +109,17 @@ class EnvValue:
 
     value: str | None
     unresolved: tuple[str, ...] = ()
+    sources: tuple[Source, ...] = field(default=(), compare=False)
+    """Where in ``value`` the values of the ``$(NAME)`` references it holds lie."""
 
 
 def _expand_entry(text: str, values: Mapping[str, object],
-                  unresolved: Mapping[str, tuple[str, ...]]) -> tuple[object, tuple[str, ...]]:
+                  unresolved: Mapping[str, tuple[str, ...]]
+                  ) -> tuple[object, tuple[str, ...], tuple[Source, ...]]:
     """One entry's value (``_UNKNOWN`` when it refers to a value only the node
-    knows) and the names it refers to that nothing defined, including those left in
-    the values it takes from earlier entries (their ``$(X)`` stays in its value)."""
+    knows), the names it refers to that nothing defined, including those left in
+    the values it takes from earlier entries (their ``$(X)`` stays in its value),
+    and where the values it took lie in it."""
     missing: list[str] = []
     unknown = False
 
@@ -104,8 +135,8 @@ def _expand_entry(text: str, values: Mapping[str, object],
             return ""
         return str(found)
 
-    expanded = expand(text, lookup)
-    return (_UNKNOWN if unknown else expanded), tuple(dict.fromkeys(missing))
+    expanded, sources = expand_tracked(text, lookup)
+    return (_UNKNOWN if unknown else expanded), tuple(dict.fromkeys(missing)), sources
 
 
 def container_env(env: Iterable[Mapping[str, Any]], *,
@@ -118,6 +149,7 @@ def container_env(env: Iterable[Mapping[str, Any]], *,
         if val is None:
             values[key] = _UNKNOWN
     unresolved: dict[str, tuple[str, ...]] = {}
+    where: dict[str, tuple[Source, ...]] = {}
     for entry in env:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
             continue
@@ -125,14 +157,17 @@ def container_env(env: Iterable[Mapping[str, Any]], *,
         raw = entry.get("value")
         text = raw if isinstance(raw, str) else ""
         missing: tuple[str, ...] = ()
+        sources: tuple[Source, ...] = ()
         result: object
         if text:
-            result, missing = _expand_entry(text, values, unresolved)
+            result, missing, sources = _expand_entry(text, values, unresolved)
         elif entry.get("valueFrom") is not None:
             result = _UNKNOWN
         else:
             result = ""
         values[name] = result
         unresolved[name] = missing
-    return {name: EnvValue(None if v is _UNKNOWN else str(v), unresolved.get(name, ()))
+        where[name] = sources
+    return {name: EnvValue(None if v is _UNKNOWN else str(v), unresolved.get(name, ()),
+                           where.get(name, ()))
             for name, v in values.items()}

@@ -9,7 +9,8 @@ from collections.abc import Hashable, Iterable
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-__all__ = ["WARNING_LIMIT", "Memo", "brief", "dig", "dotted", "plain_number", "undotted"]
+__all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "cut_middle", "dig", "dotted", "plain_number", "shown",
+           "undotted"]
 
 WARNING_LIMIT = 120
 """Warnings travel as HTTP ``Warning`` headers; kubectl shows them whole below this
@@ -56,6 +57,35 @@ def brief(text: str, limit: int = WARNING_LIMIT) -> str:
         return text
     cut = max(text.rfind(". ", 0, limit + 1), text.rfind("; ", 0, limit + 1))
     return text[:cut] if cut > 0 else text[: limit - 4] + "..."
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters, else its first ``limit`` and a
+    marker with its length: ``abc…[cut: 3,000,000 characters]``. What an object
+    holds reaches messages and logs only through this (or :func:`shown`), so a
+    megabyte value costs a few hundred bytes to report."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[cut: {len(text):,} characters]"
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: its beginning and its end (where a
+    message says what to change) around ``…[cut: 3,000,000 characters]…``. Applied
+    twice, the same."""
+    if len(text) <= limit:
+        return text
+    marker = f"…[cut: {len(text):,} characters]…"
+    keep = max(0, limit - len(marker))
+    head = (keep + 1) // 2
+    return f"{text[:head]}{marker}{text[len(text) - (keep - head):] if keep > head else ''}"
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``repr(text)``, cut like :func:`cut` past ``limit`` characters."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}…[cut: {len(text):,} characters]"
 
 
 def plain_number(value: Decimal) -> str:

@@ -15,15 +15,24 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.config import Mode
+from app.util import cut_middle
 
 if TYPE_CHECKING:
     from app.cluster.view import ClusterView
     from app.config import Policy
 
-__all__ = ["Finding", "Phase", "Ratchet", "Rule", "Subject", "change", "error", "rule",
-           "rules_of", "warning"]
+__all__ = ["MESSAGE_LIMIT", "PATH_LIMIT", "Finding", "Phase", "Ratchet", "Rule", "Subject",
+           "change", "error", "rule", "rules_of", "warning"]
 
 Severity = Literal["error", "warning", "change"]
+
+MESSAGE_LIMIT = 1024
+"""Characters a finding's message keeps (the rules' own words take at most a few
+hundred). Past it, a value the object holds (a megabyte quantity, a name, a repr) is
+cut in the middle, so a review cannot make a denial, a PolicyReport or ``check``'s
+output many times its own size (issue 25, class 5)."""
+PATH_LIMIT = 512
+"""The same for a finding's path (it may hold the object's own keys)."""
 Phase = Literal["mutate", "validate"]
 
 
@@ -46,6 +55,14 @@ class Finding:
     as_warning: str | None = None
     """What to say instead when the rule runs in ``warn`` mode (an error's text often
     tells the user what to change before a refusal; a warning says what was done)."""
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MESSAGE_LIMIT:
+            self.message = cut_middle(self.message, MESSAGE_LIMIT)
+        if len(self.path) > PATH_LIMIT:
+            self.path = cut_middle(self.path, PATH_LIMIT)
+        if self.as_warning is not None and len(self.as_warning) > MESSAGE_LIMIT:
+            self.as_warning = cut_middle(self.as_warning, MESSAGE_LIMIT)
 
     def as_dict(self) -> dict[str, str]:
         return {"severity": self.severity, "rule": self.rule, "path": self.path,

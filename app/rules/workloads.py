@@ -14,6 +14,8 @@ from typing import Any
 from app.cluster.view import ClusterView
 from app.config import Mode, Policy
 from app.envelope import (
+    EnvelopeString,
+    PairError,
     compare_quantities,
     is_integer_cpu,
     move_cpu_limit_to_request,
@@ -24,7 +26,7 @@ from app.envexpand import EnvValue, container_env, references
 from app.quantity import QuantityError, format_bytes, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
 from app.scheduling import default_pod
-from app.util import dig, dotted
+from app.util import cut, dig, dotted, shown
 
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder",
            "containers", "holders", "pod_resources", "pod_spec", "shape_problems", "well_formed"]
@@ -44,6 +46,9 @@ POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template", "spec"),
 }
 WORKLOAD_KINDS = frozenset(POD_SPEC_PATHS)
+_WRITTEN_LIMIT = 200
+"""How much of an env value as written a message shows (a string envelope is tens of
+characters; the rest is cut, with its length)."""
 _SPEC_TEXT = {kind: ".".join(path) for kind, path in POD_SPEC_PATHS.items()}
 """The same paths as message text, e.g. ``spec.template.spec``."""
 
@@ -408,12 +413,66 @@ def _envelope_env(container: dict[str, Any], name: str) -> _EnvEnvelope | None:
     return _EnvEnvelope(index, written if isinstance(written, str) else "", container_env(env)[name])
 
 
+def _refs(names: tuple[str, ...]) -> str:
+    return ", ".join(f"$({name})" for name in names)
+
+
 def _shown(var: str, found: _EnvEnvelope) -> str:
-    """``RESOURCE_LIMITS='cpu=$(C)'`` plus what the container sees when it differs."""
-    text = f"{var}={found.written!r}"
-    if found.seen.value is not None and found.seen.value != found.written:
-        text += f" (the container sees {found.seen.value!r})"
+    """``RESOURCE_LIMITS='cpu=$(C)'`` and, when the container sees something else, the
+    variables it expanded: their values are another variable's (a token, a password)
+    and never shown (issue 25, class 5). Only ``$$`` escapes changed it: what the
+    container sees is then the written text's, and shown."""
+    text = f"{var}={shown(found.written, _WRITTEN_LIMIT)}"
+    seen = found.seen
+    if seen.sources:
+        text += f" (after expanding {_refs(tuple(dict.fromkeys(s.name for s in seen.sources)))})"
+    elif seen.value is not None and seen.value != found.written:
+        text += f" (the container sees {shown(seen.value, _WRITTEN_LIMIT)})"
     return text
+
+
+def _expanded_in(found: _EnvEnvelope | None, span: tuple[int, int]) -> tuple[str, ...]:
+    """The variables whose values make up any of ``seen.value[span]``."""
+    if found is None:
+        return ()
+    start, end = span
+    return tuple(dict.fromkeys(s.name for s in found.seen.sources
+                               if s.start < s.end and s.start < end and start < s.end))
+
+
+def _amount(found: _EnvEnvelope | None, envelope: EnvelopeString, key: str) -> str:
+    """``memory=29Gi`` as written, or ``memory from $(MEM)`` when any of it came from
+    another variable: not even its number is shown (a PIN is a quantity)."""
+    pair = envelope.pair(key)
+    if pair is None:
+        return key
+    names = _expanded_in(found, pair.span)
+    return f"{key} from {_refs(names)}" if names else f"{key}={cut(pair.value, _WRITTEN_LIMIT)}"
+
+
+def _envelope_problem(found: _EnvEnvelope) -> tuple[EnvelopeString | None, str]:
+    """The envelope the container sees, parsed, or why it is not one: a chunk that is
+    not ``key=value``, or a cpu or memory that is not a quantity (the first of each
+    key, as :meth:`EnvelopeString.quantity` reads). Text that came from another
+    variable is named by the variable, never shown."""
+    seen = found.seen.value or ""
+    try:
+        envelope = parse_envelope_string(seen)
+    except PairError as exc:
+        names = _expanded_in(found, exc.span)
+        return None, (f"a chunk from {_refs(names)} is not a key=value pair" if names
+                      else str(exc))
+    for key in ("cpu", "memory"):
+        pair = envelope.pair(key)
+        if pair is None:
+            continue
+        try:
+            parse_quantity(pair.value)
+        except QuantityError:
+            names = _expanded_in(found, pair.span)
+            what = f"{key} from {_refs(names)}" if names else shown(pair.value)
+            return None, f"{what} is not a quantity (examples: 500m, 2, 1.5Gi, 29G, 1e3)"
+    return envelope, ""
 
 
 @rule("env-envelope-cpu", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
@@ -461,7 +520,8 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             env[i] = {**env[i], "value": stripped}
             container["env"] = env
             findings.append(change(f"{path}.env[{i}].value",
-                                  f"{label}: {name} {text!r} -> {stripped!r}"))
+                                  f"{label}: {name} {shown(text, _WRITTEN_LIMIT)} -> "
+                                  f"{shown(stripped, _WRITTEN_LIMIT)}"))
     return findings
 
 
@@ -490,16 +550,14 @@ def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: Cluste
                           if container.get("envFrom") else "no env entry before it defines it")
                 findings.append(warning(
                     where,
-                    f"{label}: {var}={found.written!r} left as written: {refs} is not resolved "
+                    f"{label}: {var}={shown(found.written, _WRITTEN_LIMIT)} left as written: "
+                    f"{refs} is not resolved "
                     f"({source}), so the container sees it literally; define it in an earlier "
                     f"env entry or write the value out"))
                 continue
-            try:
-                envelope = parse_envelope_string(found.seen.value)
-                for key in ("cpu", "memory"):
-                    envelope.quantity(key)
-            except QuantityError as exc:
-                findings.append(error(where, f"{label}: {_shown(var, found)}: {exc}"))
+            envelope, problem = _envelope_problem(found)
+            if envelope is None:
+                findings.append(error(where, f"{label}: {_shown(var, found)}: {problem}"))
                 continue
             parsed[var] = envelope
         if len(parsed) != 2 or lim is None or req is None:
@@ -510,16 +568,16 @@ def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: Cluste
         if lim_mem is not None and req_mem is not None and lim_mem != req_mem:
             findings.append(error(
                 where,
-                f"{label}: {names.limits} memory={limits.get('memory')} differs from "
-                f"{names.requests} memory={requests.get('memory')}; memory request must "
+                f"{label}: {names.limits} {_amount(lim, limits, 'memory')} differs from "
+                f"{names.requests} {_amount(req, requests, 'memory')}; memory request must "
                 f"equal limit"))
         lim_cpu, req_cpu = limits.quantity("cpu"), requests.quantity("cpu")
         if lim_cpu is not None and req_cpu is not None and lim_cpu < req_cpu:
             findings.append(error(
                 where,
-                f"{label}: {names.limits} cpu={limits.get('cpu')} is below {names.requests} "
-                f"cpu={requests.get('cpu')}; Kubernetes rejects a CPU limit under the "
-                f"request"))
+                f"{label}: {names.limits} {_amount(lim, limits, 'cpu')} is below "
+                f"{names.requests} {_amount(req, requests, 'cpu')}; Kubernetes rejects a CPU "
+                f"limit under the request"))
     return findings
 
 
