@@ -259,6 +259,11 @@ objects share their unchanged values)."""
 _long: Memo[str, Decimal] = Memo(1024, len, LONG_BUDGET)
 
 
+def clear_long_cache() -> None:
+    """Forget the long strings parsed so far (for benchmarks of a first parse)."""
+    _long.clear()
+
+
 # Beyond 10**30, messages show a value in scientific notation: no unit reads better,
 # and plain formatting of ``1e2147483647`` would be 2 GB of digits.
 def _huge(value: Decimal) -> bool:

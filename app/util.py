@@ -118,6 +118,11 @@ class Memo(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._weight = 0
+
     @property
     def weight(self) -> int:
         """The sum of ``weigh(key)`` over the entries (0 without ``weigh``)."""
