@@ -462,12 +462,14 @@ def _first_order(n: int, firsts: list[tuple[int, frozenset[int]]]) -> tuple[int,
     return tuple(order) if len(order) == n else None
 
 
-MAX_LIMIT_RANGE_ORDERS = 64
+MAX_LIMIT_RANGE_ORDERS = 32
 """How many distinct outcomes of LimitRanger's defaulting are judged (each is one
-evaluation of the LimitRanges and quotas, linear in their number and the containers).
-Ten LimitRanges that all default the CPU limit have ten outcomes; eight that default
-only the CPU limit and eight only the CPU request have 72. Beyond this bound the
-first orders are judged and CPU limits are kept (``cpu_limit_needs``)."""
+evaluation of the LimitRanges and quotas, linear in their number and the containers,
+so a review costs at most this many times a linear pass). Ten LimitRanges that all
+default the CPU limit have ten outcomes; four that default only the CPU limit and
+four only the CPU request have 20. Beyond this bound only the first order is judged
+and CPU limits are kept (``cpu_limit_needs``): what LimitRanger would do with the
+others is not decided, and keeping the limits is what Kubernetes does anyway."""
 
 
 def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]],
@@ -495,8 +497,8 @@ def _orders(limit_ranges: Iterable[Mapping[str, Any]],
     of permutations meets first for each outcome, so ``cpu_limit_needs`` merges the
     same needs in the same order as enumerating every permutation would.
 
-    Bounded by :data:`MAX_LIMIT_RANGE_ORDERS`: beyond it, the first orders (sorted)
-    are returned and ``complete`` is False; ``cpu_limit_needs`` then keeps CPU limits."""
+    Bounded by :data:`MAX_LIMIT_RANGE_ORDERS`: beyond it, the first orders (of those
+    found, sorted) are returned and ``complete`` is False; ``cpu_limit_needs`` then keeps CPU limits."""
     items = list(limit_ranges)
     flags = [_sets_defaults(lr) for lr in items]
     with_defaults = [lr for lr, f in zip(items, flags, strict=True) if f]
@@ -548,7 +550,7 @@ def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Map
     limit_ranges = list(limit_ranges)
     merged: dict[CpuLimitNeed, None] = {}  # ordered, and a membership test in O(1)
     orders, complete = _orders(limit_ranges, quotas) if limit_range_defaults else ([limit_ranges], True)
-    for order in orders:
+    for order in orders if complete else orders[:1]:
         for need in cpu_limit_needs_in_order(stripped_spec, order, quotas,
                                              limit_range_defaults=limit_range_defaults):
             merged.setdefault(need)

@@ -23,7 +23,8 @@ Dimensions (what grows):
   WorkerPool) or a workload (the API server canonicalises Pod quantities, not
   templates of unknown kinds: a workload quantity here is an upper bound);
 - ``limitranges``: LimitRanges in the namespace, each with container defaults (the
-  worst case for LimitRanger's orders);
+  worst case for LimitRanger's orders: each may come first, so each is one outcome to
+  judge, up to ``MAX_LIMIT_RANGE_ORDERS``); ``limitranges>32``: beyond that bound;
 - ``quotas``: ResourceQuotas in the namespace with limits.cpu, requests.memory;
 - ``nodes``: Nodes in the view (pod-fits-node, and the KAI default pool's capacity);
 - ``workloads``: Deployments (and their ReplicaSets) in the namespace;
@@ -193,8 +194,11 @@ CASES: dict[str, list[Case]] = {
         Case("env", (250, 500, 1000, 2000), lambda n: (_wl(4, n), None, "CREATE", DEFAULT_NS)),
         Case("digits", (25_000, 50_000, 100_000, 200_000),
              lambda n: (_wl(2, memory="1" * n), None, "CREATE", DEFAULT_NS)),
-        Case("limitranges", (8, 16, 32, 64),
-             lambda n: (_wl(4), None, "CREATE", [_limit_range(i) for i in range(n)] + [_quota(0)]),
+        Case("limitranges", (4, 8, 16, 32),
+             lambda n: (_wl(4), None, "CREATE", [*(_limit_range(i) for i in range(n)), _quota(0)]),
+             frozenset({"LimitRange"})),
+        Case("limitranges>32", (64, 128, 256, 512),
+             lambda n: (_wl(4), None, "CREATE", [*(_limit_range(i) for i in range(n)), _quota(0)]),
              frozenset({"LimitRange"})),
         Case("quotas", (25, 50, 100, 200),
              lambda n: (_wl(4), None, "CREATE", [_limit_range(0)] + [_quota(i) for i in range(n)]),
