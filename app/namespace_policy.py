@@ -358,9 +358,12 @@ def _aggregate(spec: Mapping[str, Any], which: str) -> dict[str, Decimal]:
     return total
 
 
-def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, Any]) -> list[str]:
+def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, Any],
+                             aggregates: list[dict[str, Decimal]] | None = None) -> list[str]:
     """What LimitRanger's validation says about the CPU of this (already
-    LimitRanger-defaulted) pod spec, for one LimitRange."""
+    LimitRanger-defaulted) pod spec, for one LimitRange. ``aggregates``: a list the
+    caller keeps for this spec, where the pod's requests and limits are computed
+    once for all its LimitRanges (empty at first)."""
     problems: list[str] = []
     for item in _items(limit_range):
         if not any(isinstance(item.get(b), Mapping) and item[b].get("cpu") is not None  # type: ignore[union-attr]
@@ -372,8 +375,11 @@ def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, 
                 problems += _check_cpu("Container", item, _rl(c, "requests"), _rl(c, "limits"),
                                        f"container {c.get('name')}")
         elif kind == "Pod":
-            problems += _check_cpu("Pod", item, _aggregate(spec, "requests"), _aggregate(spec, "limits"),
-                                   "the pod")
+            if aggregates is None:
+                aggregates = []
+            if not aggregates:
+                aggregates += [_aggregate(spec, "requests"), _aggregate(spec, "limits")]
+            problems += _check_cpu("Pod", item, aggregates[0], aggregates[1], "the pod")
     return problems
 
 
@@ -580,6 +586,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     needs: list[CpuLimitNeed] = []
     # Once per order, not per LimitRange item and container (each was a scan of them all).
     first = _first_default_cpu(limit_ranges) if limit_range_defaults else None
+    aggregates: list[dict[str, Decimal]] = []  # the pod's requests and limits, once
     unlimited = [(c, _q(_rl(c, "requests").get("cpu"))) for c in _containers(stripped_spec)
                  if "cpu" in _rl(c, "requests") and "cpu" not in _rl(c, "limits")] if first else []
     for lr in limit_ranges:
@@ -597,7 +604,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
                         "LimitRange", lr_name,
                         f"default CPU limit {_defaulted_item(item)['default']['cpu']} is below "
                         f"container {c.get('name')}'s CPU request {_rl(c, 'requests')['cpu']}"))
-        for problem in limit_range_cpu_problems(spec, lr):
+        for problem in limit_range_cpu_problems(spec, lr, aggregates):
             needs.append(CpuLimitNeed("LimitRange", lr_name, problem))
     pod_level = is_pod_level_resources_set(spec)
     pod_limit_cpu = _aggregate(spec, "limits").get("cpu")

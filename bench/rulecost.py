@@ -27,6 +27,7 @@ Dimensions (what grows):
   judge, up to ``MAX_LIMIT_RANGE_ORDERS``); ``limitranges>32``: beyond that bound;
 - ``quotas``: ResourceQuotas in the namespace with limits.cpu, requests.memory;
 - ``nodes``: Nodes in the view (pod-fits-node, and the KAI default pool's capacity);
+  ``nodes, none fits``: a pod that fits no Node (pod-fits-node reads them all);
 - ``workloads``: Deployments (and their ReplicaSets) in the namespace;
 - ``projects``, ``queues``: KAI Projects under one Department, KAI Queues under one
   parent;
@@ -87,7 +88,7 @@ def _container(name: str, env: int = 0, cpu: str = "2", memory: str = "1Gi") -> 
 
 def _deployment(containers: int = 2, env: int = 0, cpu: str = "2", memory: str = "1Gi",
                 name: str = "web") -> dict[str, Any]:
-    spec = {"containers": [_container(f"c{i}", env, cpu, memory) for i in range(containers)],
+    spec: dict[str, Any] = {"containers": [_container(f"c{i}", env, cpu, memory) for i in range(containers)],
             "initContainers": [_container(f"i{i}", 0, cpu, memory) for i in range(containers // 4)]}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
             "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
@@ -205,6 +206,9 @@ CASES: dict[str, list[Case]] = {
              frozenset({"ResourceQuota"})),
         Case("nodes", (250, 500, 1000, 2000),
              lambda n: (_wl(4), None, "CREATE", [_node(i) for i in range(n)]), frozenset({"Node"})),
+        Case("nodes, none fits", (250, 500, 1000, 2000),
+             lambda n: (_wl(1, cpu="100"), None, "CREATE", [_node(i) for i in range(n)]),
+             frozenset({"Node"})),
         Case("workloads", (100, 200, 400, 800),
              lambda n: (_wl(4), None, "CREATE", [*_workload_ns(n), _quota(0)]),
              frozenset({"Deployment", "ReplicaSet", "StatefulSet"})),
