@@ -32,8 +32,6 @@ _DECIMAL = {
 }
 _DEC_SUFFIX_EXP = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BIN_SUFFIX_EXP = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_SUFFIX_CHARS = frozenset("eEinumkKMGTP")
-_DIGITS = frozenset("0123456789")
 _INT64 = re.compile(r"^[+-]?[0-9]+$")
 _MAX_INT64 = 2**63 - 1
 _NANO_SCALE = 9
