@@ -28,7 +28,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from app.quantity import QuantityError, parse_quantity
+from app.quantity import QuantityError, parse_quantity, shown
 from app.util import Memo, plain_number
 
 __all__ = [
@@ -262,7 +262,7 @@ def _shown(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, str):
-        return repr(value)
+        return shown(value)  # a long string by its start and length
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):

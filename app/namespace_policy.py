@@ -29,7 +29,7 @@ the real kube-apiserver:
 
 from __future__ import annotations
 
-import itertools
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
@@ -358,19 +358,28 @@ def _aggregate(spec: Mapping[str, Any], which: str) -> dict[str, Decimal]:
     return total
 
 
-def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, Any]) -> list[str]:
+def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, Any],
+                             aggregates: list[dict[str, Decimal]] | None = None) -> list[str]:
     """What LimitRanger's validation says about the CPU of this (already
-    LimitRanger-defaulted) pod spec, for one LimitRange."""
+    LimitRanger-defaulted) pod spec, for one LimitRange. ``aggregates``: a list the
+    caller keeps for this spec, where the pod's requests and limits are computed
+    once for all its LimitRanges (empty at first)."""
     problems: list[str] = []
     for item in _items(limit_range):
+        if not any(isinstance(item.get(b), Mapping) and item[b].get("cpu") is not None  # type: ignore[union-attr]
+                   for b in ("min", "max", "maxLimitRequestRatio")):
+            continue  # no CPU bound: _check_cpu has nothing to say (and reads every container)
         kind = item.get("type")
         if kind == "Container":
             for c in _containers(spec):
                 problems += _check_cpu("Container", item, _rl(c, "requests"), _rl(c, "limits"),
                                        f"container {c.get('name')}")
         elif kind == "Pod":
-            problems += _check_cpu("Pod", item, _aggregate(spec, "requests"), _aggregate(spec, "limits"),
-                                   "the pod")
+            if aggregates is None:
+                aggregates = []
+            if not aggregates:
+                aggregates += [_aggregate(spec, "requests"), _aggregate(spec, "limits")]
+            problems += _check_cpu("Pod", item, aggregates[0], aggregates[1], "the pod")
     return problems
 
 
@@ -405,44 +414,161 @@ def _first_default_cpu(limit_ranges: Iterable[Mapping[str, Any]]) -> tuple[str, 
     return None
 
 
-def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    """The orders LimitRanger may apply these LimitRanges in. It lists them from
-    its informer cache, whose order is a Go map's (undefined), and the first one
-    with a default for a resource gives it; so when two or more set container
-    defaults, each of them may come first. (Orders of the others do not matter.)"""
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
+
+
+def _sets_defaults(lr: Mapping[str, Any]) -> bool:
+    return any(i.get("type") == "Container" and any(_defaulted_item(i).values()) for i in _items(lr))
+
+
+def _gives(lr: Mapping[str, Any], which: str, name: str) -> bool:
+    """Does ``apply_limit_range_defaults`` take ``resources.<which>.<name>`` from this
+    LimitRange (for a container without it)?"""
+    key = "default" if which == "limits" else "defaultRequest"
+    return any(i.get("type") == "Container" and name in _defaulted_item(i)[key] for i in _items(lr))
+
+
+def _decisive_keys(quotas: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The defaults whose winner can change a verdict: the CPU limit and request (the
+    checks, the quota sums) always; memory only through BestEffort (a ``limits.cpu``
+    quota scoped BestEffort or NotBestEffort). No other default is read."""
+    keys = [("limits", "cpu"), ("requests", "cpu")]
+    if any("limits.cpu" in _hard(q) and any(s.get("scopeName") in ("BestEffort", "NotBestEffort")
+                                            for s in _scope_selectors(q)) for q in quotas):
+        keys += [("limits", "memory"), ("requests", "memory")]
+    return keys
+
+
+def _first_order(n: int, firsts: list[tuple[int, frozenset[int]]]) -> tuple[int, ...] | None:
+    """The lexicographically first order of ``range(n)`` in which each ``(w, group)``
+    has ``w`` before the rest of ``group``; None when no order does (a cycle). Greedy:
+    the smallest index whose predecessors are placed (Kahn with a min-heap)."""
+    before: list[set[int]] = [set() for _ in range(n)]
+    for w, group in firsts:
+        for other in group:
+            if other != w:
+                before[other].add(w)
+    waiting = [len(b) for b in before]
+    after: list[list[int]] = [[] for _ in range(n)]
+    for i, b in enumerate(before):
+        for w in b:
+            after[w].append(i)
+    ready = [i for i in range(n) if not waiting[i]]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in after[i]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                heapq.heappush(ready, j)
+    return tuple(order) if len(order) == n else None
+
+
+MAX_LIMIT_RANGE_ORDERS = 32
+"""How many distinct outcomes of LimitRanger's defaulting are judged (each is one
+evaluation of the LimitRanges and quotas, linear in their number and the containers,
+so a review costs at most this many times a linear pass). Ten LimitRanges that all
+default the CPU limit have ten outcomes; four that default only the CPU limit and
+four only the CPU request have 20. Beyond this bound only the first order is judged
+and CPU limits are kept (``cpu_limit_needs``): what LimitRanger would do with the
+others is not decided, and keeping the limits is what Kubernetes does anyway."""
+
+
+def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]],
+                       quotas: Iterable[Mapping[str, Any]] = ()) -> list[list[Mapping[str, Any]]]:
+    """The orders LimitRanger may apply these LimitRanges in, one per distinct outcome
+    (see ``_orders``)."""
+    return _orders(limit_ranges, quotas)[0]
+
+
+def _orders(limit_ranges: Iterable[Mapping[str, Any]],
+            quotas: Iterable[Mapping[str, Any]]) -> tuple[list[list[Mapping[str, Any]]], bool]:
+    """(orders, complete). The orders LimitRanger may apply these LimitRanges in, one per distinct outcome.
+
+    LimitRanger (``plugin/pkg/admission/limitranger/admission.go``) lists them from its
+    informer cache, whose order is a Go map's (undefined), and applies each in turn;
+    a default fills only what is still missing, so for each resource the *first*
+    LimitRange with a default for it wins. What the verdict can depend on is therefore
+    which LimitRange wins each decisive default (``_decisive_keys``); an order is
+    possible iff each winner comes before the other LimitRanges with that default,
+    which is a precedence graph that must be acyclic. This enumerates the winner
+    combinations (at most the product of the groups' sizes, pruned as soon as two
+    winners require each other first), not the n! orders: for each possible
+    combination it returns its lexicographically first order (of the LimitRanges that
+    set defaults, then the others), sorted — exactly the orders the full enumeration
+    of permutations meets first for each outcome, so ``cpu_limit_needs`` merges the
+    same needs in the same order as enumerating every permutation would.
+
+    Bounded by :data:`MAX_LIMIT_RANGE_ORDERS`: beyond it, the first orders (of those
+    found, sorted) are returned and ``complete`` is False; ``cpu_limit_needs`` then keeps CPU limits."""
     items = list(limit_ranges)
-
-    def sets_defaults(lr: Mapping[str, Any]) -> bool:
-        return any(i.get("type") == "Container" and any(_defaulted_item(i).values()) for i in _items(lr))
-
-    with_defaults = [lr for lr in items if sets_defaults(lr)]
+    flags = [_sets_defaults(lr) for lr in items]
+    with_defaults = [lr for lr, f in zip(items, flags, strict=True) if f]
     if len(with_defaults) < 2:
-        return [items]
-    others = [lr for lr in items if lr not in with_defaults]
-    orders = [list(p) + others for p in itertools.permutations(with_defaults)]
-    return orders[:24]
+        return [items], True
+    others = [lr for lr, f in zip(items, flags, strict=True) if not f]
+    n = len(with_defaults)
+    groups = []
+    for which, name in _decisive_keys(quotas):
+        group = frozenset(i for i, lr in enumerate(with_defaults) if _gives(lr, which, name))
+        if group:
+            groups.append(group)
+    found: set[tuple[int, ...]] = set()
+
+    def choose(k: int, chosen: list[tuple[int, frozenset[int]]]) -> None:
+        if len(found) > MAX_LIMIT_RANGE_ORDERS:
+            return
+        if k == len(groups):
+            order = _first_order(n, chosen)
+            if order is not None:
+                found.add(order)
+            return
+        for w in sorted(groups[k]):
+            # Two winners that must each come before the other: no order has them both.
+            if any(v != w and w in g and v in groups[k] for v, g in chosen):
+                continue
+            choose(k + 1, [*chosen, (w, groups[k])])
+
+    choose(0, [])
+    if not groups:
+        found.add(tuple(range(n)))
+    orders = [[with_defaults[i] for i in order] + others
+              for order in sorted(found)[:MAX_LIMIT_RANGE_ORDERS]]
+    return orders, len(found) <= MAX_LIMIT_RANGE_ORDERS
 
 
 def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Mapping[str, Any]],
                     quotas: Iterable[Mapping[str, Any]], *,
                     limit_range_defaults: bool = True) -> list[CpuLimitNeed]:
     """``cpu_limit_needs_in_order`` over every order LimitRanger may use
-    (``limit_range_orders``), merged: the CPU limits are needed when any order
-    refuses the pod.
+    (``limit_range_orders``, one order per distinct outcome), merged: the CPU limits
+    are needed when any order refuses the pod.
 
     ``limit_range_defaults=False`` judges a Pod whose LimitRange defaults were
     applied *before* the webhook stripped its CPU limits (LimitRanger mutates
     ahead of mutating webhooks and is not run again; its validation runs after):
     nothing puts a CPU limit back, so no defaults are applied here."""
     quotas = list(quotas)
-    merged: list[CpuLimitNeed] = []
-    orders = limit_range_orders(limit_ranges) if limit_range_defaults else [list(limit_ranges)]
-    for order in orders:
+    limit_ranges = list(limit_ranges)
+    merged: dict[CpuLimitNeed, None] = {}  # ordered, and a membership test in O(1)
+    orders, complete = _orders(limit_ranges, quotas) if limit_range_defaults else ([limit_ranges], True)
+    for order in orders if complete else orders[:1]:
         for need in cpu_limit_needs_in_order(stripped_spec, order, quotas,
                                              limit_range_defaults=limit_range_defaults):
-            if need not in merged:
-                merged.append(need)
-    return merged
+            merged.setdefault(need)
+    if not complete:  # decided, not guessed: keeping the limits is what Kubernetes does anyway
+        why = (f"{len(limit_ranges)} LimitRanges set container defaults that combine in more "
+               f"than {MAX_LIMIT_RANGE_ORDERS} ways, too many to judge each")
+        merged.setdefault(CpuLimitNeed("LimitRange", _name(orders[0][0]), f"and the other {why}"))
+        for quota in quotas:
+            if "limits.cpu" in _hard(quota):
+                merged.setdefault(CpuLimitNeed("ResourceQuota", _name(quota),
+                                               f"sets limits.cpu={_hard(quota)['limits.cpu']}, and {why}"))
+    return list(merged)
 
 
 def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Mapping[str, Any]],
@@ -458,24 +584,27 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     limit_ranges = list(limit_ranges)
     spec = apply_limit_range_defaults(stripped_spec, limit_ranges if limit_range_defaults else [])
     needs: list[CpuLimitNeed] = []
+    # Once per order, not per LimitRange item and container (each was a scan of them all).
+    first = _first_default_cpu(limit_ranges) if limit_range_defaults else None
+    aggregates: list[dict[str, Decimal]] = []  # the pod's requests and limits, once
+    unlimited = [(c, _q(_rl(c, "requests").get("cpu"))) for c in _containers(stripped_spec)
+                 if "cpu" in _rl(c, "requests") and "cpu" not in _rl(c, "limits")] if first else []
     for lr in limit_ranges:
-        meta = lr.get("metadata") if isinstance(lr.get("metadata"), Mapping) else {}
-        lr_name = str(meta.get("name", ""))  # type: ignore[union-attr]
-        for item in _items(lr) if limit_range_defaults else []:
+        lr_name = _name(lr)
+        for item in _items(lr) if first is not None and lr_name == first[0] else []:
             if item.get("type") != "Container" or "cpu" not in _defaulted_item(item)["default"]:
                 continue
             default = _q(_defaulted_item(item)["default"]["cpu"])
-            for c in _containers(stripped_spec):
-                request = _q(_rl(c, "requests").get("cpu")) if "cpu" in _rl(c, "requests") else None
-                if "cpu" in _rl(c, "limits") or request is None or default is None:
-                    continue
+            if default is None or (lr_name, default) != first:
+                continue
+            for c, request in unlimited:
                 # Validation (not LimitRanger) then refuses request > limit.
-                if request > default and _first_default_cpu(limit_ranges) == (lr_name, default):
+                if request is not None and request > default:
                     needs.append(CpuLimitNeed(
                         "LimitRange", lr_name,
                         f"default CPU limit {_defaulted_item(item)['default']['cpu']} is below "
                         f"container {c.get('name')}'s CPU request {_rl(c, 'requests')['cpu']}"))
-        for problem in limit_range_cpu_problems(spec, lr):
+        for problem in limit_range_cpu_problems(spec, lr, aggregates):
             needs.append(CpuLimitNeed("LimitRange", lr_name, problem))
     pod_level = is_pod_level_resources_set(spec)
     pod_limit_cpu = _aggregate(spec, "limits").get("cpu")

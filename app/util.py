@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
@@ -100,12 +100,19 @@ _ABSENT = object()
 
 class Memo(Generic[K, V]):
     """A bounded, thread-safe LRU map: what many requests read, computed once. (Pure
-    functions of hashable arguments use ``functools.lru_cache`` instead.)"""
+    functions of hashable arguments use ``functools.lru_cache`` instead.)
 
-    def __init__(self, size: int) -> None:
+    ``size`` bounds the number of entries; with ``weigh``, ``budget`` also bounds the
+    sum of ``weigh(key)`` over the entries (oldest evicted first; an entry heavier
+    than the whole budget is not kept), for keys whose size a client chooses."""
+
+    def __init__(self, size: int, weigh: Callable[[K], int] | None = None, budget: int = 0) -> None:
         self._size = size
         self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
+        self._weigh = weigh
+        self._budget = budget
+        self._weight = 0
 
     def get(self, key: K, default: Any = None) -> Any:
         """The value, or ``default`` when absent (a stored None is a value)."""
@@ -119,8 +126,34 @@ class Memo(Generic[K, V]):
         return found
 
     def put(self, key: K, value: V) -> V:
+        weigh = self._weigh
         with self._lock:
+            if weigh is None:
+                self._items[key] = value
+                if len(self._items) > self._size:
+                    self._items.popitem(last=False)
+                return value
+            weight = weigh(key)
+            if weight > self._budget:
+                return value
+            if key in self._items:
+                self._weight -= weight
             self._items[key] = value
-            if len(self._items) > self._size:
-                self._items.popitem(last=False)
+            self._weight += weight
+            while len(self._items) > self._size or self._weight > self._budget:
+                old, _ = self._items.popitem(last=False)
+                self._weight -= weigh(old)
         return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._weight = 0
+
+    @property
+    def weight(self) -> int:
+        """The sum of ``weigh(key)`` over the entries (0 without ``weigh``)."""
+        return self._weight

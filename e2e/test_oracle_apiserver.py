@@ -69,6 +69,24 @@ def _ours(text: str) -> tuple[str, Decimal | None]:
     return ("negative" if value < 0 else "accepted"), value
 
 
+def _judge(cluster: Cluster, namespace: str, text: str) -> tuple[str, str, Decimal | None]:
+    """What the API server does with ``text`` as a Pod's emptyDir.sizeLimit."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"},
+           "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                    "volumes": [{"name": "v", "emptyDir": {"sizeLimit": text}}]}}
+    status, body = cluster.api("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All",
+                               raw=_go_json(pod))
+    if status == 201:
+        stored = body["spec"]["volumes"][0]["emptyDir"]["sizeLimit"]
+        return "accepted", stored, parse_quantity(stored)
+    message = status_message(body)
+    if status == 422 and "SizeLimit field must be a valid resource quantity" in message:
+        return "negative", message, None
+    if status == 400:
+        return "refused", message, None
+    return f"HTTP {status}", message, None
+
+
 def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest) -> None:
     cases = oracle_cases(request, DEFAULT_QUANTITY_CASES)
     rng = random.Random(oracle_seed)
@@ -76,20 +94,7 @@ def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fix
     namespace = isolated_namespace(cluster, "oracle-quantity")
 
     def judge(text: str) -> tuple[str, str, Decimal | None]:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"},
-               "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
-                        "volumes": [{"name": "v", "emptyDir": {"sizeLimit": text}}]}}
-        status, body = cluster.api("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All",
-                                   raw=_go_json(pod))
-        if status == 201:
-            stored = body["spec"]["volumes"][0]["emptyDir"]["sizeLimit"]
-            return "accepted", stored, parse_quantity(stored)
-        message = status_message(body)
-        if status == 422 and "SizeLimit field must be a valid resource quantity" in message:
-            return "negative", message, None
-        if status == 400:
-            return "refused", message, None
-        return f"HTTP {status}", message, None
+        return _judge(cluster, namespace, text)
 
     disagreements = []
     counts: dict[str, int] = {}
@@ -103,6 +108,40 @@ def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fix
           f"{len(disagreements)} disagreements")
     assert counts.get("accepted", 0) > len(texts) / 4 and counts.get("refused", 0) > len(texts) / 10
     assert not disagreements, "\n".join(disagreements[:20])
+
+
+def _long_quantity_strings(rng: random.Random) -> list[str]:
+    """Values past ParseQuantity's int64 fast path, up to 300,000 digits: its inf.Dec
+    path, the rounding up to 1n, the binary cap, exponents with leading zeros."""
+    out = []
+    for digits in (19, 20, 40, 400, 5_000, 60_000, 300_000):
+        body = str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+        for shape in ("{b}", "{b}Gi", "{b}m", "-{b}", "0.{b}", "{h}.{h}Ki", "{b}e-{d}", "0.{b}n",
+                      "{b}e+0000000000000000000000003", "0{b}E", "{b}x"):
+            out.append(shape.format(b=body, h=body[: max(1, digits // 2)], d=digits + 3))
+    out += ["1e" + "0" * 5_000 + "3", "1e-" + "0" * 5_000 + "12", "1e1" + "0" * 30]
+    return out
+
+
+def test_quantity_oracle_long_strings(cluster: Cluster, oracle_seed: int) -> None:
+    """The API server takes CRD and sizeLimit quantities of any length: app/quantity.py
+    gives the same verdict and value for long ones (parsed in linear time)."""
+    rng = random.Random(oracle_seed)
+    texts = _long_quantity_strings(rng)
+    namespace = isolated_namespace(cluster, "oracle-quantity-long")
+    disagreements = []
+    counts: dict[str, int] = {}
+    for text, (kind, detail, value) in zip(texts, parallel(lambda t: _judge(cluster, namespace, t), texts),
+                                           strict=True):
+        counts[kind] = counts.get(kind, 0) + 1
+        ours, our_value = _ours(text)
+        if ours != kind or (kind == "accepted" and our_value != value):
+            disagreements.append(f"{text[:60]!r}... ({len(text)} chars): API server {kind} "
+                                 f"{detail[:200]!r}; app/quantity.py {ours}")
+    print(f"long quantity oracle: {len(texts)} strings, seed {oracle_seed}, {counts}, "
+          f"{len(disagreements)} disagreements")
+    assert counts.get("accepted", 0) > len(texts) / 3
+    assert not disagreements, "\n".join(disagreements[:10])
 
 
 CPU = ["100m", "250m", "1", "1500m", "2", "333m", "2500u", "1001u", "0.1"]

@@ -45,7 +45,7 @@ from app.actors import (
 )
 from app.cluster.view import ClusterView, Index
 from app.config import Mode, Policy
-from app.quantity import QuantityError, parse_quantity
+from app.quantity import SHOWN, QuantityError, parse_quantity, shown
 from app.rules.base import Finding, Subject, error, rule, warning
 from app.substrate import pool_sandbox_classes, read_pool_classes
 from app.util import dig, dotted
@@ -241,9 +241,9 @@ def _limit_problem(name: str, value: Any, sandbox_class: str) -> str | None:
     except QuantityError as exc:
         return str(exc)
     if amount <= 0:
-        return f"{value!r} must be greater than zero"
+        return f"{shown(value)} must be greater than zero"
     if name == GPU and amount != amount.to_integral_value():
-        return f"{value!r} must be a whole number of GPUs"
+        return f"{shown(value)} must be a whole number of GPUs"
     return None
 
 
@@ -292,7 +292,7 @@ def spec_immutable(subject: Subject, obj: dict[str, Any], view: ClusterView,
     detail = dotted(first)
     before, after = dig(subject.old, first), dig(obj, first)
     if len(changes) == 1 and all(isinstance(v, str | int | float) for v in (before, after)):
-        detail += f" {before} -> {after}"
+        detail += " {} -> {}".format(*(shown(v) if len(str(v)) > SHOWN else v for v in (before, after)))
     elif len(changes) > 1:
         detail += f" and {len(changes) - 1} more"
     return [error(dotted(first),
@@ -429,7 +429,7 @@ def _quantity_findings(section: str, values: Mapping[str, Any]) -> Iterator[Find
             yield error(path, f"{path}: {exc}")
             continue
         if amount < 0:
-            yield error(path, f"{path}: {value!r} is negative")
+            yield error(path, f"{path}: {shown(value)} is negative")
 
 
 def _gpu_findings(pool: WorkerPool) -> Iterator[Finding]:

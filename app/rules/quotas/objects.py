@@ -135,6 +135,16 @@ class After:
         self.kind = subject.kind
         self.obj = obj
         self.name = (name_of(obj) if obj else "") or subject.name
+        self._own: dict[Index, frozenset[str]] = {}
+        """The subject's own index values, once per index (a lookup per queue entry
+        would otherwise recompute them all: quadratic in the entries)."""
+
+    def _own_values(self, index: Index) -> frozenset[str]:
+        found = self._own.get(index)
+        if found is None:
+            found = self._own[index] = frozenset(index.values(self.obj)) if self.obj is not None \
+                else frozenset()
+        return found
 
     def _is_subject(self, kind: str, obj: dict[str, Any]) -> bool:
         return kind == self.kind and name_of(obj) == self.name
@@ -151,7 +161,7 @@ class After:
         if kind != self.kind:
             return found
         found = [o for o in found if not self._is_subject(kind, o)]
-        if self.obj is not None and value in index.values(self.obj):
+        if self.obj is not None and value in self._own_values(index):
             found.append(self.obj)
         return found
 
