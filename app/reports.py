@@ -217,12 +217,11 @@ def _uri(path: str) -> tuple[str, str | None]:
         return p.resolve().as_uri(), None
 
 
-def _help(rule: Any) -> str:
-    mode = getattr(getattr(rule, "default_mode", None), "value", None)
-    default = f" Its default mode is {mode}." if mode else ""
-    return (f"{rule.summary}.{default} Set its mode in the policy file "
-            f"(`rules: {{{rule.id}: enforce|warn|off}}`, see docs/configuration.md); "
-            f"`envelope.io/keep-cpu-limit: \"true\"` opts a workload out of CPU-limit removal.")
+def _help(rule: Any) -> dict[str, str]:
+    """The rule's help, with its family's hint and its page (``app.ruledocs``)."""
+    from app.ruledocs import help_for
+
+    return help_for(rule)
 
 
 def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
@@ -231,11 +230,13 @@ def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
     descriptors = []
     for r in rules:
         mode = getattr(getattr(r, "default_mode", None), "value", "enforce")
+        help_ = _help(r)
         descriptors.append({
             "id": r.id, "name": "".join(w.capitalize() for w in re.split(r"[^a-zA-Z0-9]+", r.id)),
             "shortDescription": {"text": r.summary},
             "fullDescription": {"text": r.summary},
-            "help": {"text": _help(r), "markdown": _help(r)},
+            "helpUri": help_["uri"],
+            "help": {"text": help_["text"], "markdown": help_["markdown"]},
             "defaultConfiguration": {"level": "warning" if mode == "warn" else "error",
                                      "enabled": mode != "off"},
             "properties": {"tags": ["kubernetes", "admission"]},
