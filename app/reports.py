@@ -179,8 +179,20 @@ def text(report: Report) -> str:
     lines.extend(n.message for n in report.not_evaluated)
     if report.skipped:
         lines.append(report.skipped_summary())
+    reported = sorted({f["rule"] for o in report.objects for f in (*o.findings, *o.changes)}
+                      - {"internal"})
+    if reported:
+        lines.append(explain_line(reported))
     lines.append(report.summary())
     return "\n".join(lines) + "\n"
+
+
+def explain_line(rule_ids: Collection[str]) -> str:
+    """Where the rules that reported are explained: their pages and ``envelope explain``."""
+    from app.ruledocs import docs_url
+
+    return (f"why and how to fix: envelope explain RULE, or {docs_url()}rules/RULE.md, for "
+            f"{', '.join(rule_ids)}")
 
 
 # --- json -------------------------------------------------------------------------------

@@ -154,3 +154,17 @@ def test_configuration_links_every_rule_to_its_page() -> None:
     for rid in RULES:
         row = next(line for line in text.splitlines() if line.startswith(f"| `{rid}` |"))
         assert row.endswith(f"| [{rid}.md](rules/{rid}.md) |"), row
+
+
+def test_check_text_says_where_the_reporting_rules_are_explained(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]
+                                                                 ) -> None:
+    example = load_doc("memory-request-equals-limit").example
+    (tmp_path / "pod.yaml").write_text(example.failing)
+    assert run_check([str(tmp_path / "pod.yaml")], RULES, Policy(), "text") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == ("why and how to fix: envelope explain RULE, or docs/rules/RULE.md, for "
+                         "memory-request-equals-limit")
+    (tmp_path / "pod.yaml").write_text(example.fixed)
+    assert run_check([str(tmp_path / "pod.yaml")], RULES, Policy(), "text") == 0
+    assert "envelope explain" not in capsys.readouterr().out  # nothing reported, nothing to explain
