@@ -271,9 +271,16 @@ def _answer(run: Run, rule_id: str) -> str:
     return f"Envelope answers{note}:\n\n```\n" + "\n".join(lines) + "\n```"
 
 
+EXPECT_TEXT = {
+    "error": ("**Fails** (an error: denied in `enforce` mode)", "**Fixed**"),
+    "warning": ("**Warned** (a warning: admitted, with the warning)", "**Fixed**"),
+    "change": ("**Changed** (the mutating webhook rewrites it)", "**Left as written**"),
+}
+
+
 def _operation_text(example: Example, kind: str) -> str:
     if example.operation == "UPDATE":
-        return f", as an UPDATE of the {kind} above"
+        return f", as an UPDATE of the stored {kind}"
     if example.operation == "DELETE":
         return f", as a DELETE of this {kind}"
     return ""
@@ -331,9 +338,10 @@ def page(rule: Rule, rules: RuleSet) -> str:
                   _yaml_block(ex.cluster)]
     if ex.old:
         parts += ["The object as stored before the write:", _yaml_block(ex.old)]
-    parts += [f"**Fails** ({ex.expect}){_operation_text(ex, kind)}:",
-              _yaml_block(ex.failing), _answer(failing, rule.id),
-              "**Fixed**:", _yaml_block(ex.fixed), _answer(fixed, rule.id)]
+    bad, good = EXPECT_TEXT[ex.expect]
+    how = _operation_text(ex, kind)
+    parts += [f"{bad}{how}:", _yaml_block(ex.failing), _answer(failing, rule.id),
+              f"{good}{how}:", _yaml_block(ex.fixed), _answer(fixed, rule.id)]
     if doc.fix:
         parts += ["## How to fix", doc.fix.strip()]
     parts += [
