@@ -22,6 +22,8 @@ from xml.etree import ElementTree as ET
 
 import orjson
 
+from app.ruleset import NEEDS
+
 __all__ = ["FORMATS", "NEEDS", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
            "not_evaluated", "render"]
 
@@ -34,20 +36,6 @@ SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/sche
 class RuleInfo(Protocol):
     id: str
     summary: str
-
-
-#: Kinds without which a rule has nothing to judge against and passes silently, so the
-#: result would be a silent "fine". A rule may declare its own (``Rule.needs``); this
-#: table is the fallback for rules that do not. All listed kinds must be present.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "pod-fits-node": ("Node",),
-    "limitrange-needs-cpu-limits": ("LimitRange",),
-    "limitrange-default-below-request": ("LimitRange",),
-    "quota-needs-cpu-limits": ("ResourceQuota",),
-    "namespace-memory-composition": ("ResourceQuota",),
-    "kai-pool-capacity": ("NodePool", "Node"),
-    "actor-placement": ("WorkerPool",),
-}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import check_object
 from app.rules.base import Finding, Rule, Subject
-from app.ruleset import RuleSet
+from app.ruleset import NEEDS, RuleSet
 
 __all__ = ["DOCS_URL_ENV", "Example", "RuleDoc", "Run", "docs_url", "family", "help_for",
            "help_uri", "hint", "index_page", "load_doc", "page", "pages", "rule_page_names",
@@ -67,10 +67,13 @@ FAMILY_HINTS = {
     "quotas": ("Quota objects are cluster-scoped and judged against the whole tree: fix the "
                "numbers in the tenancy (docs/quotas.md), in the order the message gives; "
                "`envelope check -f` on the tenancy directory shows every object that holds "
-               "part of a sum. Only a policy `exceptions` entry by `kinds` exempts them."),
+               "part of a sum. They have no namespace, so only an `exceptions` entry by kinds "
+               "or objectSelector, or their `envelope.io/exempt` annotation, exempts them."),
     "actors": ("ActorTemplates are sized by `spec.resources.limits` alone and placed on the "
                "WorkerPools of their `sandboxClass` in their namespace (docs/actors.md); "
-               "`kubectl get workerpools -n NAMESPACE -o yaml` shows what a template can land on."),
+               "`kubectl get workerpools -n NAMESPACE -o yaml` shows what a template can land "
+               "on. A policy `exceptions` entry or the `envelope.io/exempt` annotation exempts "
+               "an object."),
 }
 CPU_LIMIT_HINT = ('The annotation `envelope.io/keep-cpu-limit: "true"` (`optOutAnnotation`) on a '
                   "workload or its pod template keeps its CPU limits, in every mode.")
@@ -254,8 +257,6 @@ def _kinds(kinds: Iterable[tuple[str, str]]) -> str:
 
 
 def _needs(rule: Rule) -> tuple[str, ...]:
-    from app.reports import NEEDS
-
     return tuple(getattr(rule, "needs", None) or NEEDS.get(rule.id, ()))
 
 
@@ -334,7 +335,8 @@ def page(rule: Rule, rules: RuleSet) -> str:
     if ex.policy:
         parts += ["With this policy file:", _yaml_block(yaml.safe_dump(ex.policy, sort_keys=False))]
     if ex.cluster:
-        parts += ["With these objects in the cluster (or in the same `envelope check` input):",
+        parts += ["With these objects in the cluster" + (" (or in the same `envelope check` input)"
+                                                         if ex.operation == "CREATE" else "") + ":",
                   _yaml_block(ex.cluster)]
     if ex.old:
         parts += ["The object as stored before the write:", _yaml_block(ex.old)]
@@ -351,7 +353,7 @@ def page(rule: Rule, rules: RuleSet) -> str:
         f"`ENVELOPE_RULE_{rule.id.upper().replace('-', '_')}`.",
         "\n".join(f"- `{m}`: {MODE_TEXT[(rule.phase, m)]}" for m in ("enforce", "warn"))
         + "\n- `off`: the rule does not run",
-        "## Exemptions",
+        "## Exemptions and hints",
         hint(rule),
     ]
     return "\n\n".join(parts) + "\n"
