@@ -6,7 +6,9 @@ code scanning and other SARIF viewers), ``junit`` (one testcase per object) and
 
 Everything here is a pure function of a :class:`Report`; the rules come in as a
 parameter (any objects with ``.id`` and ``.summary``, optionally ``.kinds``,
-``.reads`` and ``.needs``), so the rule registry can change shape freely.
+``.reads`` and ``.needs``), so the rule registry can change shape freely. A rule's help
+(SARIF ``help``, ``helpUri``, the per-family hint) and the "why and how to fix" line come
+from the rule reference, :mod:`app.ruledocs`.
 """
 
 from __future__ import annotations
