@@ -112,14 +112,15 @@ def help_for(rule: Any) -> dict[str, str]:
     mode = getattr(getattr(rule, "default_mode", None), "value", None)
     default = f" Its default mode is {mode}." if mode else ""
     doc = load_doc(rule.id) if rule.id in rule_page_names() else None
-    what = f" {doc.what.strip()}" if doc else ""
-    fix = f"\n\nFix: {doc.fix.strip()}" if doc and doc.fix else ""
+    what = f" {' '.join(doc.what.split())}" if doc else ""
+    fix = f"\n\nFix: {' '.join(doc.fix.split())}" if doc and doc.fix else ""
     modes = (f"Set its mode in the policy file (`rules: {{{rule.id}: enforce|warn|off}}`, "
              f"see docs/configuration.md). {hint(rule)}")
     uri = help_uri(rule.id)
-    text = (f"{rule.summary}.{default}{what}{fix}\n\n{modes}\n\nReference: {uri} "
+    summary = rule.summary[:1].upper() + rule.summary[1:]
+    text = (f"{summary}.{default}{what}{fix}\n\n{modes}\n\nReference: {uri} "
             f"(or `envelope explain {rule.id}`)")
-    markdown = (f"**{rule.summary}.**{default}{what}{fix}\n\n{modes}\n\n"
+    markdown = (f"**{summary}.**{default}{what}{fix}\n\n{modes}\n\n"
                 f"[Rule reference]({uri}) · `envelope explain {rule.id}`")
     return {"text": text, "markdown": markdown, "uri": uri}
 
