@@ -66,7 +66,7 @@ def test_the_failing_example_fails_and_the_fix_passes(rule_id: str) -> None:
     assert not [f for f in fixed.findings if f.severity == "error"], fixed.lines()
 
 
-CREATE = [r for r in IDS if load_doc(r).example.operation == "CREATE"]
+CREATE = [r for r in IDS if r in rule_page_names() and load_doc(r).example.operation == "CREATE"]
 
 
 @pytest.mark.parametrize("rule_id", CREATE)
