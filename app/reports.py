@@ -6,7 +6,9 @@ code scanning and other SARIF viewers), ``junit`` (one testcase per object) and
 
 Everything here is a pure function of a :class:`Report`; the rules come in as a
 parameter (any objects with ``.id`` and ``.summary``, optionally ``.kinds``,
-``.reads`` and ``.needs``), so the rule registry can change shape freely.
+``.reads`` and ``.needs``), so the rule registry can change shape freely. A rule's help
+(SARIF ``help``, ``helpUri``, the per-family hint) and the "why and how to fix" line come
+from the rule reference, :mod:`app.ruledocs`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from xml.etree import ElementTree as ET
 
 import orjson
 
+from app.ruleset import NEEDS
+
 __all__ = ["FORMATS", "NEEDS", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
            "not_evaluated", "render"]
 
@@ -34,20 +38,6 @@ SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/sche
 class RuleInfo(Protocol):
     id: str
     summary: str
-
-
-#: Kinds without which a rule has nothing to judge against and passes silently, so the
-#: result would be a silent "fine". A rule may declare its own (``Rule.needs``); this
-#: table is the fallback for rules that do not. All listed kinds must be present.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "pod-fits-node": ("Node",),
-    "limitrange-needs-cpu-limits": ("LimitRange",),
-    "limitrange-default-below-request": ("LimitRange",),
-    "quota-needs-cpu-limits": ("ResourceQuota",),
-    "namespace-memory-composition": ("ResourceQuota",),
-    "kai-pool-capacity": ("NodePool", "Node"),
-    "actor-placement": ("WorkerPool",),
-}
 
 
 @dataclass(frozen=True)
@@ -179,8 +169,20 @@ def text(report: Report) -> str:
     lines.extend(n.message for n in report.not_evaluated)
     if report.skipped:
         lines.append(report.skipped_summary())
+    reported = sorted({f["rule"] for o in report.objects for f in (*o.findings, *o.changes)}
+                      - {"internal"})
+    if reported:
+        lines.append(explain_line(reported))
     lines.append(report.summary())
     return "\n".join(lines) + "\n"
+
+
+def explain_line(rule_ids: Collection[str]) -> str:
+    """Where the rules that reported are explained: their pages and ``envelope explain``."""
+    from app.ruledocs import docs_url
+
+    return (f"why and how to fix: envelope explain RULE, or {docs_url()}rules/RULE.md, for "
+            f"{', '.join(rule_ids)}")
 
 
 # --- json -------------------------------------------------------------------------------
@@ -223,12 +225,11 @@ def _uri(path: str) -> tuple[str, str | None]:
         return p.resolve().as_uri(), None
 
 
-def _help(rule: Any) -> str:
-    mode = getattr(getattr(rule, "default_mode", None), "value", None)
-    default = f" Its default mode is {mode}." if mode else ""
-    return (f"{rule.summary}.{default} Set its mode in the policy file "
-            f"(`rules: {{{rule.id}: enforce|warn|off}}`, see docs/configuration.md); "
-            f"`envelope.io/keep-cpu-limit: \"true\"` opts a workload out of CPU-limit removal.")
+def _help(rule: Any) -> dict[str, str]:
+    """The rule's help, with its family's hint and its page (``app.ruledocs``)."""
+    from app.ruledocs import help_for
+
+    return help_for(rule)
 
 
 def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
@@ -237,11 +238,13 @@ def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
     descriptors = []
     for r in rules:
         mode = getattr(getattr(r, "default_mode", None), "value", "enforce")
+        help_ = _help(r)
         descriptors.append({
             "id": r.id, "name": "".join(w.capitalize() for w in re.split(r"[^a-zA-Z0-9]+", r.id)),
             "shortDescription": {"text": r.summary},
             "fullDescription": {"text": r.summary},
-            "help": {"text": _help(r), "markdown": _help(r)},
+            "helpUri": help_["uri"],
+            "help": {"text": help_["text"], "markdown": help_["markdown"]},
             "defaultConfiguration": {"level": "warning" if mode == "warn" else "error",
                                      "enabled": mode != "off"},
             "properties": {"tags": ["kubernetes", "admission"]},

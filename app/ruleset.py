@@ -20,9 +20,23 @@ from app.rules.base import Phase, Rule, Subject, rules_of
 from app.rules.quotas import objects as quota_objects
 from app.rules.quotas import rules as quotas
 
-__all__ = ["Copier", "RuleSet", "default_ruleset"]
+__all__ = ["NEEDS", "Copier", "RuleSet", "default_ruleset"]
 
 Copier = Callable[[Subject, dict[str, Any]], dict[str, Any]]
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    "pod-fits-node": ("Node",),
+    "limitrange-needs-cpu-limits": ("LimitRange",),
+    "limitrange-default-below-request": ("LimitRange",),
+    "quota-needs-cpu-limits": ("ResourceQuota",),
+    "namespace-memory-composition": ("ResourceQuota",),
+    "kai-pool-capacity": ("NodePool", "Node"),
+    "actor-placement": ("WorkerPool",),
+}
+"""Kinds without which a rule has nothing to judge against and passes silently, so the
+result would be a silent "fine" (``envelope check`` says "not evaluated"; the rule pages
+say so). A rule may declare its own (``Rule.needs``); this table is the fallback for rules
+that do not. All listed kinds must be present."""
 
 
 class RuleSet(Mapping[str, Rule]):

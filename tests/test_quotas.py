@@ -508,7 +508,7 @@ def test_envelope_check_finds_the_one_mistake(capsys: pytest.CaptureFixture[str]
     assert main(["check", "-f", str(EXAMPLES)]) == 1
     out = capsys.readouterr().out
     assert "81 objects: 3 errors, 0 warnings" in out
-    assert out.count("kai-pool-capacity") == 3
+    assert out.count("error   kai-pool-capacity") == 3  # and once in the "why and how to fix" line
     assert ("research-h100 (pool h100): departments are guaranteed 104 cards in total (this one "
             "56 cards) but the pool's 12 nodes have 96 cards - 8 cards cannot be met") in out
 
