@@ -333,7 +333,8 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                               f"{MAX_NODE_GROUPS} takes the pods")]
     pools = [pool_shape(p) for p in _karpenter_pools(view)]
     shapes = policy_nodes(settings.autoscaled_shapes, int(reserve_cpu * 1000), int(reserve_memory))
-    new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools)
+    new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools,
+                                 name_pools=settings.name_in_messages)
     if new_node is not None:
         maybe = (" if it gets the labels the pod selects (the NodePool allows several values)"
                  if new_node.uncertain else "")
