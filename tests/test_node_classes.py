@@ -245,3 +245,22 @@ def test_gt_on_a_per_node_label_judges_every_node() -> None:
     placed = grouped(view, spec, requests, 0, 0)
     assert placed.fits
     same(placed, per_node(view, spec, requests, 0, 0))
+
+
+def test_malformed_nodes_are_judged_as_every_node_would_be() -> None:
+    """Hand-written files (envelope check) may hold nodes with odd metadata: the class
+    path reads them as node_from_object does, never crashes."""
+    odd = [{"apiVersion": "v1", "kind": "Node", "metadata": "x",
+            "status": {"allocatable": {"cpu": "8", "memory": "16Gi"}}},
+           {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": "nope"},
+            "status": {"allocatable": {"cpu": "8", "memory": "16Gi"}}},
+           node("n2", "8", "16Gi")]
+    view = StaticView(odd)
+    for spec in ({"containers": [{"name": "c", "resources": {"requests": {"cpu": "64"}}}],
+                  "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                      "nodeSelectorTerms": [{"matchExpressions": [
+                          {"key": HOST, "operator": "Gt", "values": ["1"]}]}]}}}},
+                 {"containers": [{"name": "c", "resources": {"requests": {"cpu": "64"}}}],
+                  "nodeSelector": {HOST: "n2"}}):
+        requests = effective_pod_requests(spec, is_pod=False)
+        same(grouped(view, spec, requests, 0, 0), per_node(view, spec, requests, 0, 0))

@@ -215,10 +215,10 @@ class Store:
         version = self._versions.get(index.kind, 0)
         if cached is not None and cached[0] == version:
             return cached[1]
-        table = self._indexes.get(index)
-        if table is None:
-            table = self._build(index)
-        with self._lock:  # a watch thread may be adding a value: copy a settled table
+        if index not in self._indexes:
+            self._build(index)
+        with self._lock:  # a watch thread may be changing it (or swapping it, on a re-list)
+            table = self._indexes[index]
             version = self._versions.get(index.kind, 0)
             counts = dict(zip(table.keys(), map(len, table.values()), strict=True))
         self._counts[index] = (version, counts)
