@@ -852,11 +852,14 @@ def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict |
 
 
 def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
-          limit: int) -> Placement:
+          limit: int, *, name_closest: bool = True) -> Placement:
     """``evaluate`` over groups of nodes (see ``NodeGroup``): the same ``Placement`` as
     judging every member on its own, when no class holds a node the pod mentions
     (``mentions``; those are given as groups of one). Stops at the first group that takes
-    the pod; judges at most ``limit`` groups (then ``complete`` is False)."""
+    the pod; judges at most ``limit`` groups (then ``complete`` is False).
+    ``name_closest=False``: the caller will not show the closest node's name, so a class
+    that is closest alone keeps its stand-in's name (its members' names are read only to
+    break a tie between classes)."""
     counted = _counted(requests)
     tolerations = _tolerations(spec)
     judged: list[tuple[NodeGroup, NodeVerdict]] = []
@@ -873,7 +876,11 @@ def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mappin
     closest = None
     if candidates:
         best = min(v.distance() for _, v in candidates)
-        tied = [(g.first_name(), v, g) for g, v in candidates if v.distance() == best]
-        name, verdict, group = min(tied, key=lambda t: t[0])
+        tied = [(g, v) for g, v in candidates if v.distance() == best]
+        if len(tied) == 1 and not name_closest:
+            named = [(tied[0][0].node.name, tied[0][1], tied[0][0])]
+        else:
+            named = [(g.first_name(), v, g) for g, v in tied]
+        name, verdict, group = min(named, key=lambda t: t[0])
         closest = replace(verdict, node=replace(group.node, name=name))
     return _placement([(g.count, v) for g, v in judged], closest)

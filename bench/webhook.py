@@ -120,9 +120,10 @@ local f = io.open("{body}", "rb"); wrk.body = f:read("*a"); f:close()
 """
 
 
-def wrk(url: str, script: Path, seconds: int, connections: int) -> dict[str, float]:
+def wrk(url: str, script: Path, seconds: int, connections: int, timeout: int = 2) -> dict[str, float]:
     out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-                          "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+                          "--timeout", f"{timeout}s", "-s", str(script), url],
+                         capture_output=True, text=True, check=True).stdout
     unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
     def pct(p: str) -> float:
@@ -159,7 +160,9 @@ def capacity(base: str, scripts: dict[str, Path], args: argparse.Namespace, pid:
     for case, script in scripts.items():
         wrk(base + "/validate", script, 3, args.connections)  # warm up
         before = cpu_seconds(pid)
-        r = wrk(base + "/validate", script, args.seconds, args.connections)
+        # The API server's webhook timeout (10 s by default): an answer later than that
+        # is a failed write, counted by wrk as a timeout.
+        r = wrk(base + "/validate", script, args.seconds, args.connections, timeout=10)
         per = (cpu_seconds(pid) - before) / max(r["requests"], 1)
         print(f"| {case} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} "
               f"| {r['timeouts']:.0f} | {per * 1e3:.2f} | {1 / per if per else 0:.0f} |", flush=True)

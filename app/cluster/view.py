@@ -13,6 +13,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Protocol
 
 __all__ = ["NODE_LABEL", "ClusterView", "Index", "ScopedView", "StaticView", "Store",
@@ -228,7 +229,7 @@ class Store:
         table = self._indexes.get(index)
         if table is None:
             table = self._build(index)
-        return [name for _, name in list(table.get(value, {}))]
+        return list(map(itemgetter(1), list(table.get(value, {}))))
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
         if namespace is None:

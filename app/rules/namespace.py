@@ -327,7 +327,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
     groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory))
-    verdict = place(spec, groups, requests, MAX_NODE_GROUPS)
+    verdict = place(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
     if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
