@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from app.disclosure import pool_reference, pool_room
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
 from app.scheduling import (
     NOT_SELECTED,
@@ -196,10 +197,13 @@ def _pool_node(shape: PoolShape, counted: Mapping[str, int]) -> Node:
 
 
 def scale_up(spec: Mapping[str, Any], requests: Mapping[str, Decimal], *, shapes: Iterable[Node] = (),
-             pools: Iterable[PoolShape] = ()) -> tuple[ScaleUp | None, list[str]]:
+             pools: Iterable[PoolShape] = (),
+             name_pools: bool = False) -> tuple[ScaleUp | None, list[str]]:
     """The first new node that would take the pod: a policy shape (exact), else a
     Karpenter NodePool (bounded by its limits; ``uncertain`` when the pod selects on a
-    key the pool leaves open). Also, for a refusal message, why each one does not."""
+    key the pool leaves open). Also, for a refusal message, why each one does not.
+    NodePools are cluster-scoped: unless ``name_pools`` (``nodes.nameInMessages``), the
+    text names none and says no room left under a limit (app/disclosure.py)."""
     why_not: list[str] = []
     for node in shapes:
         verdict = fit_node(spec, node, requests)
@@ -211,7 +215,7 @@ def scale_up(spec: Mapping[str, Any], requests: Mapping[str, Decimal], *, shapes
     for shape in pools:
         node = _pool_node(shape, counted)
         verdict = fit_node(spec, node, requests)
-        source = f'Karpenter NodePool "{shape.name}"'
+        source = pool_reference(shape.name, name_pools)
         if verdict.fits:
             return ScaleUp(source, verdict), why_not
         open_selected = {k for k in keys if k in shape.open_keys or _is_well_known(k)} \
@@ -221,7 +225,14 @@ def scale_up(spec: Mapping[str, Any], requests: Mapping[str, Decimal], *, shapes
             relaxed = fit_node(_without_keys(spec, open_selected), node, requests)
             if relaxed.fits:
                 return ScaleUp(source, relaxed, uncertain=True), why_not
-        why_not.append(f"NodePool {shape.name}: {_reason(verdict, 'left under its limits')}")
+        if name_pools:
+            why_not.append(f"NodePool {shape.name}: {_reason(verdict, 'left under its limits')}")
+        else:
+            reason = "; ".join([*verdict.blocked, *(pool_room(s.resource, s.requested, s.free, False)
+                                                    for s in verdict.shortfalls)])
+            item = f"{pool_reference(shape.name, False)}: {reason}"
+            if item not in why_not:
+                why_not.append(item)
     return None, why_not
 
 

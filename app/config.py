@@ -110,8 +110,10 @@ class NodeSettings(BaseModel):
     autoscaled_shapes: list[NodeShape] = Field(default_factory=list, alias="autoscaledShapes")
     """Nodes an autoscaler can add (see :class:`NodeShape`); the reserves apply to them too."""
     name_in_messages: bool = Field(False, alias="nameInMessages")
-    """Whether messages may name nodes (cluster-scoped: a namespace user usually cannot
-    read them). Off: ``pod-fits-node`` describes the closest node's shape instead."""
+    """Whether messages may name nodes and Karpenter NodePools, and say the room left
+    under a NodePool's limits (cluster-scoped: a namespace user usually cannot read
+    them). Off: ``pod-fits-node`` describes the closest node's shape instead, and says
+    "a Karpenter NodePool" without its name or what is left under its limits."""
 
 
 class RuleException(BaseModel):

@@ -14,7 +14,7 @@ from decimal import Decimal
 from app.quantity import format_bytes, format_cpu
 from app.scheduling import Node
 
-__all__ = ["node_reference", "node_shape"]
+__all__ = ["node_reference", "node_shape", "pool_reference", "pool_room"]
 
 _BYTES = ("memory", "ephemeral-storage")
 
@@ -39,3 +39,19 @@ def node_reference(node: Node, name_in_messages: bool, also: Iterable[str] = ())
     """How a message refers to ``node``: its name when the policy allows it
     (``nodes.nameInMessages``), its shape otherwise."""
     return node.name if name_in_messages else node_shape(node, also)
+
+
+def pool_reference(name: str, name_in_messages: bool) -> str:
+    """How a message refers to a Karpenter NodePool: ``Karpenter NodePool "gpu"`` when
+    the policy allows names, ``a Karpenter NodePool`` otherwise."""
+    return f'Karpenter NodePool "{name}"' if name_in_messages else "a Karpenter NodePool"
+
+
+def pool_room(resource: str, requested: int, left: int, name_in_messages: bool) -> str:
+    """A resource a NodePool's limits leave too little of: the pod's request (the user's
+    own number) and, only when the policy allows it, what is left under the limits (the
+    cluster's spend against them)."""
+    asked = f"{resource} {_amount(resource, requested)} requested"
+    if name_in_messages:
+        return f"{asked}, {_amount(resource, max(left, 0))} left under its limits"
+    return f"{asked}, more than its limits leave"

@@ -35,26 +35,37 @@ Not modelled (they need objects this module is not given): inter-pod
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_UP, Context, Decimal
 from typing import Any
+
+import orjson
 
 from app.quantity import QuantityError, parse_quantity
 
 __all__ = [
     "CORDONED",
+    "PER_NODE_LABELS",
+    "STAND_IN",
+    "Mentions",
     "Node",
+    "NodeGroup",
     "NodeVerdict",
+    "Placement",
     "Shortfall",
     "Verdict",
     "aggregate_container_requests",
     "clamp_quantity",
+    "class_key",
+    "class_node",
     "default_pod",
     "effective_pod_requests",
     "evaluate",
     "fit_node",
+    "mentions",
     "node_from_object",
+    "place",
     "pod_requests",
     "tolerates",
 ]
@@ -640,6 +651,12 @@ class Verdict:
     def fits(self) -> bool:
         return self.fits_on is not None
 
+    def placement(self) -> Placement:
+        """What ``pod-fits-node`` says of this verdict (``place`` gives the same by class)."""
+        if self.fits:
+            return Placement(True)
+        return _placement([(1, v) for v in self.nodes], self.closest)
+
     def describe(self) -> str:
         """A one-line reason for the refusal, with numbers."""
         if self.fits_on is not None:
@@ -674,6 +691,8 @@ def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mappin
     a rule can choose to admit it. With no potential shapes the verdict is
     exactly kube-scheduler's filter outcome. ``first_fit`` stops at the first node
     that takes the pod (``nodes`` then holds only the nodes checked so far).
+    ``closest`` is the nearest by ``NodeVerdict.distance``, ties to the node whose name
+    sorts first (so every replica, and ``envelope check``, names the same one).
     """
     reqs = dict(requests) if requests is not None else pod_requests(spec)
     counted = _counted(reqs)
@@ -696,7 +715,7 @@ def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mappin
                 scale_up = v
                 break
     candidates = [v for v in verdicts if not v.blocked and v.shortfalls]
-    closest = min(candidates, key=NodeVerdict.distance) if candidates else None
+    closest = min(candidates, key=lambda v: (v.distance(), v.node.name)) if candidates else None
     return Verdict(requests=reqs, nodes=verdicts, fits_on=fits_on, fits_after_scale_up=scale_up,
                    closest=closest)
 
@@ -711,3 +730,157 @@ def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[
         except QuantityError:
             continue
     return Node(name=name, allocatable=alloc, labels=dict(labels or {}), taints=tuple(taints), potential=True)
+
+
+# ------------------------------------------------------------ nodes judged by class
+#
+# A big cluster has thousands of Nodes and few node shapes. Every filter above reads a
+# node's allocatable, requested and pod count, labels, taints, unschedulable flag and —
+# for ``matchFields`` only — its name. Nodes equal in all of that but their name (and
+# the labels that name one node) get the same verdict for every pod that does not
+# mention them, so they are judged once, as a class (``place``).
+
+PER_NODE_LABELS = frozenset({"kubernetes.io/hostname"})
+"""Label keys whose value names one node (the kubelet sets ``kubernetes.io/hostname``
+to the node's hostname): kept out of a node's class like its name, or no two nodes
+would share one."""
+
+STAND_IN = "\x00"
+"""The name, and the value of each per-node label, of the node that stands for a class
+in ``place``: compared only with what the pod mentions (``mentions``); a pod that
+mentions this very string is judged node by node."""
+
+
+@dataclass(frozen=True)
+class Mentions:
+    """The node names (``matchFields`` on ``metadata.name``) and per-node label values
+    (``PER_NODE_LABELS``) a pod's node selection compares with. Nodes with one of them
+    are judged on their own; every other node of a class is decided by the class.
+    ``per_node``: the selection reads a per-node label in a way mentions cannot decide
+    (``Gt``/``Lt``), or mentions ``STAND_IN``: judge every node on its own."""
+
+    names: frozenset[str] = frozenset()
+    labels: frozenset[tuple[str, str]] = frozenset()
+    per_node: bool = False
+
+
+def mentions(spec: Mapping[str, Any]) -> Mentions:
+    """What ``required_affinity_matches`` compares node names and per-node labels with
+    (read exactly as it reads them)."""
+    names: set[str] = set()
+    labels: set[tuple[str, str]] = set()
+    per_node = False
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping):
+        labels.update((str(k), str(v)) for k, v in selector.items() if str(k) in PER_NODE_LABELS)
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") \
+        if isinstance(node_affinity, Mapping) else None
+    terms = required.get("nodeSelectorTerms") or [] if isinstance(required, Mapping) else []
+    for term in terms:
+        if not isinstance(term, Mapping):
+            continue
+        for expr in term.get("matchExpressions") or []:
+            if isinstance(expr, Mapping) and str(expr.get("key", "")) in PER_NODE_LABELS:
+                values = [str(v) for v in expr.get("values") or []]
+                labels.update((str(expr.get("key", "")), v) for v in values)
+                per_node = per_node or expr.get("operator") in ("Gt", "Lt")
+        for expr in term.get("matchFields") or []:
+            if isinstance(expr, Mapping) and expr.get("key") == "metadata.name":
+                names.update(str(v) for v in expr.get("values") or [])
+    per_node = per_node or STAND_IN in names or any(v == STAND_IN for _, v in labels)
+    return Mentions(frozenset(names), frozenset(labels), per_node)
+
+
+def class_key(node: Node) -> str:
+    """Everything the filters read of ``node`` except its name and per-node label
+    values (whether it has a name, and which per-node labels, are kept): nodes with the
+    same key get the same verdict for a pod that mentions neither (``mentions``)."""
+    labels = {k: v for k, v in node.labels.items() if k not in PER_NODE_LABELS}
+    return orjson.dumps({"a": dict(node.allocatable), "l": labels,
+                         "p": sorted(k for k in node.labels if k in PER_NODE_LABELS),
+                         "t": list(node.taints), "u": node.unschedulable, "n": bool(node.name),
+                         "r": dict(node.requested), "c": node.pods},
+                        option=orjson.OPT_SORT_KEYS).decode()
+
+
+def class_node(key: str) -> Node:
+    """The node that stands for a class: ``STAND_IN`` as its name (when its members have
+    one) and as the value of each per-node label."""
+    d = orjson.loads(key)
+    labels = {**d["l"], **dict.fromkeys(d["p"], STAND_IN)}
+    return Node(name=STAND_IN if d["n"] else "", allocatable=d["a"], labels=labels,
+                taints=tuple(d["t"]), unschedulable=d["u"], requested=d["r"], pods=d["c"])
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``count`` nodes judged through ``node``. A class: ``node`` is its stand-in and
+    ``names`` lists its members (read only to name the closest node). A node judged on
+    its own: count 1, ``names`` None."""
+
+    node: Node
+    count: int = 1
+    names: Callable[[], Iterable[str]] | None = None
+
+    def first_name(self) -> str:
+        return self.node.name if self.names is None else min(self.names(), default="")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The pod against every node, as ``pod-fits-node`` words it: the same whether the
+    nodes were judged one at a time (``Verdict.placement``) or by class (``place``).
+    ``complete`` is False when ``place`` reached its limit before any node took the pod:
+    nothing is decided then. Otherwise, when nothing fits: ``closest`` (ties to the first
+    name), how many nodes were judged, the distinct reasons nodes were blocked, and
+    whether some node is blocked only by its cordon."""
+
+    fits: bool
+    complete: bool = True
+    closest: NodeVerdict | None = None
+    count: int = 0
+    reasons: tuple[str, ...] = ()
+    cordoned_only: bool = False
+
+
+def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> Placement:
+    return Placement(False, closest=closest, count=sum(n for n, _ in judged),
+                     reasons=tuple(sorted({r for _, v in judged for r in v.blocked})),
+                     cordoned_only=any(v.blocked == (CORDONED,) for _, v in judged))
+
+
+def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
+          limit: int, *, name_closest: bool = True) -> Placement:
+    """``evaluate`` over groups of nodes (see ``NodeGroup``): the same ``Placement`` as
+    judging every member on its own, when no class holds a node the pod mentions
+    (``mentions``; those are given as groups of one). Stops at the first group that takes
+    the pod; judges at most ``limit`` groups (then ``complete`` is False).
+    ``name_closest=False``: the caller will not show the closest node's name, so a class
+    that is closest alone keeps its stand-in's name (its members' names are read only to
+    break a tie between classes)."""
+    counted = _counted(requests)
+    tolerations = _tolerations(spec)
+    judged: list[tuple[NodeGroup, NodeVerdict]] = []
+    total = 0
+    for group in groups:
+        if len(judged) >= limit:
+            return Placement(False, complete=False, count=total)
+        verdict = _fit(spec, group.node, counted, tolerations)
+        if verdict.fits:
+            return Placement(True)
+        judged.append((group, verdict))
+        total += group.count
+    candidates = [(g, v) for g, v in judged if not v.blocked and v.shortfalls]
+    closest = None
+    if candidates:
+        best = min(v.distance() for _, v in candidates)
+        tied = [(g, v) for g, v in candidates if v.distance() == best]
+        if len(tied) == 1 and not name_closest:
+            named = [(tied[0][0].node.name, tied[0][1], tied[0][0])]
+        else:
+            named = [(g.first_name(), v, g) for g, v in tied]
+        name, verdict, group = min(named, key=lambda t: t[0])
+        closest = replace(verdict, node=replace(group.node, name=name))
+    return _placement([(g.count, v) for g, v in judged], closest)

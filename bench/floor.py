@@ -103,9 +103,19 @@ FLOOR_ROUTES: dict[str, Handler] = {"/floor": floor, "/floor-patch": floor_patch
                                     "/floor-envpatch": floor_envpatch, "/floor-decode": floor_decode}
 
 
-def floor_app() -> FastAPI:
-    """Envelope's app (default rules and policy, empty cluster view) plus the floors."""
-    app = create_app(default_ruleset(), Policy())
+def floor_app(nodes: int = 0) -> FastAPI:
+    """Envelope's app (default rules and policy; a cluster view of ``nodes`` Nodes shaped
+    as in bench/pod_fits_node.py, empty by default) plus the floors."""
+    rules = default_ruleset()
+    view = None
+    if nodes:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from pod_fits_node import nodes as bench_nodes
+
+        from app.cluster.view import StaticView
+
+        view = StaticView(bench_nodes(nodes), rules.indexes)
+    app = create_app(rules, Policy(), view)
     for path, handler in FLOOR_ROUTES.items():
         app.router.routes.append(Route(path, ReviewEndpoint(handler)))
     return app
@@ -124,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cert-file", required=True)
     parser.add_argument("--key-file", required=True)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--nodes", type=int, default=0, help="Nodes in the cluster view (bench only)")
     args, _ = parser.parse_known_args(argv)
     setup_logging(args.log_level)
     state = TlsState()
     if not state.load(KeyPair(Path(args.cert_file).read_bytes(), Path(args.key_file).read_bytes())):
         print("floor: cannot load the certificate", file=sys.stderr)
         return 2
-    config = uvicorn.Config(floor_app(), host=args.host, port=args.port, log_config=None,
+    config = uvicorn.Config(floor_app(args.nodes), host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
                             timeout_keep_alive=IDLE_SECONDS)
     config.load()

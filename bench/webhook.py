@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import socket
@@ -87,8 +88,17 @@ def deployment() -> dict[str, Any]:
     }
 
 
-def review_body() -> bytes:
+def review_body(case: str = "mutate") -> bytes:
+    """The review: ``mutate`` (the Deployment as above), or for ``--nodes`` runs the same
+    Deployment placed on the bench nodes (zone z1, no GPU): ``fits`` (a node takes it) or
+    ``refused`` (the trainer asks 100 cpu: no node has room, pod-fits-node refuses)."""
     obj = deployment()
+    if case in ("fits", "refused"):
+        spec = obj["spec"]["template"]["spec"]
+        spec["nodeSelector"] = {"zone": "z1"}
+        if case == "refused":
+            for key in ("limits", "requests"):
+                spec["containers"][0]["resources"].setdefault(key, {})["cpu"] = "100"
     return json.dumps({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
@@ -110,9 +120,10 @@ local f = io.open("{body}", "rb"); wrk.body = f:read("*a"); f:close()
 """
 
 
-def wrk(url: str, script: Path, seconds: int, connections: int) -> dict[str, float]:
+def wrk(url: str, script: Path, seconds: int, connections: int, timeout: int = 2) -> dict[str, float]:
     out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-                          "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+                          "--timeout", f"{timeout}s", "-s", str(script), url],
+                         capture_output=True, text=True, check=True).stdout
     unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
     def pct(p: str) -> float:
@@ -122,8 +133,40 @@ def wrk(url: str, script: Path, seconds: int, connections: int) -> dict[str, flo
 
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    timeouts = re.search(r"timeout (\d+)", out)
+    done = re.search(r"(\d+) requests in", out)
     return {"rps": rps, "p50": pct("50"), "p99": pct("99"),
-            "non2xx": float(errors[1]) if errors else 0.0}
+            "non2xx": float(errors[1]) if errors else 0.0,
+            "timeouts": float(timeouts[1]) if timeouts else 0.0,
+            "requests": float(done[1]) if done else 0.0}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def capacity(base: str, scripts: dict[str, Path], args: argparse.Namespace, pid: int) -> int:
+    """/validate of one replica with ``--nodes`` Nodes in its view: an admission and a
+    pod-fits-node refusal, each through the real HTTP handler. Besides wrk's figures,
+    the server's CPU seconds per review (from /proc): ``1 / that`` is what the replica
+    answers per second with its core to itself, whatever else the machine runs."""
+    print(f"/validate, {args.nodes} Nodes in the view, concurrency {args.connections}, "
+          f"{args.seconds}s per case, server log level {args.log_level}")
+    print("| case | reviews/s | p50 ms | p99 ms | non-2xx | timeouts | server CPU ms/review "
+          "| reviews/s per core |")
+    print("|---|---|---|---|---|---|---|---|")
+    for case, script in scripts.items():
+        wrk(base + "/validate", script, 3, args.connections)  # warm up
+        before = cpu_seconds(pid)
+        # The API server's webhook timeout (10 s by default): an answer later than that
+        # is a failed write, counted by wrk as a timeout.
+        r = wrk(base + "/validate", script, args.seconds, args.connections, timeout=10)
+        per = (cpu_seconds(pid) - before) / max(r["requests"], 1)
+        print(f"| {case} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} "
+              f"| {r['timeouts']:.0f} | {per * 1e3:.2f} | {1 / per if per else 0:.0f} |", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -131,6 +174,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="capacity run: /validate with this many Nodes in the view (fits and refused)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print("bench: needs wrk (apt-get install wrk)", file=sys.stderr)
@@ -141,11 +186,16 @@ def main() -> int:
     (tmp / "body.json").write_bytes(body)
     script = tmp / "post.lua"
     script.write_text(LUA.format(body=tmp / "body.json"))
+    scripts = {}
+    for case in ("fits", "refused"):
+        (tmp / f"{case}.json").write_bytes(review_body(case))
+        scripts[case] = tmp / f"{case}.lua"
+        scripts[case].write_text(LUA.format(body=tmp / f"{case}.json"))
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), "--host", "127.0.0.1",
          "--port", str(port), "--cert-file", str(certs.cert), "--key-file", str(certs.key),
-         "--log-level", args.log_level],
+         "--log-level", args.log_level, "--nodes", str(args.nodes)],
         stdout=subprocess.DEVNULL, stderr=(tmp / "server.log").open("wb"))
     try:
         for _ in range(100):
@@ -155,6 +205,8 @@ def main() -> int:
                 break
             time.sleep(0.1)
         base = f"https://127.0.0.1:{port}"
+        if args.nodes:
+            return capacity(base, scripts, args, server.pid)
         wrk(base + "/mutate", script, 3, args.connections)  # warm up
         floor = wrk(base + "/floor", script, args.seconds, args.connections)
         decode = wrk(base + "/floor-decode", script, args.seconds, args.connections)

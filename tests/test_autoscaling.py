@@ -30,6 +30,7 @@ def shapes(*items: dict[str, Any]) -> Policy:
 
 BIG = {"name": "m5.4xlarge", "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"}}
 SMALL_NODES = StaticView([node("n1", "4", "16Gi")])
+NAMED = Policy.model_validate({"nodes": {"nameInMessages": True}})
 
 
 def findings(obj: dict[str, Any], policy: Policy | None = None,
@@ -123,9 +124,15 @@ def test_nodepool_limits_cap_what_a_new_node_can_hold() -> None:
     view = with_pools(karpenter(limits={"cpu": "100"}, used={"cpu": "90"}))
     errors, warnings = findings(pod("8"), view=view)
     assert errors == []
-    assert warnings == ['fits no current node; would fit a node that Karpenter NodePool "default" '
+    assert warnings == ["fits no current node; would fit a node that a Karpenter NodePool "
                         "can create: it waits for the autoscaler"]
     errors, _ = findings(pod("12"), view=view)
+    assert "a Karpenter NodePool: cpu 12 requested, more than its limits leave" in errors[0]
+    # Names and the room left only where the policy allows it (app/disclosure.py).
+    _, warnings = findings(pod("8"), NAMED, view=view)
+    assert warnings == ['fits no current node; would fit a node that Karpenter NodePool "default" '
+                        "can create: it waits for the autoscaler"]
+    errors, _ = findings(pod("12"), NAMED, view=view)
     assert "NodePool default: cpu 12 requested, 10 left under its limits" in errors[0]
 
 
@@ -138,7 +145,9 @@ def test_nodepool_without_limits_never_refuses_on_size() -> None:
 def test_nodepool_at_its_node_limit_creates_nothing() -> None:
     view = with_pools(karpenter(limits={"nodes": "5"}, used={"nodes": "5"}))
     errors, _ = findings(pod("8"), view=view)
-    assert "NodePool default: pods 1 requested, 0 left under its limits" in errors[0]
+    assert "a Karpenter NodePool: pods 1 requested, more than its limits leave" in errors[0]
+    assert "NodePool default: pods 1 requested, 0 left under its limits" in \
+        findings(pod("8"), NAMED, view=view)[0][0]
 
 
 def test_nodepool_taints_and_fixed_labels() -> None:
@@ -148,13 +157,13 @@ def test_nodepool_taints_and_fixed_labels() -> None:
                     taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
     view = with_pools(gpu)
     errors, _ = findings(pod("8"), view=view)
-    assert "NodePool gpu: untolerated taint nvidia.com/gpu:NoSchedule" in errors[0]
+    assert "a Karpenter NodePool: untolerated taint nvidia.com/gpu:NoSchedule" in errors[0]
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     ok = pod("8", tolerations=tol, nodeSelector={"team": "ml", "karpenter.sh/nodepool": "gpu",
                                                    "karpenter.k8s.aws/instance-family": "p5"})
     assert findings(ok, view=view)[0] == []
     wrong_family = pod("8", tolerations=tol, nodeSelector={"karpenter.k8s.aws/instance-family": "g6"})
-    assert "NodePool gpu: node does not match" in findings(wrong_family, view=view)[0][0]
+    assert "a Karpenter NodePool: node does not match" in findings(wrong_family, view=view)[0][0]
     custom = pod("8", tolerations=tol, nodeSelector={"team": "web"})
     assert findings(custom, view=view)[0] != []
 
@@ -180,7 +189,7 @@ def test_open_key_does_not_excuse_a_fixed_label_mismatch() -> None:
         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}])
     obj = pod("8", nodeSelector={"topology.kubernetes.io/zone": "a", "team": "web"})
     errors, _ = findings(obj, view=with_pools(pool))
-    assert "NodePool default: node does not match" in errors[0]
+    assert "a Karpenter NodePool: node does not match" in errors[0]
 
 
 def test_does_not_exist_closes_a_key() -> None:

@@ -125,6 +125,8 @@ FEATURES: dict[str, dict[str, Any]] = {
     "serviceMonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "metrics-off": {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
     "one-replica": {"replicaCount": 1},
+    "autoscaling": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8,
+                                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}}}},
     "namespace": {"namespace": {"create": True}},
     "customised": {
         "replicaCount": 5,
@@ -859,6 +861,36 @@ def test_probes_and_graceful_shutdown() -> None:
 
 def test_single_replica_has_no_blocking_pdb() -> None:
     assert render(FEATURES["one-replica"]).of("PodDisruptionBudget") == []
+
+
+def test_autoscaling_is_off_by_default_and_an_hpa_on_cpu_when_on() -> None:
+    """docs/deploy.md "Capacity": an HPA (autoscaling/v2) on average CPU per replica. On,
+    the Deployment leaves replicas to it (a helm upgrade must not reset what the HPA
+    chose) and the PDB follows minReplicas."""
+    assert render().of("HorizontalPodAutoscaler") == []
+    assert render().one("Deployment")["spec"]["replicas"] == 3
+    rendered = render(FEATURES["autoscaling"])
+    hpa = rendered.one("HorizontalPodAutoscaler")
+    deployment = rendered.one("Deployment")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": deployment["metadata"]["name"]}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    assert hpa["spec"]["metrics"] == [{"type": "Resource", "resource": {
+        "name": "cpu", "target": {"type": "AverageValue", "averageValue": "600m"}}}]
+    assert hpa["spec"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 600}}
+    assert "replicas" not in deployment["spec"]
+    assert rendered.one("PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    one = render({"autoscaling": {"enabled": True, "minReplicas": 1}, "replicaCount": 3})
+    assert one.of("PodDisruptionBudget") == []  # one replica may be all there is
+
+
+def test_autoscaling_values_are_checked() -> None:
+    assert "minReplicas (9) is more than maxReplicas (4)" in render_error(
+        {"autoscaling": {"enabled": True, "minReplicas": 9, "maxReplicas": 4}})
+    assert "resources.requests.cpu must be set" in render_error(
+        {"autoscaling": {"enabled": True}, "resources": {"requests": {"cpu": None}}})
+    assert "targetAverageCPU" in render_error({"autoscaling": {"targetAverageCPU": "lots"}})
 
 
 def test_service_monitor() -> None:

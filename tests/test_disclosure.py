@@ -1,6 +1,7 @@
 """Messages never reveal more than the object's own namespace needs: a denial for a
-workload in namespace A carries A's numbers but no node names (Nodes are
-cluster-scoped), unless the policy says ``nodes.nameInMessages: true``."""
+workload in namespace A carries A's numbers but no node or Karpenter NodePool names,
+and not the room left under a NodePool's limits (both cluster-scoped), unless the policy
+says ``nodes.nameInMessages: true``."""
 
 from __future__ import annotations
 
@@ -87,3 +88,48 @@ def test_no_message_for_a_namespaced_workload_names_a_node(
     for finding in [*result.errors, *result.warnings]:
         for name in node_names:
             assert name not in finding.message, (finding.rule, finding.message)
+
+
+pool_names = st.from_regex(r"pool-[a-z0-9]{6,10}", fullmatch=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools=st.lists(st.tuples(pool_names, st.integers(1, 200), st.integers(0, 200),
+                                st.booleans()), min_size=1, max_size=3, unique_by=lambda p: p[0]),
+       want_cpu=st.integers(5, 300), selector=st.booleans())
+def test_no_message_for_a_namespaced_workload_names_a_nodepool_or_its_room(
+        pools: list[tuple[str, int, int, bool]], want_cpu: int, selector: bool) -> None:
+    """Karpenter NodePools are cluster-scoped: no finding names one, or says how much is
+    left under its limits (a number only the cluster's spend gives)."""
+    objects: list[dict[str, Any]] = [node("zz-node-1", "4", "16Gi")]
+    for name, limit, used, tainted in pools:
+        objects.append({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+                        "spec": {"template": {"metadata": {"labels": {"pool": "a"}}, "spec": {
+                            "requirements": [], "taints": [{"key": "gpu", "effect": "NoSchedule"}]
+                            if tainted else []}}, "limits": {"cpu": str(limit)}},
+                        "status": {"resources": {"cpu": str(used)}}})
+    obj = workload("Deployment", [container(requests={"cpu": str(want_cpu), "memory": "1Gi"},
+                                            limits={"memory": "1Gi"})])
+    if selector:
+        obj["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "b"}
+    result = run(obj, view=StaticView(objects))
+    messages = [f.message for f in [*result.errors, *result.warnings] if f.rule == "pod-fits-node"]
+    assert messages  # 4 cpu nodes: every request here needs a new node or is refused
+    for message in messages:
+        assert "left under" not in message, message
+        for name, _, _, _ in pools:
+            assert name not in message, message
+
+
+def test_a_nodepool_is_named_only_when_the_policy_allows() -> None:
+    pool = {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "secret-pool"},
+            "spec": {"template": {"spec": {}}, "limits": {"cpu": "100"}},
+            "status": {"resources": {"cpu": "90"}}}
+    obj = workload("Deployment", [container(requests={"cpu": "12", "memory": "1Gi"},
+                                            limits={"memory": "1Gi"})])
+    view = StaticView([node("n1", "4", "16Gi"), pool])
+    [hidden] = run(obj, view=view).errors
+    assert "a Karpenter NodePool: cpu 12 requested, more than its limits leave" in hidden.message
+    assert "secret-pool" not in hidden.message and "10 left" not in hidden.message
+    [named] = run(obj, view=view, policy=NAMED).errors
+    assert "NodePool secret-pool: cpu 12 requested, 10 left under its limits" in named.message

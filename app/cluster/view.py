@@ -13,6 +13,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Protocol
 
 __all__ = ["NODE_LABEL", "ClusterView", "Index", "ScopedView", "StaticView", "Store",
@@ -78,6 +79,16 @@ class ClusterView(Protocol):
         """How many objects of ``kind`` the view holds."""
         ...
 
+    def index_counts(self, index: Index) -> dict[str, int]:
+        """Every value ``index`` yields, with how many objects yield it (a class index:
+        one entry per class, not per object)."""
+        ...
+
+    def index_names(self, index: Index, value: str) -> list[str]:
+        """The names of the objects for which ``index`` yields ``value`` (cheaper than
+        ``by_index`` when only names are needed)."""
+        ...
+
 
 #: Kinds filed under another key, because their name is taken by a kind rules already
 #: read under it: Karpenter's NodePool is not KAI's (the live view watches each under
@@ -115,6 +126,7 @@ class Store:
         self._index_of: dict[str, tuple[Index, ...]] = {}
         self._indexes: dict[Index, dict[str, dict[Key, dict[str, Any]]]] = {}
         self._versions: dict[str, int] = {}
+        self._counts: dict[Index, tuple[int, dict[str, int]]] = {}
         for index in indexes:
             self._build(index)
         for obj in objects:
@@ -124,11 +136,7 @@ class Store:
         with self._lock:
             table = self._indexes.get(index)
             if table is None:
-                table = {}
-                for key, obj in self._by_kind.get(index.kind, {}).items():
-                    for value in index.values(obj):
-                        table.setdefault(value, {})[key] = obj
-                self._indexes[index] = table
+                table = self._indexes[index] = _table(index, self._by_kind.get(index.kind, {}))
                 self._index_of[index.kind] = (*self._index_of.get(index.kind, ()), index)
             return table
 
@@ -137,7 +145,11 @@ class Store:
         for index in self._index_of.get(kind, ()):
             table = self._indexes[index]
             for value in index.values(obj):
-                table.get(value, {}).pop(key, None)
+                members = table.get(value)
+                if members is not None:
+                    members.pop(key, None)
+                    if not members:
+                        del table[value]  # a value nothing yields any more is not kept
 
     def _link(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
         self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
@@ -177,15 +189,15 @@ class Store:
             key = _key(obj)
             by_key[key] = obj
             by_ns.setdefault(key[0], {})[key] = obj
+        # The index tables are built aside too (a class index parses every object): the
+        # lock, which index_counts takes, is held only for the swap.
+        built = {index: _table(index, by_key) for index in self._index_of.get(kind, ())}
         with self._lock:
             self._by_kind[kind] = by_key
             self._by_ns[kind] = by_ns
             for index in self._index_of.get(kind, ()):
-                table: dict[str, dict[Key, dict[str, Any]]] = {}
-                for key, obj in by_key.items():
-                    for value in index.values(obj):
-                        table.setdefault(value, {})[key] = obj
-                self._indexes[index] = table
+                found = built.get(index)
+                self._indexes[index] = found if found is not None else _table(index, by_key)
             self._versions[kind] = next(_CHANGES)
 
     def version(self, kind: str) -> int:
@@ -196,6 +208,28 @@ class Store:
 
     def count(self, kind: str) -> int:
         return len(self._by_kind.get(kind, {}))
+
+    def index_counts(self, index: Index) -> dict[str, int]:
+        """Read-only: the same dict is handed to every caller until ``index.kind`` changes
+        (copied once per change, not once per review)."""
+        cached = self._counts.get(index)
+        version = self._versions.get(index.kind, 0)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        if index not in self._indexes:
+            self._build(index)
+        with self._lock:  # a watch thread may be changing it (or swapping it, on a re-list)
+            table = self._indexes[index]
+            version = self._versions.get(index.kind, 0)
+            counts = dict(zip(table.keys(), map(len, table.values()), strict=True))
+        self._counts[index] = (version, counts)
+        return counts
+
+    def index_names(self, index: Index, value: str) -> list[str]:
+        table = self._indexes.get(index)
+        if table is None:
+            table = self._build(index)
+        return list(map(itemgetter(1), list(table.get(value, {}))))
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
         if namespace is None:
@@ -210,6 +244,14 @@ class Store:
         if table is None:
             table = self._build(index)
         return list(table.get(value, {}).values())
+
+
+def _table(index: Index, by_key: dict[Key, dict[str, Any]]) -> dict[str, dict[Key, dict[str, Any]]]:
+    table: dict[str, dict[Key, dict[str, Any]]] = {}
+    for key, obj in by_key.items():
+        for value in index.values(obj):
+            table.setdefault(value, {})[key] = obj
+    return table
 
 
 class StaticView(Store):
@@ -258,3 +300,11 @@ class ScopedView:
     def count(self, kind: str) -> int:
         self._check(kind)
         return self._view.count(kind)
+
+    def index_counts(self, index: Index) -> dict[str, int]:
+        self._check(index.kind)
+        return self._view.index_counts(index)
+
+    def index_names(self, index: Index, value: str) -> list[str]:
+        self._check(index.kind)
+        return self._view.index_names(index, value)

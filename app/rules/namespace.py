@@ -8,12 +8,13 @@ somewhere: on a node, and in the namespace's memory budget.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
-from app.cluster.view import NODE_LABEL, ClusterView
+from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
 from app.disclosure import node_reference
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
@@ -30,18 +31,21 @@ from app.rules.workloads import (
     pod_spec,
     well_formed,
 )
+from app.scheduling import Node as SchedNode
 from app.scheduling import (
-    CORDONED,
+    NodeGroup,
     clamp_quantity,
+    class_key,
+    class_node,
     default_pod,
     effective_pod_requests,
-    evaluate,
+    mentions,
     node_from_object,
+    place,
 )
-from app.scheduling import Node as SchedNode
 from app.util import Memo
 
-__all__ = ["INDEXES", "replicas_of"]
+__all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS", "replicas_of"]
 
 INDEXES = (NODE_LABEL,)
 
@@ -173,33 +177,109 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 # --- pod fits a node --------------------------------------------------------------
 
 
-_nodes: Memo[tuple[int, str, str], list[SchedNode]] = Memo(64)
+def _node_of(node: dict[str, Any]) -> SchedNode | None:
+    """A Node as app.scheduling sees it (None when a quantity of it does not parse: such a
+    node is not judged). The view holds no Pods, so nodes are judged empty; a node that
+    reports no ``pods`` allocatable is not limited by pod count."""
+    status = node.get("status") or {}
+    merged = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
+    merged.setdefault("pods", "1000000")
+    try:
+        return node_from_object({**node, "status": {"allocatable": merged}})
+    except QuantityError:
+        return None
 
 
-def _scheduler_nodes(view: ClusterView, reserve_cpu: Decimal, reserve_memory: Decimal) -> list[SchedNode]:
-    """Every Node as app.scheduling sees it, the policy's reserves taken off its
-    allocatable cpu and memory. Cached per (Node version, reserves). The view holds no
-    Pods, so nodes are judged empty; a node that reports no ``pods`` allocatable is
-    not limited by pod count."""
-    key = (view.version("Node"), str(reserve_cpu), str(reserve_memory))
-    cached = _nodes.get(key)
-    if cached is not None:
-        return cached
-    out = []
-    for node in view.list("Node"):
-        status = node.get("status") or {}
-        merged = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
-        merged.setdefault("pods", "1000000")
-        try:
-            built = node_from_object({**node, "status": {"allocatable": merged}})
-        except QuantityError:
+def _node_class(node: dict[str, Any]) -> list[str]:
+    built = _node_of(node)
+    return [] if built is None else [class_key(built)]
+
+
+#: Nodes by class (app.scheduling ``class_key``: everything the filters read but the
+#: name and per-node labels), kept current by the view on every watch event: a review
+#: judges one node per class, so its cost follows the number of node shapes.
+NODE_CLASS = Index("Node", "class", _node_class)
+
+INDEXES = (NODE_LABEL, NODE_CLASS)
+
+MAX_NODE_GROUPS = 500
+"""The most node classes (plus nodes the pod names) one review judges: when none of
+them takes the pod and more remain, ``pod-fits-node`` allows it with a warning that it
+did not decide — never a refusal it has not checked (docs/deploy.md, "Capacity").
+~13 us each on the benchmark machine: ~6 ms CPU for a review that reaches the cap
+(docs/benchmarks.md, "pod-fits-node by node class")."""
+
+_classes: Memo[tuple[str, int, int], SchedNode] = Memo(4 * MAX_NODE_GROUPS)
+
+
+def _reserved(node: SchedNode, reserve_cpu: int, reserve_memory: int) -> SchedNode:
+    alloc = dict(node.allocatable)
+    alloc["cpu"] = alloc.get("cpu", 0) - reserve_cpu
+    alloc["memory"] = alloc.get("memory", 0) - reserve_memory
+    return replace(node, allocatable=alloc)
+
+
+def _class(key: str, reserve_cpu: int, reserve_memory: int) -> SchedNode:
+    """The stand-in of a class, the policy's reserves taken off (decoded once per class)."""
+    memo_key = (key, reserve_cpu, reserve_memory)
+    found = _classes.get(memo_key)
+    if found is None:
+        found = _classes.put(memo_key, _reserved(class_node(key), reserve_cpu, reserve_memory))
+    return found
+
+
+def _own(stand_in: SchedNode, obj: dict[str, Any]) -> SchedNode:
+    """A member of a class as itself: the class's node with the member's name and labels."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return replace(stand_in, name="", labels={})  # as node_from_object reads such a node
+    labels = meta.get("labels")
+    return replace(stand_in, name=str(meta.get("name", "")),
+                   labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {})
+
+
+def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
+            reserve_memory: int) -> Iterator[NodeGroup]:
+    """The nodes to judge, built as ``place`` asks for them: each node the pod mentions
+    (a name in ``matchFields``, a per-node label value) on its own, then one stand-in per
+    class for the rest (app.scheduling ``place``)."""
+    counts = view.index_counts(NODE_CLASS)
+    said = mentions(spec)
+    if said.per_node:  # judge every node on its own
+        for key in counts:
+            stand_in = _class(key, reserve_cpu, reserve_memory)
+            for obj in view.by_index(NODE_CLASS, key):
+                yield NodeGroup(_own(stand_in, obj))
+        return
+    named: dict[str, dict[str, Any]] = {}
+    for name in sorted(said.names):
+        found = view.get("Node", name)
+        if found is not None:
+            named[name] = found
+    for key, value in sorted(said.labels):
+        for found in view.by_index(NODE_LABEL, f"{key}={value}"):
+            named[_name(found)] = found
+    taken: dict[str, int] = {}
+    own: list[NodeGroup] = []
+    for obj in named.values():
+        if len(own) > MAX_NODE_GROUPS:
+            break  # place stops before the classes: what they hold no longer matters
+        key = next(iter(_node_class(obj)), None)
+        if key is None or key not in counts:
+            continue  # not a node the rule judges (a quantity does not parse), or just added
+        taken[key] = taken.get(key, 0) + 1
+        own.append(NodeGroup(_own(_class(key, reserve_cpu, reserve_memory), obj)))
+    yield from own
+    for key, count in counts.items():
+        rest = count - taken.get(key, 0)
+        if rest <= 0:
             continue
-        alloc = dict(built.allocatable)
-        alloc["cpu"] = alloc.get("cpu", 0) - int(reserve_cpu * 1000)
-        alloc["memory"] = alloc.get("memory", 0) - int(reserve_memory)
-        out.append(SchedNode(name=built.name, allocatable=alloc, labels=built.labels, taints=built.taints,
-                             unschedulable=built.unschedulable))
-    return _nodes.put(key, out)
+
+        def names(key: str = key) -> list[str]:
+            found = view.index_names(NODE_CLASS, key)
+            return [n for n in found if n not in named] if named else found
+
+        yield NodeGroup(_class(key, reserve_cpu, reserve_memory), rest, names)
 
 
 def _units(resource: str, units: int) -> str:
@@ -240,20 +320,25 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
     reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
         parse_quantity(settings.sandbox_parent_reserve_memory))
-    nodes = _scheduler_nodes(view, reserve_cpu, reserve_memory)
     try:
         # A Pod arrives defaulted; a template's Pods will be (defaulting is idempotent).
         requests = effective_pod_requests({"spec": spec}) if subject.kind == "Pod" \
             else effective_pod_requests(spec, is_pod=False)
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
-    verdict = evaluate(spec, nodes, requests=requests, first_fit=True)
+    groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory))
+    verdict = place(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
     if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
+    if not verdict.complete:
+        return [warning(path, f"pod-fits-node did not decide: the nodes come in more than "
+                              f"{MAX_NODE_GROUPS} classes and none of the first "
+                              f"{MAX_NODE_GROUPS} takes the pods")]
     pools = [pool_shape(p) for p in _karpenter_pools(view)]
     shapes = policy_nodes(settings.autoscaled_shapes, int(reserve_cpu * 1000), int(reserve_memory))
-    new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools)
+    new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools,
+                                 name_pools=settings.name_in_messages)
     if new_node is not None:
         maybe = (" if it gets the labels the pod selects (the NodePool allows several values)"
                  if new_node.uncertain else "")
@@ -262,16 +347,15 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     autoscaled = f"; no autoscaled node takes it either ({'; '.join(why_not)})" if why_not else ""
     closest = verdict.closest
     if closest is None:
-        if any(v.blocked == (CORDONED,) for v in verdict.nodes):
+        if verdict.cordoned_only:
             return []  # only cordoned nodes would take it: maintenance, not a bad spec
-        if not verdict.nodes:
+        if not verdict.count:
             return [error(path, f"no node exists and no node the autoscaler can create takes the "
                                 f"pods{autoscaled}")]
         selector = spec.get("nodeSelector") or {}
         which = f"node matching nodeSelector {selector}" if selector else "node the pod may land on"
-        reasons = sorted({r for v in verdict.nodes for r in v.blocked})
         return [error(path, f"no {which} is known; the pods cannot be placed "
-                            f"({len(verdict.nodes)} nodes: {'; '.join(reasons)}){autoscaled}")]
+                            f"({verdict.count} nodes: {'; '.join(verdict.reasons)}){autoscaled}")]
     short = closest.shortfalls
     needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
     offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
