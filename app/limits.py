@@ -94,6 +94,8 @@ ABORT_GRACE = 0.25
 """Seconds a refused connection has to take its answer before it is cut."""
 RATE_WINDOW = 1.0
 """Seconds between two checks of a body's receive rate."""
+RATE_RECHECK = 0.1
+"""Seconds to the second look at a body found too slow (see ``_rate_check``)."""
 RESERVED_FDS = 160
 """Descriptors kept out of the connection slots: the metrics listener's 64, the cluster
 view's watches, the certificate and log files, uvicorn's own."""
@@ -269,6 +271,7 @@ class GuardedHttpTools(_Base):
         self._received = 0
         self._window_bytes = 0
         self._window_start = 0.0
+        self._rate_strike = False
         self._held = 0
         self._pending: bytes | None = None
         self._silent = True
@@ -368,7 +371,7 @@ class GuardedHttpTools(_Base):
         if declared or chunked:
             self._body_timer = self.loop.call_later(limits.body_timeout, self._body_timeout)
             if limits.min_body_rate > 0:
-                self._window_bytes = 0
+                self._window_bytes, self._rate_strike = 0, False
                 self._window_start = self.loop.time()
                 self._rate_timer = self.loop.call_later(limits.body_rate_grace, self._rate_check)
         super().on_headers_complete()
@@ -499,10 +502,18 @@ class GuardedHttpTools(_Base):
         if not self.flow.read_paused:  # paused by us (the handler is behind): not its fault
             need = self.state.limits.min_body_rate * min(now - self._window_start, RATE_WINDOW)
             if self._window_bytes < need:
+                if not self._rate_strike:
+                    # Look again after a poll: libuv (uvloop) runs due timers before it
+                    # reads sockets, so after the loop was busy elsewhere the bytes may
+                    # be waiting in the kernel, not missing.
+                    self._rate_strike = True
+                    self._rate_timer = self.loop.call_later(RATE_RECHECK, self._rate_check)
+                    return
                 self.state.counts["body_too_slow"] += 1
                 self._cancel_timers()
                 self.transport.abort()
                 return
+        self._rate_strike = False
         self._window_bytes, self._window_start = 0, now
         self._rate_timer = self.loop.call_later(RATE_WINDOW, self._rate_check)
 
@@ -650,7 +661,12 @@ def uvicorn_options(limits: Limits, peer_check: PeerCheck | None = None,
     handshake itself, so a connection is counted (and evictable) from its accept; leave
     ``Config.ssl`` unset then. Raises the open-file limit (:func:`raise_open_file_limit`)."""
     if tls is not None:
-        limits = connection_cap(limits, raise_open_file_limit())
+        open_files = raise_open_file_limit()
+        limits = connection_cap(limits, open_files)
+        log.info("connection limits", extra={"fields": {
+            "maxConnections": limits.max_connections, "openFileLimit": open_files,
+            "maxBodyBytes": limits.max_body_bytes,
+            "maxInflightBodyBytes": limits.max_inflight_body_bytes}})
     protocol = guarded_protocol(limits, peer_check)
     return {"http": protocol if tls is None else _with_tls(protocol, tls),
             "timeout_keep_alive": limits.idle_timeout, "ws": "none",
