@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_limits import REVIEW, Serve, closed_after, start_serve
 
 PROBE_TIMEOUT = 2.0
@@ -33,8 +35,9 @@ def _free_port() -> int:
 class Attacker:
     """Keeps ``count`` connections of each kind open, re-opening those closed."""
 
-    def __init__(self, serve: Serve, metrics_port: int, count: int) -> None:
+    def __init__(self, serve: Serve, metrics_port: int, count: int, source: str) -> None:
         self.serve, self.metrics_port, self.count = serve, metrics_port, count
+        self.source = (source, 0)
         self.stop = threading.Event()
         self.opened = 0
         self.pools: dict[str, list[socket.socket]] = {"metrics": [], "pre-tls": [], "tls": []}
@@ -42,8 +45,10 @@ class Attacker:
     def _open(self, kind: str) -> socket.socket | None:
         try:
             if kind == "metrics":
-                return socket.create_connection(("127.0.0.1", self.metrics_port), timeout=2)
-            raw = socket.create_connection(("127.0.0.1", self.serve.port), timeout=2)
+                return socket.create_connection(("127.0.0.1", self.metrics_port), timeout=2,
+                                                source_address=self.source)
+            raw = socket.create_connection(("127.0.0.1", self.serve.port), timeout=2,
+                                           source_address=self.source)
             if kind == "pre-tls":
                 return raw
             return self.serve.context.wrap_socket(raw, server_hostname="127.0.0.1")
@@ -95,11 +100,17 @@ def _review(serve: Serve) -> bytes:
         return closed_after(s, PROBE_TIMEOUT)[1]
 
 
-def test_probes_answer_in_time_while_idle_connections_fill_both_listeners(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["127.0.0.1", "127.0.0.2"],
+                         ids=["attacker-on-the-probes-address", "attacker-on-its-own-address"])
+def test_probes_answer_in_time_while_idle_connections_fill_both_listeners(
+        tmp_path: Path, source: str) -> None:
+    """From the probes' own address the attacker's connections go first because they
+    are older and silent; from an address of its own (as a pod's), because that address
+    holds the most slots."""
     metrics_port = _free_port()
     serve = start_serve(tmp_path, extra=("--metrics-port", str(metrics_port),
                                          "--max-connections", "32"))
-    attacker = Attacker(serve, metrics_port, 48)
+    attacker = Attacker(serve, metrics_port, 48, source)
     thread = threading.Thread(target=attacker.run, daemon=True)
     try:
         thread.start()
