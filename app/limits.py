@@ -670,9 +670,10 @@ def uvicorn_options(limits: Limits, peer_check: PeerCheck | None = None,
     protocol = guarded_protocol(limits, peer_check)
     return {"http": protocol if tls is None else _with_tls(protocol, tls),
             "timeout_keep_alive": limits.idle_timeout, "ws": "none",
-            # Slots already bound connections to max_connections (evicting idle ones);
-            # uvicorn's own cap, which counts the new connection too, only bounds tasks.
-            "limit_concurrency": limits.max_connections + 1, "backlog": limits.backlog,
+            # Slots already bound connections to max_connections (evicting idle ones).
+            # uvicorn's own count lags an eviction (the TLS layer tells the HTTP protocol
+            # of the loss a loop iteration later): a backstop, never the limit.
+            "limit_concurrency": 2 * limits.max_connections, "backlog": limits.backlog,
             "h11_max_incomplete_event_size": limits.max_header_bytes}
 
 

@@ -137,7 +137,7 @@ def test_probes_answer_in_time_while_idle_connections_fill_both_listeners(
                 took = time.monotonic() - started
                 slowest[name] = max(slowest.get(name, 0.0), took)
                 if not answer.startswith(b"HTTP/1.1 200") or took > PROBE_TIMEOUT:
-                    failures.append(f"{name}: {answer[:80]!r} after {took:.2f}s")
+                    failures.append(f"{name}: {answer[:400]!r} after {took:.2f}s")
             time.sleep(0.2)
         print(f"{rounds} rounds, attacker opened {attacker.opened} connections; slowest "
               + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in slowest.items()))
