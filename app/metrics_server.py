@@ -88,6 +88,13 @@ class MetricsServer:
         try:
             loop.run_forever()
         finally:
+            # Connections still waiting for their head: end their handlers on a live
+            # loop (closed with it, they would close their writers on a dead one).
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
     def stop(self) -> None:
