@@ -862,9 +862,9 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=args.shutdown_timeout,
                             **uvicorn_options(limits_from_args(args),
-                                              state.peer_allowed if args.client_ca_file else None))
+                                              state.peer_allowed if args.client_ca_file else None,
+                                              tls=state.context))
     config.load()
-    config.ssl = state.context
     server = Server(config, after_start)
     server.run()
     return server.exit_code

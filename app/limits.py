@@ -1,37 +1,56 @@
 """Abuse limits at the HTTP layer: what uvicorn's httptools protocol does not bound.
 
-uvicorn (httptools) has no limit on the size of a request head (one 200 MiB header
-took RSS from 74 to 467 MiB and was accepted), no timeout for a head or a body that
-stops arriving (a stalled connection was still open after 590 s) and no bound on the
-bodies held by requests in flight (80 stalled 3 MiB bodies: +293 MiB). This module is
-a subclass of uvicorn's ``HttpToolsProtocol`` that adds, per connection:
+uvicorn (httptools) has no limit on the size of a request head, no timeout for a head
+or a body that stops arriving, no bound on the bodies held by requests in flight, and
+it counts a connection only once its TLS handshake is done. This module is a subclass
+of uvicorn's ``HttpToolsProtocol`` (and, with :func:`uvicorn_options` ``tls=``, the
+TLS layer under it) that adds, per connection:
 
-- **head size**: bytes before the blank line that ends the head are counted as they
-  arrive; past ``max_header_bytes`` the client gets ``431`` and the connection is
-  closed, before httptools has buffered more than that;
+- **connection slots** (:class:`Slots`): every accepted TCP connection takes a slot
+  from ``max_connections`` *before* its TLS handshake; the handshake must finish in
+  ``handshake_timeout``. When all slots are taken, a new connection evicts one that
+  has never completed a request (pre-TLS, or TLS with no request yet; else an idle
+  kept-alive one), from the peer address holding the most slots, oldest first; only
+  when every slot carries a request in progress is the newcomer refused. So no peer
+  that merely holds connections open can keep a probe or the API server out;
+- **head size**: bytes of each request head (every request of a kept-alive or
+  pipelined connection: the parser is fed one head, then exactly one body, at a time)
+  are counted as they arrive; past ``max_header_bytes`` the client gets ``431``
+  (after the answers to the requests before it) and the connection is closed, before
+  httptools has buffered more than that;
 - **head timeout**: the head must be complete within ``header_timeout`` seconds of the
   connection (or of the first byte of the next request on a kept-alive one), else
   ``408`` and close — this also closes connections that never send anything;
-- **body timeout**: the body must be complete within ``body_timeout`` seconds of the
-  head; else the connection is closed (the review it carried is dropped with it);
-- **in-flight body budget**: each request reserves its ``Content-Length`` (a chunked
-  body reserves the 3 MiB maximum) from ``max_inflight_body_bytes`` shared by all
-  connections; a request that does not fit gets ``503`` at once, before its body is
-  read, so the API server applies the webhook's failure policy.
+- **body size**: a declared ``Content-Length`` above ``max_body_bytes`` gets ``413``
+  before the body is read; a streamed body is cut with ``413`` at that size;
+- **body time and rate**: the body must be complete within ``body_timeout`` seconds of
+  the head, and after ``body_rate_grace`` seconds it must keep arriving at
+  ``min_body_rate`` bytes a second (checked each second); else the connection is
+  closed (the review it carried is dropped with it);
+- **in-flight body budget**: bytes actually received (not declared) by requests not
+  yet answered are counted against ``max_inflight_body_bytes``, shared by all
+  connections; a request arriving when it is spent, or whose next bytes do not fit,
+  gets ``503`` so the API server applies the webhook's failure policy.
 
 uvicorn's own settings cover the rest (see :func:`uvicorn_options`): idle keep-alive
-(``timeout_keep_alive``), a cap on connections and tasks answered ``503``
-(``limit_concurrency``) and the listen ``backlog``.
+(``timeout_keep_alive``), a cap on tasks answered ``503`` (``limit_concurrency``) and
+the listen ``backlog``. :func:`uvicorn_options` also raises the process's soft
+open-file limit to its hard limit and lowers the slot count if even that is too small.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import resource
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
@@ -39,19 +58,47 @@ else:
     _Base = object  # uvicorn is imported when a server is made, not by ``envelope check``
 
 __all__ = [
+    "MAX_BODY",
     "LimitState",
     "Limits",
+    "Slots",
     "add_arguments",
     "guarded_protocol",
     "limits_from_args",
+    "raise_open_file_limit",
     "uvicorn_options",
 ]
 
-MAX_BODY = 3 * 1024 * 1024
-"""The largest body a review may have (server.py refuses more with 413)."""
+log = logging.getLogger("envelope.limits")
+
+MIB = 1024 * 1024
+API_SERVER_MAX_REQUEST_BODY = 3 * MIB
+"""kube-apiserver's default ``MaxRequestBodyBytes`` (k8s.io/apiserver
+pkg/server/config.go, ``3 * 1024 * 1024``): the largest body a *client* may send. It
+does not bound the review: the API server sends the object re-encoded, not as sent."""
+ETCD_MAX_REQUEST_BYTES = 3 * MIB // 2
+"""etcd's default ``--max-request-bytes`` (1.5 MiB): the largest object the API server
+can store (protobuf for built-in kinds, JSON for custom resources)."""
+JSON_ESCAPE_FACTOR = 6
+"""The most one stored byte can become in the review's JSON: Go's encoder writes ``<``,
+``>``, ``&`` and control characters as ``\\u00XX`` (one byte in protobuf, or as the
+client sent it, six in the review). Field names make JSON ~2-3x protobuf, less than that."""
+REVIEW_ENVELOPE = MIB
+"""The review around the objects: uid, kind, resource, userInfo (groups, extra), options."""
+MAX_BODY = 2 * JSON_ESCAPE_FACTOR * ETCD_MAX_REQUEST_BYTES + REVIEW_ENVELOPE
+"""Default largest review body, 19 MiB: an UPDATE carries ``object`` and ``oldObject``,
+each at most etcd's 1.5 MiB stored, re-encoded at most 6x, plus the envelope. Every
+review of an object the API server can store fits. ``--max-body-bytes`` changes it."""
 
 ABORT_GRACE = 0.25
 """Seconds a refused connection has to take its answer before it is cut."""
+RATE_WINDOW = 1.0
+"""Seconds between two checks of a body's receive rate."""
+RATE_RECHECK = 0.1
+"""Seconds to the second look at a body found too slow (see ``_rate_check``)."""
+RESERVED_FDS = 160
+"""Descriptors kept out of the connection slots: the metrics listener's 64, the cluster
+view's watches, the certificate and log files, uvicorn's own."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +112,100 @@ class Limits:
     we just closed fails with EOF — refused under failurePolicy Fail (2 of ~600 creates
     at concurrency 20 in the peers benchmark with 5 s)."""
     max_connections: int = 1000
-    max_inflight_body_bytes: int = 64 * 1024 * 1024
+    max_inflight_body_bytes: int = 32 * 1024 * 1024
     backlog: int = 2048
+    max_body_bytes: int = MAX_BODY
+    min_body_rate: int = 32 * 1024
+    """Bytes a second a body must keep arriving at once ``body_rate_grace`` has passed
+    (0: no check). The API server sends at network speed: 32 KiB/s is ~256 kbit/s."""
+    body_rate_grace: float = 2.0
+    handshake_timeout: float = 5.0
+    """Seconds for a TLS handshake (asyncio's default is 60 s, uncounted)."""
+
+
+SILENT, STARTED, IDLE, BUSY = 0, 1, 2, 3
+"""Slot states, in the order they are evicted: nothing received (since the accept, or
+since the TLS handshake finished), a handshake or first head arriving, between requests
+on a kept-alive connection (the API server's reuse: evicting it risks its EOF race),
+and a request in progress (never evicted)."""
+
+
+@dataclass
+class _Slot:
+    peer: str
+    close: Callable[[], None]
+    state: int = SILENT
+
+
+class Slots:
+    """The connections of one listener, each holding a slot until it is closed.
+
+    :meth:`admit` takes a slot for a new connection; when none is free it evicts a
+    connection that holds its slot without a request in progress — the first state in
+    ``SILENT, STARTED, IDLE`` that has one — from the peer address holding the most
+    slots, its oldest first. Only when every slot carries a request in progress is the
+    newcomer refused.
+    One event loop uses an instance: no lock."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._slots: dict[object, _Slot] = {}  # insertion order: oldest first
+        self._per_peer: dict[str, int] = {}
+        self.evicted = 0
+        self.refused = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def admit(self, key: object, peer: str, close: Callable[[], None]) -> bool:
+        if len(self._slots) >= self.cap:
+            victim = self._victim()
+            if victim is None:
+                self.refused += 1
+                return False
+            self.evicted += 1
+            slot = self._slots[victim]
+            self.release(victim)
+            slot.close()
+        self._slots[key] = _Slot(peer, close)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        return True
+
+    def mark(self, key: object, state: int) -> None:
+        slot = self._slots.get(key)
+        if slot is not None:
+            slot.state = state
+
+    def started(self, key: object) -> None:
+        """Bytes arrived: ``SILENT`` becomes ``STARTED`` (other states stay)."""
+        slot = self._slots.get(key)
+        if slot is not None and slot.state == SILENT:
+            slot.state = STARTED
+
+    def release(self, key: object) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            left = self._per_peer[slot.peer] - 1
+            if left:
+                self._per_peer[slot.peer] = left
+            else:
+                del self._per_peer[slot.peer]
+
+    def _victim(self) -> object | None:
+        best: object | None = None
+        rank = (BUSY, 0)
+        for key, slot in self._slots.items():  # oldest first: ties keep the oldest
+            if slot.state == BUSY:
+                continue
+            mine = (slot.state, -self._per_peer[slot.peer])
+            if best is None or mine < rank:
+                best, rank = key, mine
+        return best
+
+
+def peer_address(transport: Any) -> str:
+    name = transport.get_extra_info("peername")
+    return str(name[0]) if isinstance(name, tuple) and name else "?"
 
 
 @dataclass
@@ -75,14 +214,38 @@ class LimitState:
 
     limits: Limits
     inflight_body_bytes: int = 0
+    slots: Slots = field(init=False)
     counts: dict[str, int] = field(default_factory=lambda: {
-        "header_too_large": 0, "header_timeout": 0, "body_timeout": 0, "body_budget": 0,
-        "peer_refused": 0})
+        "header_too_large": 0, "header_timeout": 0, "body_timeout": 0, "body_too_slow": 0,
+        "body_too_large": 0, "body_budget": 0, "peer_refused": 0})
+
+    def __post_init__(self) -> None:
+        self.slots = Slots(self.limits.max_connections)
 
 
-def _response(status: bytes) -> bytes:
-    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            b"content-length: 0\r\nconnection: close\r\n\r\n")
+def _response(status: bytes, body: bytes = b"") -> bytes:
+    kind = b"application/json" if body else b"text/plain; charset=utf-8"
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: " + kind + b"\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+
+
+def _error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def _answer(status: int, body: bytes) -> Callable[..., Any]:
+    """A one-answer ASGI app (``Connection: close``), run in the app's place."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+    return app
+
+
+HEAD, BODY, STREAM = 0, 1, 2
+"""What the next bytes of a connection are: a request head, a body of known length
+(``_body_left`` bytes), or a chunked body whose end only the parser knows."""
 
 
 class GuardedHttpTools(_Base):
@@ -95,18 +258,35 @@ class GuardedHttpTools(_Base):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_head = True
+        self._slot_key: object = self
+        """The TLS layer under us when it holds the slot (:func:`uvicorn_options` tls=)."""
+        self._framing = HEAD
         self._head_bytes = 0
         self._tail = b""
+        self._body_left = 0
+        self._slice_starts_head = True
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._reserved = 0
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self._received = 0
+        self._window_bytes = 0
+        self._window_start = 0.0
+        self._rate_strike = False
+        self._held = 0
+        self._pending: bytes | None = None
+        self._silent = True
+        self._discard = False
+        self._cut_after_answer = False
         self._lost = False
 
     # -- connection ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self._slot_key is self and not self.state.slots.admit(
+                self, peer_address(transport), transport.abort):
+            transport.abort()
+            return
         check = self.peer_check
         if check is not None:
             ssl_object = transport.get_extra_info("ssl_object")
@@ -115,91 +295,193 @@ class GuardedHttpTools(_Base):
                 self.state.counts["peer_refused"] += 1
                 transport.abort()
                 return
-        self._start_head()
+        if self._slot_key is not self:  # the handshake is done: now a request must come
+            self.state.slots.mark(self._slot_key, SILENT)
+        self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._cancel_timers()
         self._release()
+        if self._slot_key is self:
+            self.state.slots.release(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
-            window = self._tail + data
-            end = window.find(b"\r\n\r\n")
-            used = end + 4 - len(self._tail) if end >= 0 else len(data)
-            if self._head_bytes + used > self.state.limits.max_header_bytes:
-                self.state.counts["header_too_large"] += 1
-                self._refuse(b"431 Request Header Fields Too Large")
+        """Feed the parser one head, then exactly one body, at a time, so every head —
+        the second of a pipelined pair too — is counted from its first byte."""
+        limit = self.state.limits.max_header_bytes
+        if self._silent:
+            self._silent = False
+            self.state.slots.started(self._slot_key)
+        while data and self._pending is None:
+            self._slice_starts_head = self._framing == HEAD
+            if self._framing == HEAD:
+                window = self._tail + data
+                end = window.find(b"\r\n\r\n")
+                used = end + 4 - len(self._tail) if end >= 0 else len(data)
+                if self._head_bytes + used > limit:
+                    self._head_too_large()
+                    return
+                self._head_bytes += used
+                self._tail = b"" if end >= 0 else window[-3:]
+            elif self._framing == BODY:
+                used = min(len(data), self._body_left)
+                self._body_left -= used
+            else:
+                used = len(data)
+            piece, data = (data, b"") if used >= len(data) else (data[:used], data[used:])
+            super().data_received(piece)
+            if self._lost or self.transport.is_closing():
                 return
-            self._head_bytes += used
-            self._tail = window[-3:]
-        super().data_received(data)
 
     # -- parser callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if not self._slice_starts_head:
+            # A request that starts inside a chunked body's bytes: its head was not
+            # counted. Pipelining after a chunked body: refused (400, closed).
+            raise ValueError("pipelined request after a chunked body")
         super().on_message_begin()
-        if not self._in_head:  # the next request on a kept-alive connection
-            self._start_head()
+        self._discard = False
+        self.scope["extensions"] = {"envelope.max_body_bytes": self.state.limits.max_body_bytes}
+        if self._head_timer is None:  # the next request on a kept-alive connection
+            self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        need = self._body_size()
+        self._cancel_head_timer()
+        self.state.slots.mark(self._slot_key, BUSY)
         limits = self.state.limits
-        if need and self.state.inflight_body_bytes + need > limits.max_inflight_body_bytes:
-            # uvicorn's own 503 path (``service_unavailable``, Connection: close).
-            self.state.counts["body_budget"] += 1
-            saved, self.limit_concurrency = self.limit_concurrency, 0
-            try:
-                super().on_headers_complete()
-            finally:
-                self.limit_concurrency = saved
-            # The 503 goes out at once; a TLS close would then keep reading the body
-            # the client is still sending until its close_notify: cut it instead.
-            self.loop.call_later(ABORT_GRACE, self._abort)
+        declared, chunked = self._declared()
+        self._framing = STREAM if chunked else BODY if declared else HEAD
+        self._body_left = declared or 0
+        self._received = 0
+        if declared is not None and declared > limits.max_body_bytes:
+            self.state.counts["body_too_large"] += 1
+            self._answer_instead(413, _error_body(
+                f"body of {declared} bytes exceeds the {limits.max_body_bytes}-byte limit "
+                f"(envelope serve --max-body-bytes)"))
             return
-        if need:
-            self._reserved = need
-            self.state.inflight_body_bytes += need
+        if (declared or chunked) and self.state.inflight_body_bytes >= limits.max_inflight_body_bytes:
+            self.state.counts["body_budget"] += 1
+            self._answer_instead(503, _error_body(
+                f"{self.state.inflight_body_bytes} bytes of request bodies are being read, "
+                f"the --max-inflight-body-bytes budget is {limits.max_inflight_body_bytes}"))
+            return
+        if declared or chunked:
             self._body_timer = self.loop.call_later(limits.body_timeout, self._body_timeout)
+            if limits.min_body_rate > 0:
+                self._window_bytes, self._rate_strike = 0, False
+                self._window_start = self.loop.time()
+                self._rate_timer = self.loop.call_later(limits.body_rate_grace, self._rate_check)
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if self._discard or cycle is None or cycle.response_complete or cycle.disconnected:
+            return  # answered already (401, 413, 503): the rest is dropped uncounted
+        size = len(body)
+        self._received += size
+        self._window_bytes += size
+        limits, state = self.state.limits, self.state
+        if self._received > limits.max_body_bytes:
+            state.counts["body_too_large"] += 1
+            self._fail(b"413 Content Too Large", _error_body(
+                f"body exceeds the {limits.max_body_bytes}-byte limit "
+                f"(envelope serve --max-body-bytes)"))
+            return
+        if state.inflight_body_bytes + size > limits.max_inflight_body_bytes:
+            state.counts["body_budget"] += 1
+            self._fail(b"503 Service Unavailable", _error_body(
+                f"the --max-inflight-body-bytes budget ({limits.max_inflight_body_bytes} "
+                f"bytes of request bodies being read at once) is spent"))
+            return
+        self._held += size
+        state.inflight_body_bytes += size
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        for timer in (self._body_timer, self._rate_timer):
+            if timer is not None:
+                timer.cancel()
+        self._body_timer = self._rate_timer = None
+        self._framing, self._head_bytes, self._tail = HEAD, 0, b""
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        self._release()
+        done = self.cycle is None or self.cycle.response_complete
+        if done:  # everything parsed so far is answered (pipelined ones too)
+            self._release()
+            self.state.slots.mark(self._slot_key, IDLE)
+            if self._cut_after_answer:
+                self.loop.call_later(ABORT_GRACE, self._abort)
         super().on_response_complete()
+        if done and self._pending is not None and not self.pipeline:
+            self._refuse(self._pending)
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _body_size(self) -> int:
+    def _declared(self) -> tuple[int | None, bool]:
+        length, chunked = None, False
         for name, value in self.headers or ():
-            if name == b"content-length":
-                return min(int(value), MAX_BODY) if value.isdigit() else MAX_BODY
-            if name == b"transfer-encoding":
-                return MAX_BODY
-        return 0
+            if name == b"content-length" and value.isdigit():
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = True
+        return length, chunked
 
-    def _start_head(self) -> None:
-        self._in_head = True
-        self._head_bytes = 0
-        self._tail = b""
-        if self._head_timer is not None:
-            self._head_timer.cancel()
+    def _answer_instead(self, status: int, body: bytes) -> None:
+        """Answer ``status`` in the app's place (uvicorn's own path, so pipelined answers
+        keep their order) and cut the connection once it is out: the body is not read."""
+        saved, self.app = self.app, _answer(status, body)
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = saved
+        # The body that follows is parsed and dropped uncounted; once the answer is out
+        # the connection is cut (a TLS close would keep reading it for close_notify).
+        self._discard = True
+        self._cut_after_answer = True
+
+    def _fail(self, status: bytes, body: bytes) -> None:
+        """Answer the request being read with ``status`` now and close; its handler,
+        still waiting for the body, sees a disconnect."""
+        cycle = self.cycle
+        if (cycle is not None and not cycle.response_started and not self.pipeline
+                and not self.transport.is_closing()):
+            cycle.response_started = True
+            cycle.disconnected = True
+            cycle.message_event.set()
+            self.transport.write(_response(status, body))
+            self.transport.close()
+            self.loop.call_later(ABORT_GRACE, self._abort)
+        else:
+            self.transport.abort()
+        self._cancel_timers()
+
+    def _head_too_large(self) -> None:
+        self.state.counts["header_too_large"] += 1
+        status = b"431 Request Header Fields Too Large"
+        if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+            # The requests before it are answered first; nothing more is parsed.
+            self._pending = status
+            self._cancel_head_timer()
+        else:
+            self._refuse(status)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
         self._head_timer = self.loop.call_later(self.state.limits.header_timeout,
                                                 self._head_timeout)
 
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self._in_head and not self.transport.is_closing():
+        if self._framing == HEAD and not self.transport.is_closing():
             self.state.counts["header_timeout"] += 1
             if self.cycle is None or self.cycle.response_complete:
                 self._refuse(b"408 Request Timeout")
@@ -211,6 +493,29 @@ class GuardedHttpTools(_Base):
         if not self._lost:
             self.state.counts["body_timeout"] += 1
             self.transport.abort()  # the handler sees a disconnect; its buffers go
+
+    def _rate_check(self) -> None:
+        self._rate_timer = None
+        if self._lost or self._framing == HEAD:
+            return
+        now = self.loop.time()
+        if not self.flow.read_paused:  # paused by us (the handler is behind): not its fault
+            need = self.state.limits.min_body_rate * min(now - self._window_start, RATE_WINDOW)
+            if self._window_bytes < need:
+                if not self._rate_strike:
+                    # Look again after a poll: libuv (uvloop) runs due timers before it
+                    # reads sockets, so after the loop was busy elsewhere the bytes may
+                    # be waiting in the kernel, not missing.
+                    self._rate_strike = True
+                    self._rate_timer = self.loop.call_later(RATE_RECHECK, self._rate_check)
+                    return
+                self.state.counts["body_too_slow"] += 1
+                self._cancel_timers()
+                self.transport.abort()
+                return
+        self._rate_strike = False
+        self._window_bytes, self._window_start = 0, now
+        self._rate_timer = self.loop.call_later(RATE_WINDOW, self._rate_check)
 
     def _refuse(self, status: bytes) -> None:
         """Answer ``status`` and close. A TLS close waits for the client's close_notify
@@ -227,15 +532,15 @@ class GuardedHttpTools(_Base):
             self.transport.abort()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._body_timer):
+        for timer in (self._head_timer, self._body_timer, self._rate_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = None
+        self._head_timer = self._body_timer = self._rate_timer = None
 
     def _release(self) -> None:
-        if self._reserved:
-            self.state.inflight_body_bytes -= self._reserved
-            self._reserved = 0
+        if self._held:
+            self.state.inflight_body_bytes -= self._held
+            self._held = 0
 
 
 PeerCheck = Callable[[dict[str, Any] | None], bool]
@@ -244,7 +549,9 @@ PeerCheck = Callable[[dict[str, Any] | None], bool]
 def guarded_protocol(limits: Limits, peer_check: PeerCheck | None = None
                      ) -> type[GuardedHttpTools]:
     """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits`` and, when
-    given, ``peer_check`` on each connection's verified client certificate."""
+    given, ``peer_check`` on each connection's verified client certificate. Served
+    this way (uvicorn doing TLS), a connection takes its slot once its handshake is
+    done; :func:`uvicorn_options` with ``tls=`` counts it from the TCP accept."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     return type("EnvelopeHttpProtocol", (GuardedHttpTools, HttpToolsProtocol),
@@ -252,11 +559,121 @@ def guarded_protocol(limits: Limits, peer_check: PeerCheck | None = None
                  if peer_check is not None else None})
 
 
-def uvicorn_options(limits: Limits, peer_check: PeerCheck | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.Config``."""
-    return {"http": guarded_protocol(limits, peer_check),
-            "timeout_keep_alive": limits.idle_timeout,
-            "limit_concurrency": limits.max_connections, "backlog": limits.backlog,
+_TLS_LAYERS: dict[type, type] = {}
+
+
+def _tls_layer(loop: asyncio.AbstractEventLoop) -> type:
+    """The running loop's own TLS protocol (uvloop's or asyncio's), with a slot taken
+    at the TCP accept and given back when the connection goes, handshake or not."""
+    base: type
+    try:
+        import uvloop
+        from uvloop.loop import SSLProtocol as UvSSLProtocol
+    except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
+        uvloop = None  # type: ignore[assignment]
+    if uvloop is not None and isinstance(loop, uvloop.Loop):
+        base = UvSSLProtocol
+    else:
+        from asyncio.sslproto import SSLProtocol
+
+        base = SSLProtocol
+    layer = _TLS_LAYERS.get(base)
+    if layer is None:
+        def connection_made(self: Any, transport: asyncio.BaseTransport) -> None:
+            base.connection_made(self, transport)
+            if not self._envelope_slots.admit(self, peer_address(transport), transport.abort):
+                transport.abort()
+
+        def connection_lost(self: Any, exc: Exception | None) -> None:
+            self._envelope_slots.release(self)
+            base.connection_lost(self, exc)
+
+        def buffer_updated(self: Any, nbytes: int) -> None:
+            if self._envelope_silent:  # the first bytes of a handshake
+                self._envelope_silent = False
+                self._envelope_slots.started(self)
+            base.buffer_updated(self, nbytes)
+
+        layer = _TLS_LAYERS[base] = type("EnvelopeTLS", (base,), {
+            "connection_made": connection_made, "connection_lost": connection_lost,
+            "buffer_updated": buffer_updated, "_envelope_slots": None,
+            "_envelope_silent": True})
+    return layer
+
+
+def _handshake_done(waiter: asyncio.Future[None]) -> None:
+    if not waiter.cancelled():
+        waiter.exception()  # a failed or timed-out handshake: nothing to report
+
+
+def _with_tls(protocol: type[GuardedHttpTools], context: ssl.SSLContext) -> Callable[..., Any]:
+    """A protocol factory doing TLS under ``protocol`` (uvicorn must not: its
+    ``Config.ssl`` stays unset). Each accepted connection takes a slot at once, before
+    any byte of its handshake, and has ``handshake_timeout`` to finish it."""
+    limits = protocol.state.limits
+    slots = protocol.state.slots
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_event_loop()
+        app = protocol(*args, **kwargs)
+        waiter = loop.create_future()
+        waiter.add_done_callback(_handshake_done)
+        layer = _tls_layer(loop)(loop, app, context, waiter, server_side=True,
+                                 ssl_handshake_timeout=limits.handshake_timeout)
+        layer._envelope_slots = slots
+        app._slot_key = layer
+        return layer
+
+    make.state = protocol.state  # type: ignore[attr-defined]
+    return make
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:  # e.g. above fs.nr_open: keep what we have
+            log.warning("cannot raise the open-file limit",
+                        extra={"fields": {"soft": soft, "hard": hard, "error": str(exc)}})
+    return soft
+
+
+def connection_cap(limits: Limits, open_files: int) -> Limits:
+    """``limits`` with ``max_connections`` lowered to what ``open_files`` descriptors
+    allow after :data:`RESERVED_FDS`, so accept() never fails for want of one."""
+    room = max(16, open_files - RESERVED_FDS)
+    if limits.max_connections <= room:
+        return limits
+    log.warning("--max-connections lowered to fit the open-file limit", extra={"fields": {
+        "maxConnections": limits.max_connections, "openFileLimit": open_files, "now": room}})
+    from dataclasses import replace
+
+    return replace(limits, max_connections=room)
+
+
+def uvicorn_options(limits: Limits, peer_check: PeerCheck | None = None,
+                    tls: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.Config``. With ``tls`` the protocol does the TLS
+    handshake itself, so a connection is counted (and evictable) from its accept; leave
+    ``Config.ssl`` unset then. Raises the open-file limit (:func:`raise_open_file_limit`)."""
+    if tls is not None:
+        open_files = raise_open_file_limit()
+        limits = connection_cap(limits, open_files)
+        log.info("connection limits", extra={"fields": {
+            "maxConnections": limits.max_connections, "openFileLimit": open_files,
+            "maxBodyBytes": limits.max_body_bytes,
+            "maxInflightBodyBytes": limits.max_inflight_body_bytes}})
+    protocol = guarded_protocol(limits, peer_check)
+    return {"http": protocol if tls is None else _with_tls(protocol, tls),
+            "timeout_keep_alive": limits.idle_timeout, "ws": "none",
+            # Slots already bound connections to max_connections (evicting idle ones).
+            # uvicorn's own count lags an eviction (the TLS layer tells the HTTP protocol
+            # of the loss a loop iteration later): a backstop, never the limit.
+            "limit_concurrency": 2 * limits.max_connections, "backlog": limits.backlog,
             "h11_max_incomplete_event_size": limits.max_header_bytes}
 
 
@@ -276,15 +693,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "seconds for a request head to arrive; slower gets 408 and is closed")
     flag("body-timeout", float, d.body_timeout,
          "seconds for a request body to arrive after its head; slower is closed")
+    flag("min-body-rate", int, d.min_body_rate,
+         "bytes/s a body must keep arriving at after --body-rate-grace; slower is closed (0: off)")
+    flag("body-rate-grace", float, d.body_rate_grace,
+         "seconds after a head before --min-body-rate applies")
     flag("idle-timeout", float, d.idle_timeout, "seconds an idle kept-alive connection stays open")
     flag("max-connections", int, d.max_connections,
-         "open connections or in-flight requests beyond which requests get 503")
+         "TCP connections held at once, TLS handshakes included; beyond it a new one evicts "
+         "a connection with no request in progress, or is refused")
+    flag("tls-handshake-timeout", float, d.handshake_timeout,
+         "seconds for a TLS handshake; slower is closed")
+    flag("max-body-bytes", int, d.max_body_bytes,
+         "largest review body; larger gets 413 (default: an UPDATE's two objects at etcd's "
+         "1.5 MiB, each JSON-escaped at most 6x, plus 1 MiB)")
     flag("max-inflight-body-bytes", int, d.max_inflight_body_bytes,
-         "sum of the bodies being read at once; a request that does not fit gets 503")
+         "body bytes received and not yet answered, all requests together; beyond it 503")
     flag("backlog", int, d.backlog, "listen backlog")
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
-    return Limits(args.max_header_bytes, args.header_timeout, args.body_timeout,
-                  args.idle_timeout, args.max_connections, args.max_inflight_body_bytes,
-                  args.backlog)
+    return Limits(
+        max_header_bytes=args.max_header_bytes, header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout, idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
+        max_inflight_body_bytes=args.max_inflight_body_bytes, backlog=args.backlog,
+        max_body_bytes=args.max_body_bytes, min_body_rate=args.min_body_rate,
+        body_rate_grace=args.body_rate_grace, handshake_timeout=args.tls_handshake_timeout)

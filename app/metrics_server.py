@@ -1,4 +1,5 @@
-"""``/metrics`` over plain HTTP, from a small asyncio server that no client can stall.
+"""``/metrics`` (and, for the kubelet, ``/healthz`` and ``/readyz``) over plain HTTP,
+from a small asyncio server that no client can stall.
 
 prometheus_client's ``start_http_server`` is a ``ThreadingHTTPServer``: a thread per
 connection, no read timeout, no connection cap. 2,000 half-open ``GET /metrics``
@@ -6,11 +7,16 @@ connections meant 2,000 threads blocked in ``recv`` fighting the admission loop 
 the GIL: the webhook port stalled for seconds. Here one event loop on one thread
 serves every metrics connection:
 
-- at most ``max_connections`` at once; the rest are closed as soon as they are accepted;
-- the request head must arrive within ``read_timeout`` seconds and fit in
-  ``max_request`` bytes, the answer be taken within ``write_timeout``; else the
-  connection is closed;
-- one request per connection (``Connection: close``), ``GET``/``HEAD`` ``/metrics`` only.
+- at most ``max_connections`` at once (:class:`app.limits.Slots`). When all are taken a
+  new connection evicts one that has not sent its request yet — from the peer address
+  holding the most, its oldest first — so connections held open by anyone (40 idle
+  ones from one address filled the 32 slots before, and with ``clientAuth`` the
+  chart's probes come here) never keep a probe or a scrape out; only when every
+  connection is being answered is the newcomer closed;
+- the request head must arrive within ``read_timeout`` seconds (2 s: shorter than
+  every probe period in the chart) and fit in ``max_request`` bytes, the answer be
+  taken within ``write_timeout``; else the connection is closed;
+- one request per connection (``Connection: close``), ``GET``/``HEAD`` only.
 
 It is bindable to localhost (``--metrics-host 127.0.0.1``) when only a node-local or
 sidecar scraper should read it.
@@ -27,6 +33,8 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from app.limits import BUSY, Slots, peer_address
+
 __all__ = ["MetricsServer"]
 
 log = logging.getLogger("envelope.metrics")
@@ -34,7 +42,7 @@ log = logging.getLogger("envelope.metrics")
 
 class MetricsServer:
     def __init__(self, registry: CollectorRegistry, host: str, port: int, *,
-                 max_connections: int = 32, read_timeout: float = 5.0,
+                 max_connections: int = 64, read_timeout: float = 2.0,
                  write_timeout: float = 10.0, max_request: int = 8192,
                  ready: Callable[[], list[str]] | None = None) -> None:
         self.registry = registry
@@ -43,10 +51,9 @@ class MetricsServer:
         no client certificate, so with mTLS on the HTTPS port its probes come here."""
         self.host, self.port = host, port
         self.max_connections = max_connections
+        self.slots = Slots(max_connections)
         self.read_timeout, self.write_timeout = read_timeout, write_timeout
         self.max_request = max_request
-        self.active = 0
-        self.refused = 0
         self.timed_out = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -81,6 +88,13 @@ class MetricsServer:
         try:
             loop.run_forever()
         finally:
+            # Connections still waiting for their head: end their handlers on a live
+            # loop (closed with it, they would close their writers on a dead one).
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
     def stop(self) -> None:
@@ -96,19 +110,26 @@ class MetricsServer:
 
     # -- one connection -----------------------------------------------------------
 
+    @property
+    def active(self) -> int:
+        return len(self.slots)
+
+    @property
+    def refused(self) -> int:
+        """Connections closed for want of a slot: evicted ones and refused newcomers."""
+        return self.slots.evicted + self.slots.refused
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.active >= self.max_connections:
-            self.refused += 1
+        if not self.slots.admit(writer, peer_address(writer.transport), writer.transport.abort):
             writer.transport.abort()
             return
-        self.active += 1
         try:
             await self._serve(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ConnectionError, ValueError):
-            pass  # slow, oversized, malformed or gone: closed below
+            pass  # slow, oversized, malformed, evicted or gone: closed below
         finally:
-            self.active -= 1
+            self.slots.release(writer)
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -117,6 +138,7 @@ class MetricsServer:
         except TimeoutError:
             self.timed_out += 1
             raise
+        self.slots.mark(writer, BUSY)
         line = head.split(b"\r\n", 1)[0].split()
         method, target = (line[0], line[1]) if len(line) == 3 else (b"", b"")
         if method not in (b"GET", b"HEAD"):

@@ -36,6 +36,7 @@ from app.callerauth import REASONS, Caller, CallerCheck, CallerTokenError
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
 from app.engine import evaluate
+from app.limits import MAX_BODY
 from app.logs import admission_log
 from app.rules.base import Phase
 from app.ruleset import RuleSet
@@ -43,8 +44,6 @@ from app.ruleset import RuleSet
 __all__ = ["MAX_BODY", "Handler", "Metrics", "ReviewEndpoint", "WatchCollector", "create_app",
            "read_body", "send"]
 
-MAX_BODY = 3 * 1024 * 1024
-"""The API server caps admission bodies near 3 MiB; anything larger is not a review."""
 
 log = logging.getLogger("envelope.admission")
 
@@ -184,12 +183,16 @@ async def send(send_: Any, status: int, payload: bytes,
 
 
 async def read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, bytes]:
+    """The whole body, or a 4xx. The cap is ``--max-body-bytes`` as the guarded protocol
+    (app/limits.py, which enforces it on the wire too) hands it over, else MAX_BODY."""
+    cap = scope.get("extensions", {}).get("envelope.max_body_bytes", MAX_BODY)
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             if not value.isdigit():
                 return _error(400, "Content-Length is not a number")
-            if int(value) > MAX_BODY:
-                return _error(413, f"body of {value.decode()} bytes exceeds the {MAX_BODY}-byte limit")
+            if int(value) > cap:
+                return _error(413, f"body of {value.decode()} bytes exceeds the {cap}-byte "
+                                   f"limit (envelope serve --max-body-bytes)")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -198,8 +201,8 @@ async def read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, b
             return _error(400, "client disconnected before the body was complete")
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY:
-            return _error(413, f"body exceeds the {MAX_BODY}-byte limit")
+        if size > cap:
+            return _error(413, f"body exceeds the {cap}-byte limit (envelope serve --max-body-bytes)")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

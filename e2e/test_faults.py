@@ -7,7 +7,9 @@ load client sending AdmissionReviews at ≥ 200/s during each fault:
 3. one of the two replicas killed (SIGKILL);
 4. the serving certificate rewritten in place (certificate, then key 0.2 s later);
 5. the serving certificate swapped atomically (kubelet-style ``..data`` symlink);
-6. a flood of 3 MiB bodies from a second client.
+6. a flood of 3 MiB bodies from a second client;
+7. connection hoarders: 1,200 connections that never start TLS and 8 byte-a-second
+   bodies at one replica (issue 25).
 
 Each answer is compared with a reference run (the same reviews asked before any
 fault): a different verdict, patch, message or warning is a *wrong verdict*. A request
@@ -531,6 +533,72 @@ def test_body_flood(rig: Rig) -> None:
     rig.results["3 MiB body flood"]["flood_bodies"] = sent[0]
     check(rig, "3 MiB body flood", tally)
     assert sent[0] > 0
+
+
+def test_connection_hoarders(rig: Rig) -> None:
+    """Issue 25, class 3: while the load runs, one attacker holds 1,200 connections to
+    replica a that never send a ClientHello (more than --max-connections, 1,000),
+    re-opening those closed, plus 8 that declare 3 MB bodies and send a byte a second.
+    The load's reviews must all be answered (evicted are the silent ones, and the
+    trickles hold no body budget)."""
+    port = rig.endpoints["a"].port
+    stop = threading.Event()
+    opened = [0]
+
+    def hoard() -> None:
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            held = [s for s in held if not _closed(s)]
+            while len(held) < 1200 and not stop.is_set():
+                try:
+                    held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+                    opened[0] += 1
+                except OSError:
+                    break
+            time.sleep(0.1)
+        for s in held:
+            s.close()
+
+    def trickle() -> None:
+        context = rig.endpoints["a"].context
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                        context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                    s.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                              b"application/json\r\nContent-Length: 3000000\r\n\r\n")
+                    while not stop.is_set():
+                        s.sendall(b" ")
+                        time.sleep(1.0)
+            except OSError:
+                time.sleep(0.1)
+
+    threads = [threading.Thread(target=hoard, daemon=True)]
+    threads += [threading.Thread(target=trickle, daemon=True) for _ in range(8)]
+
+    def start() -> None:
+        for t in threads:
+            t.start()
+
+    try:
+        tally = run_phase(rig, "connection hoarders", start, at=0.5, seconds=PHASE_SECONDS + 2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    rig.results["connection hoarders"]["hoarded_connections_opened"] = opened[0]
+    check(rig, "connection hoarders", tally)
+    assert opened[0] >= 1200
+
+
+def _closed(s: socket.socket) -> bool:
+    """A hoarded connection never receives anything: readable means closed."""
+    import select
+
+    try:
+        return bool(select.select([s], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def test_one_of_two_replicas_killed(rig: Rig) -> None:

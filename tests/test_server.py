@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.limits import MAX_BODY
 from app.tls import write_self_signed
 from tests.conftest import container, workload
 
@@ -146,13 +147,13 @@ def test_malformed_input_gets_400_that_says_what_is_wrong(server: Server, body: 
 
 
 def test_huge_body_gets_413(server: Server) -> None:
-    body = b'{"pad":"' + b"x" * (3 * 1024 * 1024 + 10) + b'"}'
+    body = b'{"pad":"' + b"x" * (MAX_BODY + 10) + b'"}'
     json_type = {"content-type": "application/json"}
     response = server.client.post("/validate", content=body, headers=json_type)
     assert response.status_code == 413
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the streamed count catches it
-        for _ in range(4):
+        for _ in range(MAX_BODY // (1024 * 1024) + 1):
             yield b"x" * (1024 * 1024)
 
     assert server.client.post("/validate", content=chunks(), headers=json_type).status_code == 413
