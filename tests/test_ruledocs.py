@@ -87,6 +87,9 @@ def test_create_examples_give_the_same_answer_through_envelope_check(
         said = {(f["severity"], f["rule"], f["message"]) for f in written["findings"]}
         said |= {("change", c["rule"], c["message"]) for c in written["changes"]}
         engine = {(f.severity, f.rule, f.message) for f in run_example(RULES, example, which).findings}
+        refused = {f for f in engine if f[:2] == ("error", "quantities")}
+        if refused:  # the API server refuses the object before admission: check says only that
+            engine = refused
         assert said == engine, (which, said ^ engine)
 
 
