@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -66,7 +67,27 @@ log = logging.getLogger("envelope.audit")
 AUDIT_SCHEMA = "audit/v1"
 """``schemaVersion`` of ``audit -o json`` (docs/schemas/audit-output.v1.json)."""
 POLICY = "envelope"
-"""The ``policy`` of every result: Envelope is one policy of many rules."""
+"""The ``source`` of every result, and the ``policy`` of a result no family owns (an
+internal error)."""
+CATEGORIES = {"workloads": "Workload resources", "quotas": "GPU quota trees",
+              "actors": "Actor sandboxes"}
+"""A result's ``category`` by its rule's family; its ``policy`` is ``envelope-<family>``, so
+Policy Reporter's per-policy and per-category views split Envelope's results the way the
+rule reference does (docs/rules/)."""
+
+
+@cache
+def _families() -> dict[str, str]:
+    from app.ruledocs import family
+    from app.ruleset import default_ruleset
+
+    return {r.id: family(r) for r in default_ruleset().values()}
+
+
+def policy_of(rule_id: str) -> tuple[str, str]:
+    """(policy, category) of a rule's results."""
+    fam = _families().get(rule_id)
+    return (f"{POLICY}-{fam}", CATEGORIES[fam]) if fam else (POLICY, "Envelope")
 REPORT_NAME = "envelope-audit"
 REPORT_GROUP = "wgpolicyk8s.io"
 REPORT_VERSION = "v1alpha2"
@@ -337,7 +358,9 @@ def _report_result(r: Result, when: dict[str, int]) -> dict[str, Any]:
         resource["namespace"] = r.namespace
     if r.uid:
         resource["uid"] = r.uid
-    out: dict[str, Any] = {"policy": POLICY, "rule": r.rule, "result": r.result,
+    policy, category = policy_of(r.rule)
+    out: dict[str, Any] = {"policy": policy, "rule": r.rule, "category": category,
+                           "result": r.result,
                            "message": r.message, "source": POLICY, "scored": True,
                            "timestamp": dict(when), "resources": [resource]}
     if r.result == "fail":

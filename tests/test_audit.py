@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from app import audit as audit_mod
-from app.audit import JUDGED, Audit, AuditMetrics, judge, judged_for, policy_reports, summary_text
+from app.audit import JUDGED, Audit, AuditMetrics, judge, judged_for, policy_of, policy_reports, summary_text
 from app.cluster.view import StaticView
 from app.config import load_policy
 from app.ruleset import default_ruleset
@@ -142,7 +142,8 @@ def test_reports_validate_against_the_upstream_crd_schema() -> None:
         validate(report)
         assert report["apiVersion"] == "wgpolicyk8s.io/v1alpha2"
         for result in report["results"]:
-            assert result["policy"] == "envelope" and result["rule"] in RULES
+            assert result["rule"] in RULES and result["source"] == "envelope"
+            assert (result["policy"], result["category"]) == policy_of(result["rule"])
     team_a = next(r for r in reports if r["metadata"].get("namespace") == "team-a")
     assert team_a["summary"]["fail"] == 1 and team_a["summary"]["warn"] == 1
     assert team_a["summary"]["pass"] == sum(n for (ns, _), n in found.passes.items()
@@ -223,3 +224,15 @@ def test_a_status_update_is_not_a_change_for_the_audit_trigger() -> None:
     assert store.version("Deployment") == before  # a heartbeat: no audit
     store.add(trim(MEMORY_SPLIT | {"metadata": GOOD["metadata"]}), "Deployment")
     assert store.version("Deployment") != before  # the spec changed: audit
+
+
+def test_results_are_grouped_by_family_for_policy_reporter() -> None:
+    """One policy and one category per family, as the rule reference groups rules: Policy
+    Reporter's per-policy and per-category views are not one flat list."""
+    found = run([CPU_LIMIT, MEMORY_SPLIT])
+    results = [r for report in policy_reports(found) for r in report.get("results", [])]
+    assert {(r["policy"], r["category"]) for r in results} >= {
+        ("envelope-workloads", "Workload resources")}
+    assert policy_of("kai-pool-capacity") == ("envelope-quotas", "GPU quota trees")
+    assert policy_of("actor-placement") == ("envelope-actors", "Actor sandboxes")
+    assert policy_of("internal") == ("envelope", "Envelope")
