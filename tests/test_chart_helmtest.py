@@ -198,7 +198,12 @@ def test_helm_test_pod_command_against_the_real_api_server(cluster: Any, tmp_pat
     settings = ["--set", f"webhooks.url=https://127.0.0.1:{port}",
                 "--set", "certificates.extraSANs={127.0.0.1}",
                 "--set", f"port={port}", "--set", f"metrics.port={metrics_port}"]
-    cluster.helm("install", release, str(CHART), "-n", ns, "--create-namespace", *settings)
+    install = cluster.helm("install", release, str(CHART), "-n", ns, "--create-namespace", *settings)
+    # NOTES.txt: the helm test step, where metrics are, the troubleshooting page (absolute).
+    assert f"helm test {release} -n {ns} --logs" in install.stdout, install.stdout
+    assert f"port-forward deployment/{name} " in install.stdout
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
+    assert f"{home}/blob/main/docs/troubleshooting.md" in install.stdout
     deployment = cluster.kubectl_json("get", "deployment", name, "-n", ns)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     config = cluster.kubectl_json("get", "configmap", f"{name}-config", "-n", ns)["data"]["policy.yaml"]
