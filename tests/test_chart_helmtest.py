@@ -189,33 +189,90 @@ def _run_pod_command(pod: dict[str, Any], kubeconfig: Path) -> subprocess.Comple
                           capture_output=True, text=True, env=env, timeout=120)
 
 
-@pytest.mark.e2e
-def test_helm_test_pod_command_against_the_real_api_server(cluster: Any, tmp_path: Path) -> None:
-    import harness
+class Installed:
+    """The chart installed in URL mode (release ``guard``), and the real server started
+    exactly as the pod would start it, under the chart's ServiceAccount token."""
 
-    ns, release, name = "guard", "guard", "guard-envelope"
-    port, metrics_port = harness.free_port(), harness.free_port()
-    settings = ["--set", f"webhooks.url=https://127.0.0.1:{port}",
-                "--set", "certificates.extraSANs={127.0.0.1}",
-                "--set", f"port={port}", "--set", f"metrics.port={metrics_port}"]
-    install = cluster.helm("install", release, str(CHART), "-n", ns, "--create-namespace", *settings)
+    ns = release = "guard"
+    name = "guard-envelope"
+
+    def __init__(self, cluster: Any, tmp_path: Path) -> None:
+        import harness
+
+        self.cluster, self.tmp = cluster, tmp_path
+        self.port, metrics_port = harness.free_port(), harness.free_port()
+        self.settings = ["--set", f"webhooks.url=https://127.0.0.1:{self.port}",
+                         "--set", "certificates.extraSANs={127.0.0.1}",
+                         "--set", f"port={self.port}", "--set", f"metrics.port={metrics_port}"]
+        self.install = cluster.helm("install", self.release, str(CHART), "-n", self.ns,
+                                    "--create-namespace", *self.settings)
+        deployment = cluster.kubectl_json("get", "deployment", self.name, "-n", self.ns)
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        config = cluster.kubectl_json("get", "configmap", f"{self.name}-config", "-n", self.ns)
+        (tmp_path / "policy.yaml").write_text(config["data"]["policy.yaml"])
+        args = [a.replace("$(POD_NAMESPACE)", self.ns) for a in container["args"]]
+        self.args = [f"--config={tmp_path / 'policy.yaml'}" if a.startswith("--config=") else
+                     "--host=127.0.0.1" if a.startswith("--host=") else a for a in args]
+        server_sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        self.kubeconfig = _sa_kubeconfig(cluster, self.ns, server_sa, tmp_path / "server.kubeconfig")
+        self.server: Any = None
+
+    def serve(self) -> None:
+        """Start the server; return once it is ready (caBundle injected) and the
+        validating webhooks are raised to Fail (webhooks.safeInstall)."""
+        import harness
+
+        env = {**os.environ, "POD_NAME": f"{self.name}-test-0", "POD_NAMESPACE": self.ns,
+               "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "KUBECONFIG": str(self.kubeconfig)}
+        env.pop("ENVELOPE_CONFIG", None)
+        self.server = harness.start_process(
+            [sys.executable, "-m", "app", *self.args, f"--kubeconfig={self.kubeconfig}", "--tls-interval=1"],
+            self.tmp / "webhook.log", name="webhook", env=env, cwd=REPO)
+
+        def ready() -> bool:
+            bundle = _ca_bundles(self.cluster, self.name).get("workloads.validate.envelope.io", "")
+            if not bundle:
+                return False
+            context = ssl.create_default_context(cadata=base64.b64decode(bundle).decode())
+            try:
+                with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/readyz", context=context,
+                                            timeout=2) as response:
+                    return bool(response.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        _wait("the webhook ready with its caBundle injected", ready, self.server)
+        _wait("the validating webhooks raised to Fail", lambda: self.policies() == {"Fail"}, self.server)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(timeout=15)
+            self.server = None
+
+    def policies(self) -> set[str]:
+        config = self.cluster.kubectl_json("get", "validatingwebhookconfiguration", self.name)
+        return {h["failurePolicy"] for h in config["webhooks"]}
+
+
+@pytest.fixture()
+def installed(cluster: Any, tmp_path: Path) -> Iterator[Installed]:
+    chart = Installed(cluster, tmp_path)
+    try:
+        yield chart
+    finally:
+        chart.stop()
+
+
+@pytest.mark.e2e
+def test_helm_test_pod_command_against_the_real_api_server(installed: Installed) -> None:
+    cluster, ns, release, name = installed.cluster, installed.ns, installed.release, installed.name
+    tmp_path = installed.tmp
+    install = installed.install
     # NOTES.txt: the helm test step, where metrics are, the troubleshooting page (absolute).
     assert f"helm test {release} -n {ns} --logs" in install.stdout, install.stdout
     assert f"port-forward deployment/{name} " in install.stdout
     home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
     assert f"{home}/blob/main/docs/troubleshooting.md" in install.stdout
-    deployment = cluster.kubectl_json("get", "deployment", name, "-n", ns)
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    config = cluster.kubectl_json("get", "configmap", f"{name}-config", "-n", ns)["data"]["policy.yaml"]
-    (tmp_path / "policy.yaml").write_text(config)
-    args = [a.replace("$(POD_NAMESPACE)", ns) for a in container["args"]]
-    args = [f"--config={tmp_path / 'policy.yaml'}" if a.startswith("--config=") else
-            "--host=127.0.0.1" if a.startswith("--host=") else a for a in args]
-    server_sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    server_kubeconfig = _sa_kubeconfig(cluster, ns, server_sa, tmp_path / "server.kubeconfig")
-    env = {**os.environ, "POD_NAME": f"{name}-test-0", "POD_NAMESPACE": ns, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(REPO), "KUBECONFIG": str(server_kubeconfig)}
-    env.pop("ENVELOPE_CONFIG", None)
 
     # The hook's objects as Helm stored them for `helm test` (the Pod's command is run below).
     stored = [d for d in yaml.safe_load_all(cluster.helm("get", "hooks", release, "-n", ns).stdout) if d]
@@ -238,36 +295,17 @@ def test_helm_test_pod_command_against_the_real_api_server(cluster: Any, tmp_pat
                  ("create", "deployments.apps", "-n", ns), ("list", "secrets", "-n", ns)):
         assert not can(*what), what
 
-    server = harness.start_process(
-        [sys.executable, "-m", "app", *args, f"--kubeconfig={server_kubeconfig}", "--tls-interval=1"],
-        tmp_path / "webhook.log", name="webhook", env=env, cwd=REPO)
-    try:
-        def ready() -> bool:
-            bundle = _ca_bundles(cluster, name).get("workloads.validate.envelope.io", "")
-            if not bundle:
-                return False
-            context = ssl.create_default_context(cadata=base64.b64decode(bundle).decode())
-            try:
-                with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=context,
-                                            timeout=2) as response:
-                    return bool(response.status == 200)
-            except (urllib.error.URLError, OSError):
-                return False
+    # Before any replica served: the webhooks are Ignore and nothing answers.
+    proc = _run_pod_command(hooks["Pod"], test_kubeconfig)
+    assert proc.returncode == 1 and "Envelope did not see it" in proc.stdout, proc.stdout
 
-        _wait("the webhook ready with its caBundle injected", ready, server)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # safeInstall: raised to Fail once it answers
-            config_ = cluster.kubectl_json("get", "validatingwebhookconfiguration", name)
-            if {h["failurePolicy"] for h in config_["webhooks"]} == {"Fail"}:
-                break
-            time.sleep(1)
-        proc = _run_pod_command(hooks["Pod"], test_kubeconfig)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.startswith("ok: Envelope judged the dry-run Deployment in namespace default")
-        assert 'admission webhook "workloads.validate.envelope.io" denied the request' in proc.stdout
-        assert "envelope[cpu-limits]: pods become Burstable" in proc.stdout
-    finally:
-        server.stop(timeout=15)
+    installed.serve()
+    proc = _run_pod_command(hooks["Pod"], test_kubeconfig)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("ok: Envelope judged the dry-run Deployment in namespace default")
+    assert 'admission webhook "workloads.validate.envelope.io" denied the request' in proc.stdout
+    assert "envelope[cpu-limits]: pods become Burstable" in proc.stdout
+    installed.stop()
     # Nothing was stored.
     assert cluster.kubectl("get", "deployment", "envelope-helm-test", "-n", "default",
                            check=False).returncode != 0
@@ -277,3 +315,71 @@ def test_helm_test_pod_command_against_the_real_api_server(cluster: Any, tmp_pat
     assert "FAIL: the dry-run Deployment in namespace default was not judged as expected" in proc.stdout
     assert "failed calling webhook" in proc.stdout and "docs/troubleshooting.md" in proc.stdout
 
+
+def _troubleshooting_block(after: str, installed: Installed) -> str:
+    """The first ```sh block after ``after`` in troubleshooting.md, with the chart's
+    default names replaced by the test release's."""
+    text = (REPO / "docs" / "troubleshooting.md").read_text()
+    start = text.index(after)
+    block = text[text.index("```sh\n", start) + len("```sh\n"):]
+    block = block[:block.index("```")]
+    block = block.replace("webhookconfiguration envelope", f"webhookconfiguration {installed.name}")
+    return block.replace("helm upgrade envelope <chart> -n envelope-system",
+                         f"helm upgrade {installed.release} {CHART} -n {installed.ns}")
+
+
+@pytest.mark.e2e
+def test_the_kill_switch_fails_open_sticks_and_is_undone(installed: Installed) -> None:
+    """docs/troubleshooting.md's kill switch, run as written on the real API server with
+    the real server: a bare patch of failurePolicy is raised back; each documented way
+    to fail open stays Ignore while Envelope serves and lets writes through once it is
+    gone; the documented way back restores enforcement."""
+    cluster, name = installed.cluster, installed.name
+    bad = json.dumps(runpy.run_path(str(SCRIPT), run_name="helm_test")["deployment"]("kill-switch"))
+
+    def refused() -> bool:
+        proc = cluster.kubectl("create", "--dry-run=server", "-n", "default", "-f", "-", input=bad,
+                               check=False)
+        assert proc.returncode == 0 or "denied the request" in proc.stderr, proc.stderr
+        return proc.returncode != 0
+
+    def sh(block: str) -> None:
+        env = {**os.environ, "PATH": f"{cluster.bin_dir}:{os.environ['PATH']}",
+               "KUBECONFIG": str(cluster.kubeconfig)}
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], capture_output=True, text=True,
+                              env=env, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, block + proc.stdout + proc.stderr
+
+    def stays_ignore() -> None:
+        assert installed.policies() == {"Ignore"}
+        time.sleep(12)  # more than two of the replicas' 5 s checks
+        assert installed.policies() == {"Ignore"}, "the replicas raised the kill switch back"
+
+    installed.serve()
+    assert refused()
+    # The trap: failurePolicy alone is raised back by the replicas within seconds.
+    cluster.kubectl("patch", "validatingwebhookconfiguration", name, "--type=json",
+                    "-p", '[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Ignore"}]')
+    _wait("the bare patch raised back to Fail", lambda: installed.policies() == {"Fail"}, installed.server)
+
+    # With Helm: stays Ignore while Envelope serves (which still judges every write),
+    # writes pass once it is gone; back to enforcing, raised again once it serves.
+    sh(_troubleshooting_block("**Fail open with Helm**", installed))
+    stays_ignore()
+    assert refused()
+    installed.stop()
+    assert not refused(), "with Envelope gone and the webhooks Ignore, writes should pass"
+    sh(_troubleshooting_block("**Back to enforcing**", installed))
+    installed.serve()
+    assert refused()
+
+    # Without Helm, the same; back with the same helm upgrade.
+    block = _troubleshooting_block("**Without Helm**", installed)
+    assert "kubectl replace -f -" in block
+    sh(block)
+    stays_ignore()
+    installed.stop()
+    assert not refused(), "with Envelope gone and the webhooks Ignore, writes should pass"
+    sh(_troubleshooting_block("**Back to enforcing**", installed))
+    installed.serve()
+    assert refused()
