@@ -205,10 +205,15 @@ def _values_file(values: dict[str, Any]) -> str:
     return f.name
 
 
-def _template(values_json: str, namespace: str, release: str) -> subprocess.CompletedProcess[str]:
+def _template(values_json: str, namespace: str, release: str,
+              tests: bool = False) -> subprocess.CompletedProcess[str]:
+    """``helm template``; the ``helm test`` hook (templates/tests/) only with ``tests``
+    (the release's objects are what every other test here checks)."""
     path = _values_file(json.loads(values_json))
+    skip = [] if tests else ["--skip-tests"]
     try:
-        return helm("template", release, str(CHART), "--namespace", namespace, "-f", path, check=False)
+        return helm("template", release, str(CHART), "--namespace", namespace, "-f", path, *skip,
+                    check=False)
     finally:
         os.unlink(path)
 
@@ -257,8 +262,8 @@ class Rendered:
 
 
 @cache
-def _render_cached(values_json: str, namespace: str, release: str) -> Rendered:
-    proc = _template(values_json, namespace, release)
+def _render_cached(values_json: str, namespace: str, release: str, tests: bool = False) -> Rendered:
+    proc = _template(values_json, namespace, release, tests)
     if proc.returncode != 0:
         pytest.fail(f"helm template failed:\n{proc.stderr}", pytrace=False)
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -266,8 +271,8 @@ def _render_cached(values_json: str, namespace: str, release: str) -> Rendered:
 
 
 def render(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE,
-           release: str = RELEASE) -> Rendered:
-    return _render_cached(json.dumps(values or {}, sort_keys=True), namespace, release)
+           release: str = RELEASE, tests: bool = False) -> Rendered:
+    return _render_cached(json.dumps(values or {}, sort_keys=True), namespace, release, tests)
 
 
 def render_error(values: dict[str, Any]) -> str:
@@ -424,7 +429,8 @@ def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> No
 
 def test_plain_manifests_are_up_to_date() -> None:
     """manifests/install.yaml is exactly what `make manifests` renders (after its header)."""
-    proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "namespace.create=true")
+    proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "namespace.create=true",
+                "--skip-tests")
     text = MANIFEST.read_text()
     lines = text.splitlines(keepends=True)
     header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
@@ -435,7 +441,8 @@ def test_plain_manifests_are_up_to_date() -> None:
     assert kinds[0] == "Namespace", "the Namespace must come first for kubectl apply"
     makefile = (REPO / "Makefile").read_text()
     assert "template envelope $(CHART) --namespace $(MANIFEST_NAMESPACE)" in makefile
-    assert "--set namespace.create=true" in makefile
+    assert "--set namespace.create=true --skip-tests" in makefile
+    assert "helm.sh/hook" not in body, "a hook in manifests/install.yaml would run on kubectl apply"
 
 
 # -------------------------------------------------------------------------- webhooks

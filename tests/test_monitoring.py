@@ -76,6 +76,37 @@ def test_latency_threshold_follows_the_webhook_timeout() -> None:
     assert threshold({**ON, "webhooks": {"timeoutSeconds": 3}}) == "2.4"
 
 
+def _alerts(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [r for g in rules_of(values)["spec"]["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_every_alert_has_a_runbook_whose_page_exists() -> None:
+    """runbook_url = <Chart.yaml home>/blob/main/docs/runbooks/<alert>.md by default, and
+    that file is in the repository (so the link works once the branch is pushed)."""
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
+    prefix = f"{home}/blob/main/"
+    alerts = _alerts()
+    assert len(alerts) == 6
+    index = (ROOT / "docs" / "runbooks" / "README.md").read_text()
+    for rule in alerts:
+        url = rule["annotations"].get("runbook_url")
+        assert url, f"{rule['alert']} has no runbook_url"
+        assert url.startswith(prefix), url
+        page = ROOT / url[len(prefix):]
+        assert page == ROOT / "docs" / "runbooks" / f"{rule['alert']}.md", url
+        assert page.is_file(), f"{rule['alert']}: {page.relative_to(ROOT)} does not exist"
+        assert page.read_text().startswith(f"# {rule['alert']}\n"), page
+        assert f"({rule['alert']}.md)" in index, f"docs/runbooks/README.md does not list {rule['alert']}"
+
+
+def test_runbook_base_url_can_point_elsewhere() -> None:
+    values = {"monitoring": {"prometheusRule": {"enabled": True,
+                                                "runbookBaseURL": "https://wiki.example.com/envelope/"}}}
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for r in _alerts(values)}
+    assert urls["EnvelopeNoReadyReplica"] == "https://wiki.example.com/envelope/EnvelopeNoReadyReplica.md"
+    assert all(u.startswith("https://wiki.example.com/envelope/Envelope") for u in urls.values())
+
+
 # ----------------------------------------------------------------- promtool (e2e)
 
 def promtool() -> Path:
