@@ -344,3 +344,27 @@ def test_same_compares_at_any_depth() -> None:
     a, b = _deep(5000, "x"), _deep(5000, "x")
     assert same(a, b) and not same(a, _deep(5000, "y")) and not same(a, _deep(4999, "x"))
     assert same({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}) and not same([1], [1, 2])
+
+
+def test_api_server_json_is_read_at_any_depth_it_stores() -> None:
+    """The API server stores custom resources up to 10,000 levels deep; orjson reads
+    1,024. ``kube.loads`` (every LIST and watch line of the live view, snapshots, the
+    audit) reads deeper documents by a loop, with the same values, and still refuses
+    what is not JSON (e2e/test_deep_objects.py shows the view on a real API server)."""
+    import json
+
+    from app.cluster.kube import loads
+
+    deep = '{"items":[' + '{"a":' * 5000 + '[1, -2.5e3, true, null, "\\u00e9\\"", {}]' + "}" * 5000 + "]}"
+    value = loads(deep.encode())["items"][0]
+    for _ in range(5000):
+        value = value["a"]
+    assert value == [1, -2500.0, True, None, 'é"', {}]
+    sample = json.dumps(SAMPLES, indent=1)
+    inner = loads("[" * 1100 + sample + "]" * 1100)
+    for _ in range(1100):
+        inner = inner[0]
+    assert inner == SAMPLES
+    for bad in (b'{"a":1', b'{"a" 1}', b"[1,]", b'{"a":1}x', b"nul", b"{" * 2000):
+        with pytest.raises(orjson.JSONDecodeError):
+            loads(bad)
