@@ -375,3 +375,21 @@ def test_api_server_json_is_read_at_any_depth_it_stores() -> None:
     for bad in (b'{"a":1', b'{"a" 1}', b"[1,]", b'{"a":1}x', b"nul", b"{" * 2000):
         with pytest.raises(orjson.JSONDecodeError):
             loads(bad)
+
+
+@pytest.mark.parametrize("depth", [600, 1019])
+def test_a_deep_actortemplate_can_still_be_updated_and_a_deep_change_is_named(depth: int) -> None:
+    """The ActorTemplate rules' canonical spec recursed (two frames a level): from ~500
+    levels under a preserve-unknown-fields subtree, every UPDATE — a label change —
+    was refused by actor-spec-immutable as "too deep to judge". Now it is a loop; a
+    real change deep down is still refused and named."""
+    obj = fuzz_cases.replaced(_sample("ActorTemplate"), ("spec", "extra"), "@deep@")
+    splice = {"@deep@": fuzz_cases.nested(depth)}
+    relabelled = fuzz_cases.replaced(obj, ("metadata", "labels"), {"team": "b"})
+    _, validated = _judged(relabelled, "UPDATE", old=obj, splice=splice)
+    assert validated.decision is not None and validated.decision.allowed, validated.decision
+    shallow = fuzz_cases.replaced(obj, ("spec", "extra"), 1)
+    changed = fuzz_cases.review_text(obj, "UPDATE", "changed", old=shallow, splice=splice)
+    got = fuzz_cases.answer(changed, "validate", fuzz_cases.populated_view())
+    assert got.decision is not None and not got.decision.allowed
+    assert "changed spec.extra [actor-spec-immutable]" in got.decision.message
