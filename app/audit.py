@@ -49,7 +49,7 @@ from urllib.parse import quote
 import orjson
 from prometheus_client import CollectorRegistry, Gauge
 
-from app.cluster.kube import ApiError, KubeClient
+from app.cluster.kube import ApiError, KubeClient, loads
 from app.cluster.live import Informer, Resource, resources_for
 from app.cluster.view import Store
 from app.config import Policy
@@ -276,7 +276,7 @@ def _owned(obj: dict[str, Any], kind: str) -> bool:
 def _pages(client: KubeClient, path: str, page_size: int) -> Iterator[list[dict[str, Any]]]:
     fields: dict[str, Any] = {"limit": page_size}
     while True:
-        body = orjson.loads(client.get(path, fields, 60).data)
+        body = loads(client.get(path, fields, 60).data)
         yield body.get("items") or []
         token = (body.get("metadata") or {}).get("continue")
         if not token:

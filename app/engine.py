@@ -33,7 +33,7 @@ from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
 from app.ruleset import RuleSet
-from app.util import dig, undotted
+from app.util import deep_copy, dig, same, undotted
 
 __all__ = ["Evaluation", "check_object", "evaluate", "json_copy"]
 
@@ -73,8 +73,12 @@ class Evaluation:
 
 
 def json_copy(obj: Any) -> Any:
-    """A deep copy of a JSON document, five times faster than ``copy.deepcopy``."""
-    return orjson.loads(orjson.dumps(obj))
+    """A deep copy of a JSON document, five times faster than ``copy.deepcopy``; one
+    nested past what orjson writes (255 levels) is copied by a loop."""
+    try:
+        return orjson.loads(orjson.dumps(obj))
+    except orjson.JSONEncodeError:
+        return deep_copy(obj)
 
 
 def _stamp(rule: Rule, found: list[Finding]) -> list[Finding]:
@@ -97,11 +101,19 @@ def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
 
 
 def _unchanged(rule: Rule, subject: Subject, obj: dict[str, Any] | None) -> bool:
-    """An UPDATE that leaves what the rule judges as it was."""
+    """An UPDATE that leaves what the rule judges as it was. Compared at any depth;
+    when the judged part cannot even be taken (a ``judges`` that recurses, or fails),
+    it counts as changed: the rule runs, inside its own isolation, and answers."""
     if rule.judges is None or subject.operation != "UPDATE" or not isinstance(subject.old, dict):
         return False
-    after = rule.judges(subject, obj or {})
-    return after is not None and after == rule.judges(subject, subject.old)
+    try:
+        after = rule.judges(subject, obj or {})
+        return after is not None and same(after, rule.judges(subject, subject.old))
+    except RecursionError:  # nested deeper than any Kubernetes object: judge it
+        return False
+    except Exception:  # a bug in a judges function: judge the update rather than fail it
+        log.exception("rule %s: could not take the judged part", rule.id)
+        return False
 
 
 def _ratchet(rule: Rule, subject: Subject, found: list[Finding], view: ClusterView,
@@ -167,10 +179,10 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 continue
         target = working
         if phase == "mutate" and rule.mutates and original is not None:
+            copier = rules.copiers.get((subject.group, subject.kind))
             if mode is not Mode.ENFORCE:  # warn: run on a scratch copy, then drop it
-                target = json_copy(working)
+                target = copier(subject, working) if copier else json_copy(working)
             elif not copied:
-                copier = rules.copiers.get((subject.group, subject.kind))
                 working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
         scoped = ScopedView(view, rule.reads, rule.id) if rule.reads else rules.blind(rule)

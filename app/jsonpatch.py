@@ -2,7 +2,8 @@
 
 Like controller-runtime's ``PatchResponseFromRaw``: rules change a copy, and the
 patch is the precise difference — ``remove``/``add``/``replace`` at the exact JSON
-pointer, nothing unrelated touched.
+pointer, nothing unrelated touched. The walk is a loop, not recursion, so a document
+of any depth gets its patch.
 """
 
 from __future__ import annotations
@@ -19,30 +20,47 @@ def _escape(token: object) -> str:
     return text
 
 
+def _differs(a: Any, b: Any) -> bool:
+    """Identity first (parts a copier shared), then C-speed equality. Too deep for that,
+    "maybe": the walk goes down and finds what differs (asking ``same`` at every level
+    instead would cost the square of the depth)."""
+    if a is b:
+        return False
+    try:
+        return bool(a != b)
+    except RecursionError:
+        return True
+
+
 def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
-    """The operations that turn ``old`` into ``new``."""
-    if type(old) is not type(new):
-        return [{"op": "replace", "path": path, "value": new}]
-    if isinstance(old, dict):
-        ops: list[dict[str, Any]] = []
-        for key in old:
-            if key not in new:
-                ops.append({"op": "remove", "path": path + "/" + _escape(key)})
-        for key, value in new.items():
-            if key not in old:
-                ops.append({"op": "add", "path": path + "/" + _escape(key), "value": value})
-            elif old[key] is not value and old[key] != value:
-                # identity first (parts a copier shared), then C-speed equality
-                ops.extend(diff(old[key], value, path + "/" + _escape(key)))
-        return ops
-    if isinstance(old, list):
-        if len(old) != len(new):
-            return [{"op": "replace", "path": path, "value": new}]
-        ops = []
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            if a is not b and a != b:
-                ops.extend(diff(a, b, f"{path}/{i}"))
-        return ops
-    if old != new:
-        return [{"op": "replace", "path": path, "value": new}]
-    return []
+    """The operations that turn ``old`` into ``new``, in document order."""
+    ops: list[dict[str, Any]] = []
+    # Work items, last first: an operation to emit, or a (old, new, path) to compare.
+    todo: list[dict[str, Any] | tuple[Any, Any, str]] = [(old, new, path)]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            ops.append(item)
+            continue
+        a, b, where = item
+        if type(a) is not type(b):
+            ops.append({"op": "replace", "path": where, "value": b})
+        elif isinstance(a, dict):
+            later: list[dict[str, Any] | tuple[Any, Any, str]] = [
+                {"op": "remove", "path": where + "/" + _escape(key)} for key in a if key not in b]
+            for key, value in b.items():
+                if key not in a:
+                    later.append({"op": "add", "path": where + "/" + _escape(key), "value": value})
+                elif _differs(a[key], value):
+                    later.append((a[key], value, where + "/" + _escape(key)))
+            todo.extend(reversed(later))
+        elif isinstance(a, list):
+            if len(a) != len(b):
+                ops.append({"op": "replace", "path": where, "value": b})
+            else:
+                todo.extend(reversed([(x, y, f"{where}/{i}")
+                                      for i, (x, y) in enumerate(zip(a, b, strict=True))
+                                      if _differs(x, y)]))
+        elif a != b:
+            ops.append({"op": "replace", "path": where, "value": b})
+    return ops

@@ -246,7 +246,9 @@ def apply_limit_range_defaults(spec: Mapping[str, Any],
             for container in out.get(key) or []:
                 if not isinstance(container, dict):
                     continue
-                res = container.setdefault("resources", {})
+                res = container.get("resources")
+                if not isinstance(res, dict):  # absent, or null as a manifest may write it
+                    res = container["resources"] = {}
                 for which, defaults in (("limits", limits), ("requests", requests)):
                     current = res.get(which)
                     if not isinstance(current, dict):

@@ -1,5 +1,5 @@
-"""Small helpers every layer shares: reading nested JSON, paths for messages, one
-bounded cache, one warning length, plain numbers."""
+"""Small helpers every layer shares: reading nested JSON, comparing and copying it at
+any depth, paths for messages, one bounded cache, one warning length, plain numbers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Callable, Hashable, Iterable
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-__all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "cut_middle", "dig", "dotted", "plain_number", "shown",
+__all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "cut_middle", "deep_copy", "dig", "dotted",
+           "plain_number", "same", "shown",
            "undotted"]
 
 WARNING_LIMIT = 120
@@ -27,6 +28,59 @@ def dig(obj: Any, path: Iterable[str | int]) -> Any:
         else:
             return None
     return obj
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a == b`` for JSON documents of any depth. Python's ``==`` recurses in C and
+    raises RecursionError past ~1,000 levels (orjson reads 1,024), so a deep document
+    is compared by a loop instead, with the same answers (``1 == 1.0``, key order
+    ignored)."""
+    try:
+        return bool(a == b)
+    except RecursionError:
+        pass
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if x is y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            if len(x) != len(y):
+                return False
+            for key, value in x.items():
+                if key not in y:
+                    return False
+                stack.append((value, y[key]))
+        elif isinstance(x, list) and isinstance(y, list):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif isinstance(x, dict | list) or isinstance(y, dict | list) or x != y:
+            return False
+    return True
+
+
+def deep_copy(obj: Any) -> Any:
+    """A deep copy of a JSON document at any depth (dicts, lists, scalars), by a loop:
+    ``copy.deepcopy`` and orjson (255 levels when writing) give up on deep ones."""
+    if not isinstance(obj, dict | list):
+        return obj
+    root: Any = {} if isinstance(obj, dict) else []
+    stack: list[tuple[Any, Any]] = [(obj, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in items:
+            if isinstance(value, dict | list):
+                child: Any = {} if isinstance(value, dict) else []
+                stack.append((value, child))
+            else:
+                child = value
+            if isinstance(target, dict):
+                target[key] = child
+            else:
+                target.append(child)
+    return root
 
 
 def dotted(path: tuple[Any, ...] | list[Any]) -> str:

@@ -5,6 +5,8 @@ and out — no generated models on any path we own."""
 from __future__ import annotations
 
 import os
+import re
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import orjson
@@ -13,7 +15,7 @@ from kubernetes import config as kube_config
 from kubernetes.client import Configuration
 from kubernetes.client.rest import RESTClientObject
 
-__all__ = ["ApiError", "ClusterConfigError", "KubeClient", "kube_configuration",
+__all__ = ["ApiError", "ClusterConfigError", "KubeClient", "kube_configuration", "loads",
            "serve_configuration"]
 
 
@@ -79,6 +81,96 @@ def serve_configuration(kubeconfig: str | None) -> tuple[Configuration | None, s
                   f"KUBERNETES_SERVICE_HOST) and no {default}")
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_WORDS = (("true", True), ("false", False), ("null", None))
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON from the API server. orjson reads 1,024 levels, the API server stores
+    custom resources nested up to 10,000 (``x-kubernetes-preserve-unknown-fields``): a
+    tenant's WorkerPool 1,100 levels deep made every LIST of WorkerPools fail, so the
+    watch never synced and the view went stale (readiness failed, rules that read it
+    answered per the failure mode). Such documents are read by a loop instead."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            return _loads_deep(data.decode() if isinstance(data, bytes | bytearray) else data)
+        except (ValueError, IndexError, UnicodeDecodeError):
+            raise exc from None
+
+
+def _loads_deep(s: str) -> Any:
+    """A JSON parser with an explicit stack (strings by the json module's scanner)."""
+    stack: list[tuple[Any, str | None]] = []
+    pos = 0
+
+    def key_at(at: int) -> tuple[str, int]:
+        if s[at] != '"':
+            raise ValueError(f"expected a key at {at}")
+        key, at = scanstring(s, at + 1, True)
+        at = _WS.match(s, at).end()  # type: ignore[union-attr]
+        if s[at] != ":":
+            raise ValueError(f"expected ':' at {at}")
+        return key, _WS.match(s, at + 1).end()  # type: ignore[union-attr]
+
+    while True:
+        pos = _WS.match(s, pos).end()  # type: ignore[union-attr]
+        c = s[pos]
+        value: Any
+        if c == "{":
+            pos = _WS.match(s, pos + 1).end()  # type: ignore[union-attr]
+            if s[pos] != "}":
+                key, pos = key_at(pos)
+                stack.append(({}, key))
+                continue
+            value, pos = {}, pos + 1
+        elif c == "[":
+            pos = _WS.match(s, pos + 1).end()  # type: ignore[union-attr]
+            if s[pos] != "]":
+                stack.append(([], None))
+                continue
+            value, pos = [], pos + 1
+        elif c == '"':
+            value, pos = scanstring(s, pos + 1, True)
+        else:
+            number = _NUMBER.match(s, pos)
+            if number and number.end() > pos:
+                text = number.group()
+                value = float(text) if number.group(1) or number.group(2) else int(text)
+                pos = number.end()
+            else:
+                for word, meaning in _WORDS:
+                    if s.startswith(word, pos):
+                        value, pos = meaning, pos + len(word)
+                        break
+                else:
+                    raise ValueError(f"unexpected {c!r} at {pos}")
+        while True:  # put the value in its container; close the containers it ends
+            if not stack:
+                if _WS.match(s, pos).end() != len(s):  # type: ignore[union-attr]
+                    raise ValueError(f"extra data at {pos}")
+                return value
+            container, key = stack[-1]
+            if key is None:
+                container.append(value)
+            else:
+                container[key] = value
+            pos = _WS.match(s, pos).end()  # type: ignore[union-attr]
+            if s[pos] == ",":
+                pos = _WS.match(s, pos + 1).end()  # type: ignore[union-attr]
+                if isinstance(container, dict):
+                    key, pos = key_at(pos)
+                    stack[-1] = (container, key)
+                break
+            if s[pos] != ("}" if isinstance(container, dict) else "]"):
+                raise ValueError(f"expected ',' or a closing bracket at {pos}")
+            pos += 1
+            stack.pop()
+            value = container
+
+
 class ApiError(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(f"HTTP {status}: {text[:300]}")
@@ -130,7 +222,7 @@ class KubeClient:
                                      retries=False)
         if not 200 <= response.status < 300:
             raise ApiError(response.status, response.data.decode(errors="replace"))
-        return orjson.loads(response.data) if response.data else {}
+        return loads(response.data) if response.data else {}
 
 
 

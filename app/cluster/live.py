@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 from kubernetes.client import Configuration
 
-from app.cluster.kube import ApiError, KubeClient
+from app.cluster.kube import ApiError, KubeClient, loads
 from app.cluster.view import Index, Store
 
 __all__ = ["LIVENESS_GRACE", "RESOURCES", "Informer", "LiveView", "Resource", "Shared",
@@ -286,7 +286,7 @@ class Informer:
         kept: list[dict[str, Any]] = []
         fields: dict[str, Any] = {"limit": self.page_size}
         while True:
-            body = orjson.loads(self.client.get(self.resource.path, fields, 60).data)
+            body = loads(self.client.get(self.resource.path, fields, 60).data)
             items = body.pop("items", None) or []
             for i, obj in enumerate(items):
                 items[i] = None  # drop the full object as soon as it is read
@@ -330,7 +330,7 @@ class Informer:
                 for line in lines:
                     if not line.strip():
                         continue
-                    event = orjson.loads(line)
+                    event = loads(line)
                     kind, obj = event.get("type"), event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:

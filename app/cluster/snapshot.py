@@ -12,9 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from app.cluster.kube import ApiError, KubeClient
+from app.cluster.kube import ApiError, KubeClient, loads
 
 __all__ = ["CONTEXT", "Snapshot", "merge", "snapshot"]
 
@@ -51,7 +49,7 @@ def snapshot(client: KubeClient, context: Iterable[tuple[str, str, bool]] = CONT
             while True:
                 fields = {"limit": page_size, **({"continue": token} if token else {})}
                 response = client.get(path, fields, timeout)
-                body = orjson.loads(response.data)
+                body = loads(response.data)
                 version = body.get("apiVersion", "v1")
                 for item in body.get("items") or []:
                     item.setdefault("apiVersion", version)

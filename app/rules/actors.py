@@ -48,7 +48,7 @@ from app.config import Mode, Policy
 from app.quantity import SHOWN, QuantityError, parse_quantity, shown
 from app.rules.base import Finding, Subject, error, rule, warning
 from app.substrate import pool_sandbox_classes, read_pool_classes
-from app.util import dig, dotted
+from app.util import dig, dotted, same
 
 __all__ = ["INDEXES", "POOLS_BY_CLASS", "TEMPLATES_BY_CLASS", "microvm_floor"]
 
@@ -168,16 +168,30 @@ def _as_quantity(value: Any) -> Any:
 
 def _canonical(node: Any, key: str = "") -> Any:
     """A spec as values: quantities parsed where the schema has quantities (``1Gi``
-    equals ``1024Mi``, ``1`` equals ``1000m``), nulls dropped."""
-    if key in QUANTITY_FIELDS:
-        return _as_quantity(node)
-    if isinstance(node, dict):
-        if key in QUANTITY_MAPS:
-            return {k: _as_quantity(v) for k, v in node.items() if v is not None}
-        return {k: _canonical(v, k) for k, v in node.items() if v is not None}
-    if isinstance(node, list):
-        return [_canonical(item) for item in node]
-    return node
+    equals ``1024Mi``, ``1`` equals ``1000m``), nulls dropped. A loop, not recursion:
+    a spec nested ~500 levels under a preserve-unknown-fields subtree made every
+    UPDATE of it "too deep to judge" (actor-spec-immutable refused label changes)."""
+
+    def one(value: Any, name: str, stack: list[tuple[Any, str, Any]]) -> Any:
+        if name in QUANTITY_FIELDS:
+            return _as_quantity(value)
+        if isinstance(value, dict | list):
+            out: Any = {} if isinstance(value, dict) else []
+            stack.append((value, name, out))
+            return out
+        return value
+
+    stack: list[tuple[Any, str, Any]] = []
+    root = one(node, key, stack)
+    while stack:
+        source, name, target = stack.pop()
+        if isinstance(source, list):
+            target.extend(one(item, "", stack) for item in source)
+        elif name in QUANTITY_MAPS:
+            target.update((k, _as_quantity(v)) for k, v in source.items() if v is not None)
+        else:
+            target.update((k, one(v, k, stack)) for k, v in source.items() if v is not None)
+    return root
 
 
 def canonical_spec(obj: Mapping[str, Any] | None) -> Any:
@@ -206,7 +220,7 @@ def _changed_paths(before: Any, after: Any, path: tuple[Any, ...]) -> Iterator[t
 
 def spec_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[tuple[Any, ...]]:
     before, after = canonical_spec(old), canonical_spec(new)
-    return [] if before == after else list(_changed_paths(before, after, ("spec",)))
+    return [] if same(before, after) else list(_changed_paths(before, after, ("spec",)))
 
 
 def spec_values(subject: Subject, obj: dict[str, Any]) -> Any:

@@ -43,7 +43,7 @@ from app.scheduling import (
     node_from_object,
     place,
 )
-from app.util import Memo
+from app.util import Memo, dig
 
 __all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS", "replicas_of"]
 
@@ -371,20 +371,24 @@ COUNTED_KINDS = ("Deployment", "StatefulSet", "ReplicaSet")
 _QUOTA_KEYS = {"requests.memory": "requests", "memory": "requests", "limits.memory": "limits"}
 
 
+def _count(value: Any, default: int) -> int:
+    """A replica count as the API server decodes it (an integer; null or absent is the
+    default): anything else is the quantities rule's to refuse, not a crash here."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
     """How many pods the object asks for at once."""
-    spec = obj.get("spec") or {}
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
     if subject.kind == "Pod":
         return 1
     if subject.kind == "Job":
-        return int(spec.get("parallelism", 1) or 0)
+        return _count(spec.get("parallelism"), 1)
     if subject.kind == "CronJob":
-        job = ((spec.get("jobTemplate") or {}).get("spec") or {})
-        return int(job.get("parallelism", 1) or 0)
+        return _count(dig(spec, ("jobTemplate", "spec", "parallelism")), 1)
     if subject.kind == "DaemonSet":
         return 0  # one per node: not a replica count the namespace chooses
-    value = spec.get("replicas", 1)
-    return int(value) if isinstance(value, int) else 1
+    return _count(spec.get("replicas"), 1)
 
 
 Row = tuple[str, str, int, Decimal]

@@ -154,7 +154,40 @@ def shape_problems(subject: Subject, obj: dict[str, Any]) -> list[tuple[str, str
         if value is not None and not isinstance(value, kind):
             out.append((f"{base}.{field}", f"expected {'an object' if kind is dict else 'a list'}, "
                                            f"got {type(value).__name__}"))
+    _placement_shape(node, base, out)
     return out
+
+
+def _placement_shape(spec: dict[str, Any], base: str, out: list[tuple[str, str]]) -> None:
+    """The strings pod-fits-node compares with every Node's labels: nodeSelector values
+    and the required node affinity's expressions (key, operator, values). Anything else
+    there (a deep object, a long string read as a list of characters) would be turned
+    into text once per Node — seconds with thousands of Nodes."""
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict):
+        for key, value in selector.items():
+            if not isinstance(value, str):
+                out.append((f"{base}.nodeSelector.{key}",
+                            f"expected a string, got {type(value).__name__}"))
+    terms = dig(spec, ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+                       "nodeSelectorTerms"))
+    for i, term in enumerate(terms if isinstance(terms, list) else []):
+        for part in ("matchExpressions", "matchFields"):
+            exprs = term.get(part) if isinstance(term, dict) else None
+            for j, expr in enumerate(exprs if isinstance(exprs, list) else []):
+                where = (f"{base}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                         f".nodeSelectorTerms[{i}].{part}[{j}]")
+                if not isinstance(expr, dict):
+                    out.append((where, f"expected an object, got {type(expr).__name__}"))
+                    continue
+                for name in ("key", "operator"):
+                    if expr.get(name) is not None and not isinstance(expr.get(name), str):
+                        out.append((f"{where}.{name}",
+                                    f"expected a string, got {type(expr.get(name)).__name__}"))
+                values = expr.get("values")
+                if values is not None and not (isinstance(values, list)
+                                               and all(isinstance(v, str) for v in values)):
+                    out.append((f"{where}.values", "expected a list of strings"))
 
 
 def well_formed(subject: Subject, obj: dict[str, Any]) -> bool:
