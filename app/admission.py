@@ -16,7 +16,7 @@ from app.engine import Evaluation
 from app.rules.base import Subject
 from app.util import brief, cut
 
-__all__ = ["BadReview", "Decision", "decide", "parse_review", "review_response"]
+__all__ = ["BadReview", "Decision", "TooDeep", "decide", "parse_review", "review_response"]
 
 API_VERSION = "admission.k8s.io/v1"
 INTERNAL_ERROR_LIMIT = 300
@@ -49,11 +49,50 @@ def _show(value: Any) -> str:
     return type(value).__name__
 
 
+class TooDeep(BadReview):
+    """A review whose object nests deeper than the decoder reads (1,024 levels). The API
+    server stores custom resources up to 10,000 levels deep
+    (``x-kubernetes-preserve-unknown-fields``), so it may send one: such a review is
+    answered, with its uid, as one Envelope cannot judge (``failureMode``), instead of a
+    400 the API server shows as "rejected our request for an unknown reason"."""
+
+    def __init__(self, uid: str) -> None:
+        super().__init__("the object nests deeper than 1,024 levels")
+        self.uid = uid
+
+
+DEEP_BODY_LIMIT = 1024 * 1024
+"""Largest body read by the loop decoder to find a too-deep review's uid (its cost is
+linear but Python's: ~1 s per few MiB)."""
+
+
+def _too_deep_uid(body: bytes) -> str | None:
+    """The uid of a well-formed review nested past orjson's limit, else None."""
+    from app.cluster.kube import loads  # orjson, then an explicit-stack decoder
+
+    if len(body) > DEEP_BODY_LIMIT:
+        return None
+    try:
+        data = loads(body)
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    request = data.get("request") if isinstance(data, dict) else None
+    uid = request.get("uid") if isinstance(request, dict) else None
+    if (isinstance(uid, str) and data.get("kind") == "AdmissionReview"
+            and data.get("apiVersion") == API_VERSION):
+        return uid
+    return None
+
+
 def parse_review(body: bytes) -> tuple[str, Subject]:
     """Decode a request body into (uid, subject)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc) or "recursion" in str(exc).lower():
+            uid = _too_deep_uid(body)
+            if uid is not None:
+                raise TooDeep(uid) from None
         raise BadReview(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadReview(f"expected an AdmissionReview object, got {type(data).__name__}")
@@ -131,6 +170,18 @@ def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
         message = "; ".join(f"{f.message} [{f.rule}]" for f in errors)
         return Decision(False, message, 403, warnings=warnings or None)
     return Decision(True, patch=evaluation.patch or None, warnings=warnings or None)
+
+
+def too_deep(failure_mode: str) -> Decision:
+    """The answer to a :class:`TooDeep` review: it cannot be judged, so ``failureMode``
+    decides, as for an internal error; the message says why and what to change."""
+    why = ("Envelope cannot judge this object: it nests deeper than 1,024 levels (the most "
+           "its JSON decoder reads; no built-in Kubernetes object comes close). Flatten the "
+           "nested value")
+    if failure_mode == "deny":
+        return Decision(False, f"{why}; denied because failureMode is deny", 400)
+    return Decision(True, warnings=[brief(f"envelope: {why}; allowed because failureMode is "
+                                          f"allow")])
 
 
 def review_response(uid: str, decision: Decision) -> bytes:

@@ -31,7 +31,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Route
 
-from app.admission import BadReview, Decision, decide, parse_review, review_response
+from app.admission import (
+    BadReview,
+    Decision,
+    TooDeep,
+    decide,
+    parse_review,
+    review_response,
+    too_deep,
+)
 from app.callerauth import REASONS, Caller, CallerCheck, CallerTokenError
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
@@ -235,6 +243,10 @@ def create_app(
         started = time.perf_counter()
         try:
             uid, subject = parse_review(body)
+        except TooDeep as exc:
+            if caller is not None and checker is not None:
+                checker.count("valid")
+            return 200, review_response(exc.uid, too_deep(app.state.policy.failure_mode))
         except (BadReview, RecursionError, ValueError, TypeError) as exc:  # all 400s
             if caller is not None and checker is not None:
                 checker.count("valid")  # a good token, a body that is not a review

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 
+import harness
 from app.cluster.kube import KubeClient, kube_configuration
 from app.cluster.live import RESOURCES, LiveView
 from app.config import Policy
 from app.engine import check_object
 from app.rules.base import Subject
 from app.ruleset import default_ruleset
-from harness import Cluster
+from harness import Cluster, Webhook
 
 WORKERPOOLS = "/apis/ate.dev/v1alpha1/namespaces/{}/workerpools"
 
@@ -50,8 +51,16 @@ def _depth(value: object) -> int:
     return n
 
 
-def test_a_workerpool_deeper_than_orjson_reads_does_not_stall_the_view(
-        cluster: Cluster, namespace: str) -> None:
+def _isolated(cluster: Cluster) -> str:
+    """A namespace the session's webhook leaves alone: this test is about the view, and
+    Envelope refuses (or, per failureMode, allows) such a write, see the test below."""
+    name = harness.unique_name("e2e-deep-objects", max_length=50)
+    cluster.create_namespace(name, labels={harness.ISOLATED_NAMESPACE_LABEL: "true"})
+    return name
+
+
+def test_a_workerpool_deeper_than_orjson_reads_does_not_stall_the_view(cluster: Cluster) -> None:
+    namespace = _isolated(cluster)
     for name, depth in (("vm", 0), ("deep", 1100)):
         _create(cluster, namespace, _pool(name, namespace, depth))
     view = LiveView(kube_configuration(str(cluster.kubeconfig)),
@@ -84,3 +93,17 @@ def test_a_workerpool_deeper_than_orjson_reads_does_not_stall_the_view(
     finally:
         for informer in view.informers:
             informer.stop()
+
+
+def test_with_envelope_in_the_path_a_too_deep_write_is_refused_saying_why(
+        cluster: Cluster, namespace: str, webhook: Webhook) -> None:
+    """The API server sends the review of a WorkerPool 1,100 levels deep; Envelope cannot
+    decode past 1,024, answers with the review's uid, and (failureMode deny) refuses it
+    with a message the user can act on — not "rejected our request for an unknown reason"."""
+    client = KubeClient(kube_configuration(str(cluster.kubeconfig)))
+    response = client.pool.request("POST", client.host + WORKERPOOLS.format(namespace),
+                                   body=_pool("deep", namespace, 1100),
+                                   headers={**client._headers(), "Content-Type": "application/json"})
+    text = response.data.decode(errors="replace")
+    assert response.status == 400, text[:500]
+    assert "nests deeper than 1,024 levels" in text and "unknown reason" not in text, text[:500]

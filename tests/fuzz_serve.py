@@ -25,7 +25,7 @@ from app.cluster.view import StaticView
 def main(argv: list[str]) -> int:
     objects = orjson.loads(Path(argv[0]).read_bytes())
 
-    def view(args: Any, rules: Any, policy: Any) -> tuple[StaticView, dict[str, Any]]:
+    def view(args: Any, rules: Any, policy: Any, *where: Any) -> tuple[StaticView, dict[str, Any]]:
         return StaticView(objects, indexes=rules.indexes), {}
 
     app.cli._cluster_view = view  # type: ignore[assignment]
