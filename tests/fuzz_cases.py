@@ -173,18 +173,20 @@ def samples() -> list[dict[str, Any]]:
     return out
 
 
-def paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path of a document but the root, apiVersion and kind."""
+def paths(node: Any, prefix: tuple[Any, ...] = (), *,
+          keep_type: bool = False) -> Iterator[tuple[Any, ...]]:
+    """Every path of a document but the root (and its apiVersion and kind, unless
+    ``keep_type``)."""
     if isinstance(node, dict):
         for key, value in node.items():
-            if prefix == () and key in ("apiVersion", "kind"):
+            if prefix == () and key in ("apiVersion", "kind") and not keep_type:
                 continue
             yield (*prefix, key)
-            yield from paths(value, (*prefix, key))
+            yield from paths(value, (*prefix, key), keep_type=keep_type)
     elif isinstance(node, list):
         for i, value in enumerate(node):
             yield (*prefix, i)
-            yield from paths(value, (*prefix, i))
+            yield from paths(value, (*prefix, i), keep_type=keep_type)
 
 
 def at(doc: Any, path: tuple[Any, ...]) -> Any:

@@ -42,9 +42,9 @@ from tests.test_chart import (
     _ca_bundles,
     _sa_kubeconfig,
     _wait,
-    bin_dir,
     render,
 )
+from tests.test_chart import cluster as _fresh_cluster  # noqa: F401 (a fixture, by this name)
 
 SCRIPT = CHART / "files" / "helm-test.py"
 HOOK = "helm.sh/hook"
@@ -164,20 +164,6 @@ def test_the_dry_run_object_gets_the_expected_answers_offline(tmp_path: Path) ->
 # ------------------------------------------------------------------------------ e2e
 
 
-@pytest.fixture()
-def cluster(tmp_path: Path) -> Iterator[Any]:
-    sys.path.insert(0, str(REPO / "e2e"))
-    import harness
-
-    try:
-        running = harness.start_control_plane(tmp_path / "controlplane", bin_dir())
-    except harness.HarnessError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield running
-    finally:
-        running.stop()
-
 
 def _run_pod_command(pod: dict[str, Any], kubeconfig: Path) -> subprocess.CompletedProcess[str]:
     """The test Pod's container command, run here under the given kubeconfig."""
@@ -255,8 +241,9 @@ class Installed:
 
 
 @pytest.fixture()
-def installed(cluster: Any, tmp_path: Path) -> Iterator[Installed]:
-    chart = Installed(cluster, tmp_path)
+def installed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Installed]:
+    # test_chart's fresh etcd + kube-apiserver, imported below under its own name
+    chart = Installed(request.getfixturevalue("_fresh_cluster"), tmp_path)
     try:
         yield chart
     finally:

@@ -78,17 +78,6 @@ def review(obj: dict[str, Any], group: str, version: str, kind: str, operation: 
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
-def paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path in a JSON document (the root excluded)."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield (*prefix, key)
-            yield from paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield (*prefix, i)
-            yield from paths(value, (*prefix, i))
-
 
 def put(doc: Any, path: tuple[Any, ...], value: Any) -> None:
     node = doc
@@ -172,10 +161,11 @@ def requests(draw: st.DrawFn) -> tuple[str, str, str | None, bytes, str | None]:
         group, kind, obj = draw(objects())
         doc = review(obj, group, obj["apiVersion"].split("/")[-1], kind, operation, uid)
     for _ in range(draw(st.integers(0, 3))):
-        where = list(paths(doc))
+        where = list(fuzz_cases.paths(doc, keep_type=True))
         put(doc, draw(st.sampled_from(where)), draw(wrong_values))
     if draw(st.integers(0, 3)) == 0:  # a long quantity string where a quantity is
-        where = [p for p in paths(doc) if isinstance(p[-1], str) and p[-1] in fuzz_cases.QUANTITY_KEYS]
+        where = [p for p in fuzz_cases.paths(doc, keep_type=True)
+                 if isinstance(p[-1], str) and p[-1] in fuzz_cases.QUANTITY_KEYS]
         if where:
             put(doc, draw(st.sampled_from(where)), draw(long_quantity))
     text = spliced(json.dumps(doc, ensure_ascii=draw(st.booleans())))
