@@ -3,6 +3,7 @@
 One YAML file (``--config``), overridable by environment variables:
 
 - ``ENVELOPE_FAILURE_MODE=deny|allow``
+- ``ENVELOPE_DEFAULT_MODE=enforce|warn|off`` (the ``defaultMode`` ceiling)
 - ``ENVELOPE_RULE_<RULE_ID>=enforce|warn|off`` (rule id upper-cased, ``-`` -> ``_``)
 
 Invalid configuration raises :class:`ConfigError` naming the bad key, which stops
@@ -34,13 +35,24 @@ from app.selectors import StrictLabelSelector
 if TYPE_CHECKING:
     from app.ruleset import RuleSet
 
-__all__ = ["ConfigError", "Mode", "Policy", "load_policy"]
+__all__ = ["ConfigError", "Mode", "Policy", "capped", "load_policy"]
 
 
 class Mode(StrEnum):
     ENFORCE = "enforce"
     WARN = "warn"
     OFF = "off"
+
+
+#: The order of modes, for ``defaultMode``'s ceiling: off < warn < enforce.
+_STRENGTH = {Mode.OFF: 0, Mode.WARN: 1, Mode.ENFORCE: 2}
+
+
+def capped(mode: Mode, ceiling: Mode | None) -> Mode:
+    """``mode``, lowered to ``ceiling`` when that is weaker (``defaultMode``)."""
+    if ceiling is None or _STRENGTH[mode] <= _STRENGTH[ceiling]:
+        return mode
+    return ceiling
 
 
 class ConfigError(ValueError):
@@ -147,7 +159,12 @@ class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     rules: dict[str, Mode] = Field(default_factory=dict)
-    """Mode per rule id; rules not listed use their own default."""
+    """Mode per rule id; rules not listed use their own default, capped by ``defaultMode``."""
+    default_mode: Mode | None = Field(None, alias="defaultMode")
+    """The most a rule not listed in ``rules`` does: ``warn`` runs every rule whose own
+    default is ``enforce`` in ``warn`` (warn-first adoption in one value), ``off`` turns
+    every unlisted rule off, ``enforce`` or unset leaves each rule's own default. A rule
+    listed in ``rules`` has exactly the mode given there; a rule off by default stays off."""
     envelope_env: EnvelopeEnv = Field(default_factory=EnvelopeEnv, alias="envelopeEnv")
     opt_out_annotation: str = Field("envelope.io/keep-cpu-limit", alias="optOutAnnotation")
     failure_mode: Literal["deny", "allow"] = Field("deny", alias="failureMode")
@@ -186,6 +203,11 @@ def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]
                 raise ConfigError(f"{key}={value!r}: not a failure mode; use deny or allow"
                                   f"{did_you_mean(value, ('deny', 'allow'))}")
             data["failureMode"] = value
+        elif key == "ENVELOPE_DEFAULT_MODE":
+            if value not in modes:
+                raise ConfigError(f"{key}={value!r}: not a mode; use enforce, warn or off"
+                                  f"{did_you_mean(value, modes)}")
+            data["defaultMode"] = value
         elif key.startswith("ENVELOPE_RULE_"):
             if key not in by_env:
                 raise ConfigError(f"{key}: no such rule{did_you_mean(key, by_env)}; known: "

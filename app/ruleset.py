@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from app.cluster.view import Index, ScopedView, StaticView
-from app.config import Mode, Policy
+from app.config import Mode, Policy, capped
 from app.rules import actors, namespace, workloads
 from app.rules.base import Phase, Rule, Subject, rules_of
 from app.rules.quotas import objects as quota_objects
@@ -121,7 +121,8 @@ class RuleSet(Mapping[str, Rule]):
         found = self._modes.get(id(policy))
         if found is not None and found[0] is policy:
             return found[1]
-        modes = {rid: policy.rules.get(rid, r.default_mode) for rid, r in self.rules.items()}
+        modes = {rid: policy.rules.get(rid, capped(r.default_mode, policy.default_mode))
+                 for rid, r in self.rules.items()}
         if len(self._modes) >= 8:
             self._modes.clear()
             self._applicable.clear()

@@ -1254,7 +1254,8 @@ def webhook_configurations(cluster: Cluster, base_url: str, ca_file: Path) -> st
     ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
     selector = json.dumps([{"key": ISOLATED_NAMESPACE_LABEL, "operator": "DoesNotExist"}])
     result = cluster.helm(
-        "template", WEBHOOK_CONFIGURATION_NAME, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE,
+        "template", WEBHOOK_CONFIGURATION_NAME, str(CHART_DIR), "--set", "image.local=true",
+        "--namespace", RELEASE_NAMESPACE,
         "--set", f"webhooks.url={base_url}",
         "--set", "webhooks.timeoutSeconds=10",
         # The scenarios start the webhook themselves and want the policies as written;

@@ -32,7 +32,7 @@ def install(cluster: Cluster, url: str, ca_file: Path) -> str:
     selector = json.dumps([{"key": harness.ISOLATED_NAMESPACE_LABEL, "operator": "Exists"},
                            {"key": "envelope.test/safe", "operator": "Exists"}])
     out = cluster.helm(
-        "install", RELEASE, str(harness.CHART_DIR), "--namespace", RELEASE_NS,
+        "install", RELEASE, str(harness.CHART_DIR), "--set", "image.local=true", "--namespace", RELEASE_NS,
         "--create-namespace", "--wait", "--timeout", "20s",
         "--set", f"webhooks.url={url}", "--set", "certificates.mode=provided",
         "--set", "certificates.provided.secretName=unused-in-url-mode",

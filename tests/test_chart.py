@@ -199,9 +199,14 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+#: Under every rendering here: no node pulls the image (there is no kubelet), and a bare
+#: repository is refused unless the nodes hold it (test_a_bare_image_name_is_refused).
+LOCAL_IMAGE: dict[str, Any] = {"image": {"local": True}}
+
+
 def _values_file(values: dict[str, Any]) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="envelope-values-", delete=False) as f:
-        yaml.safe_dump(values, f)
+        yaml.safe_dump(deep_merge(LOCAL_IMAGE, values), f)
     return f.name
 
 
@@ -430,7 +435,7 @@ def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> No
 def test_plain_manifests_are_up_to_date() -> None:
     """manifests/install.yaml is exactly what `make manifests` renders (after its header)."""
     proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "namespace.create=true",
-                "--skip-tests")
+                "--set", "image.local=true", "--skip-tests")
     text = MANIFEST.read_text()
     lines = text.splitlines(keepends=True)
     header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
@@ -441,7 +446,7 @@ def test_plain_manifests_are_up_to_date() -> None:
     assert kinds[0] == "Namespace", "the Namespace must come first for kubectl apply"
     makefile = (REPO / "Makefile").read_text()
     assert "template envelope $(CHART) --namespace $(MANIFEST_NAMESPACE)" in makefile
-    assert "--set namespace.create=true --skip-tests" in makefile
+    assert "--set namespace.create=true --set image.local=true --skip-tests" in makefile
     assert "helm.sh/hook" not in body, "a hook in manifests/install.yaml would run on kubectl apply"
 
 
@@ -920,8 +925,24 @@ def test_metrics_off() -> None:
 
 
 def test_image_reference() -> None:
-    assert render().container["image"] == "envelope:0.1.0"
+    assert render().container["image"] == "envelope:0.1.0"  # image.local (LOCAL_IMAGE)
     assert render(FEATURES["customised"]).container["image"] == "registry.example/envelope@sha256:" + "a" * 64
+
+
+def test_a_bare_image_name_is_refused() -> None:
+    """The default `envelope` would be pulled from docker.io/library (ImagePullBackOff):
+    helm refuses it, saying how to build and push, unless the nodes hold the image."""
+    bare = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, check=False)
+    assert bare.returncode != 0
+    assert 'image.repository "envelope" names no registry' in bare.stderr, bare.stderr
+    assert "make image IMAGE=REGISTRY/envelope:0.1.0" in bare.stderr
+    assert "kind load docker-image envelope:0.1.0" in bare.stderr
+    pushed = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                  "--set", "image.repository=registry.example/team/envelope", "--set", "image.tag=1.2.3")
+    assert "image: \"registry.example/team/envelope:1.2.3\"" in pushed.stdout
+    hub = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+               "--set", "image.repository=myorg/envelope")  # Docker Hub, in an organisation
+    assert "image: \"myorg/envelope:0.1.0\"" in hub.stdout
 
 
 @pytest.mark.parametrize("case", ["self", "certManager", "provided", "url", "metrics-off"])
@@ -1028,7 +1049,8 @@ def _stages(text: str) -> list[list[str]]:
 
 def test_dockerfile_conventions() -> None:
     text = (REPO / "Dockerfile").read_text()
-    assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}$", text, re.M), \
+        "the base image is pinned by digest"
     stages = _stages(text)
     assert len(stages) == 2, "multi-stage: build, then runtime"
     build, final = stages
@@ -1051,7 +1073,8 @@ def test_dockerfile_conventions() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     patterns = [p for p in (REPO / ".dockerignore").read_text().splitlines() if p and not p.startswith("#")]
     assert patterns[0] == "*"
-    assert {p for p in patterns if p.startswith("!")} == {"!pyproject.toml", "!README.md", "!app/"}
+    assert {p for p in patterns if p.startswith("!")} == {"!pyproject.toml", "!README.md", "!app/",
+                                                          "!requirements.lock"}
 
 
 # ---------------------------------------------------------------- real API server
@@ -1192,7 +1215,7 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
     ns, release, name = "guard", "guard", "guard-envelope"
     port, metrics_port = harness.free_port(), harness.free_port()
     install = cluster.helm(
-        "install", release, str(CHART), "-n", ns, "--create-namespace",
+        "install", release, str(CHART), "--set", "image.local=true", "-n", ns, "--create-namespace",
         "--set", f"webhooks.url=https://127.0.0.1:{port}", "--set", "certificates.extraSANs={127.0.0.1}",
         "--set", f"port={port}", "--set", f"metrics.port={metrics_port}",
         "--set", "webhooks.actors.enabled=false", "--set", "callerToken.mode=warn")
@@ -1261,7 +1284,7 @@ def test_helm_install_with_the_real_server(cluster: Any, tmp_path: Path) -> None
 
         # helm upgrade carries the injected caBundle forward (lookup), also into a
         # webhook entry that did not exist before.
-        cluster.helm("upgrade", release, str(CHART), "-n", ns, "--reuse-values",
+        cluster.helm("upgrade", release, str(CHART), "--set", "image.local=true", "-n", ns, "--reuse-values",
                      "--set", "webhooks.actors.enabled=true", "--set", "webhooks.timeoutSeconds=7")
         manifest = cluster.helm("get", "manifest", release, "-n", ns).stdout
         assert manifest.count(f"caBundle: \"{secret_bundle()}\"") == 4, "lookup did not carry it forward"

@@ -160,7 +160,8 @@ def _crds(running: Any) -> dict[str, dict[str, Any]]:
 def test_install_audit_upgrade_uninstall(cluster: Any, tmp_path: Path) -> None:  # noqa: F811
     cluster.create_namespace(NAMESPACE)
     values = ["--set", "audit.enabled=true", *NO_WEBHOOKS]
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, *values)
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "image.local=true",
+                 *values)
     crds = _crds(cluster)
     assert set(crds) == {"policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io"}
     for crd in crds.values():
@@ -191,7 +192,8 @@ def test_install_audit_upgrade_uninstall(cluster: Any, tmp_path: Path) -> None: 
         can = cluster.kubectl("auth", "can-i", verb, resource, "-A", f"--as={user}", check=False)
         assert can.stdout.strip() == "no", (verb, resource)
 
-    cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *values,
+    cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "image.local=true",
+                 *values,
                  "--set", "audit.intervalSeconds=300")
     assert set(_crds(cluster)) == set(crds)  # lookup: still ours, still rendered
 
@@ -213,7 +215,7 @@ def test_crds_of_another_tool_are_left_alone(cluster: Any) -> None:  # noqa: F81
     cluster.kubectl("apply", *(a for f in files for a in ("-f", f)))
     before = {n: c["metadata"]["uid"] for n, c in _crds(cluster).items()}
     cluster.create_namespace(NAMESPACE)
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "image.local=true",
                  "--set", "audit.enabled=true", *NO_WEBHOOKS)
     manifest = cluster.helm("get", "manifest", RELEASE, "--namespace", NAMESPACE).stdout
     assert "CustomResourceDefinition" not in manifest

@@ -190,7 +190,8 @@ class Installed:
         self.settings = ["--set", f"webhooks.url=https://127.0.0.1:{self.port}",
                          "--set", "certificates.extraSANs={127.0.0.1}",
                          "--set", f"port={self.port}", "--set", f"metrics.port={metrics_port}"]
-        self.install = cluster.helm("install", self.release, str(CHART), "-n", self.ns,
+        self.install = cluster.helm("install", self.release, str(CHART), "--set", "image.local=true",
+                                    "-n", self.ns,
                                     "--create-namespace", *self.settings)
         deployment = cluster.kubectl_json("get", "deployment", self.name, "-n", self.ns)
         container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -39,6 +39,7 @@ def test_helm_refuses_an_unknown_rule_id_or_mode() -> None:
                     "policy.rules.cpu-limits=enforced", check=False)
     assert bad_mode.returncode != 0
     assert "/policy/rules/cpu-limits': value must be one of" in bad_mode.stderr
-    good = helm("template", "envelope", str(CHART), "--set", "policy.rules.cpu-limits=warn",
+    good = helm("template", "envelope", str(CHART), "--set", "image.local=true",
+                "--set", "policy.rules.cpu-limits=warn",
                 "--show-only", "templates/configmap.yaml")
     assert "cpu-limits: warn" in good.stdout

@@ -123,6 +123,10 @@ CHART_POLICIES = [
      "optOutAnnotation": "example.com/keep-cpu", "envelopeEnv": {"limits": "APP_LIMITS"}},
     {"rules": {"cpu-limits": "warn", "env-envelope-cpu": "off", "limitrange-needs-cpu-limits": "off"}},
     {"rules": dict.fromkeys(KNOWN_RULES, "off")},
+    {"defaultMode": "warn"},
+    {"defaultMode": "off"},
+    {"defaultMode": "off", "rules": {"memory-limit": "warn"}},
+    {"defaultMode": "off", "rules": {"quota-needs-cpu-limits": "enforce"}},
 ]
 
 
@@ -141,8 +145,9 @@ def test_the_chart_leaves_them_out_when_asked_or_too_old() -> None:
 
     off = render({"webhooks": {"workloads": {"mutate": {"skipCompliant": False}}}})
     assert "matchConditions" not in off.webhooks()[MUTATING_WEBHOOK]
-    old = helm("template", "envelope", str(CHART), "--kube-version", "1.27.9",
+    old = helm("template", "envelope", str(CHART), "--set", "image.local=true", "--kube-version", "1.27.9",
                "--show-only", "templates/webhooks.yaml").stdout
     assert "matchConditions" not in old
-    assert "matchConditions" in helm("template", "envelope", str(CHART), "--kube-version",
+    assert "matchConditions" in helm("template", "envelope", str(CHART), "--set", "image.local=true",
+                                     "--kube-version",
                                      "1.28.0", "--show-only", "templates/webhooks.yaml").stdout

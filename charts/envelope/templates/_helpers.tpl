@@ -72,7 +72,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-serving" (include "envelope.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The image; one with no registry or namespace (a bare name such as the default
+`envelope`) would be pulled from docker.io/library, where no Envelope image is
+published, and end in ImagePullBackOff: refused unless image.local says the image is
+loaded into the nodes (kind load docker-image, minikube image load). */}}
 {{- define "envelope.image" -}}
+{{- if and (not (contains "/" .Values.image.repository)) (not .Values.image.local) -}}
+{{- fail (printf "image.repository %q names no registry: the nodes would pull docker.io/library/%s, where no Envelope image is published. Build and push the image (make image IMAGE=REGISTRY/envelope:%s, then push it) and set image.repository=REGISTRY/envelope, or set image.local=true on a cluster whose nodes already hold the image (kind load docker-image %s:%s)" .Values.image.repository .Values.image.repository (default .Chart.AppVersion .Values.image.tag) .Values.image.repository (default .Chart.AppVersion .Values.image.tag)) -}}
+{{- end -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
@@ -274,7 +281,8 @@ app/matchconditions.py generates for .Values.policy (`envelope webhook-config` p
 it; tests/test_matchconditions.py checks that both say the same, byte for byte). True
 when some mutate-phase rule could act on the write; the API server does not call the
 webhook otherwise. Default modes: cpu-limits, env-envelope-cpu, memory-limit enforce;
-the two namespace guards warn.
+the two namespace guards warn; `defaultMode: off` turns the unlisted ones off (`warn`
+keeps them running, so it changes nothing here).
 */}}
 {{- define "envelope.mutateMatchExpression" -}}
 {{- $p := .Values.policy -}}
@@ -282,7 +290,9 @@ the two namespace guards warn.
 {{- $defaults := dict "cpu-limits" "enforce" "env-envelope-cpu" "enforce" "memory-limit" "enforce" "quota-needs-cpu-limits" "warn" "limitrange-needs-cpu-limits" "warn" -}}
 {{- $on := dict -}}
 {{- range $id, $mode := $defaults -}}
-{{- if ne (toString (index $rules $id | default $mode)) "off" -}}{{- $_ := set $on $id true -}}{{- end -}}
+{{- $m := $mode -}}
+{{- if eq (toString $p.defaultMode) "off" -}}{{- $m = "off" -}}{{- end -}}
+{{- if ne (toString (index $rules $id | default $m)) "off" -}}{{- $_ := set $on $id true -}}{{- end -}}
 {{- end -}}
 {{- $all := "((has(s.initContainers) ? s.initContainers : []) + (has(s.containers) ? s.containers : []))" -}}
 {{- $cpu := printf "(%s.exists(c, has(c.resources) && has(c.resources.limits) && \"cpu\" in c.resources.limits) || (has(s.resources) && has(s.resources.limits) && \"cpu\" in s.resources.limits))" $all -}}
