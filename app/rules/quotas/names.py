@@ -18,7 +18,7 @@ def claimed_by(after: After, name: str, mine: dict[str, Any] | None) -> str | No
                 return f"{kind.lower()} {name_of(other)}"
     if after.kind != "Queue":
         queue = after.get("Queue", name)
-        if queue is not None and not krm_owned(queue):
+        if queue is not None and not krm_owned(queue, after):
             return "a KAI Queue that KRM does not manage"
     return None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Policy
@@ -65,13 +65,37 @@ def text_or_empty(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def krm_owned(obj: dict[str, Any]) -> bool:
-    """A KAI Queue that KRM generated from a Department or Project (its ownerReference)."""
+class Owners(Protocol):
+    """Where a Queue's owner is looked up: a view, or :class:`After`."""
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None: ...
+
+
+def krm_owned(obj: dict[str, Any], view: Owners) -> bool:
+    """A KAI Queue that KRM generated from a Department or Project: an ownerReference to
+    one that exists in ``view`` with that uid.
+
+    ownerReferences are claims: whoever may write a Queue may write one naming any
+    Department, so the reference alone does not switch a rule off. The owner's uid is
+    a fact the writer cannot choose (the API server assigns it); a Department or
+    Project without a uid (a file given to ``envelope check``) matches by name."""
     meta = obj.get("metadata")
     owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
-    return isinstance(owners, list) and any(
-        isinstance(o, dict) and o.get("kind") in ("Department", "Project")
-        and str(o.get("apiVersion", "")).startswith(f"{KRM_GROUP}/") for o in owners)
+    if not isinstance(owners, list):
+        return False
+    for o in owners:
+        if not (isinstance(o, dict) and o.get("kind") in ("Department", "Project")
+                and str(o.get("apiVersion", "")).startswith(f"{KRM_GROUP}/")
+                and isinstance(o.get("name"), str)):
+            continue
+        owner = view.get(o["kind"], o["name"])
+        if not is_ours(o["kind"], owner):
+            continue
+        owner_meta = owner.get("metadata") if isinstance(owner, dict) else None
+        uid = owner_meta.get("uid") if isinstance(owner_meta, dict) else None
+        if not uid or uid == o.get("uid"):
+            return True
+    return False
 
 
 def index_parent(obj: dict[str, Any]) -> Iterator[str]:
@@ -194,9 +218,10 @@ def spec(subject: Subject, obj: dict[str, Any]) -> Any:
     return obj.get("spec")
 
 
-def generated_queue(subject: Subject, obj: dict[str, Any] | None) -> bool:
-    """A KAI Queue that KRM generates: its Department or Project was judged instead."""
-    return subject.kind == "Queue" and krm_owned(obj or subject.old or {})
+def generated_queue(subject: Subject, obj: dict[str, Any] | None, view: ClusterView) -> bool:
+    """A KAI Queue that KRM generates: its Department or Project was judged instead
+    (:func:`krm_owned`: the owner must exist)."""
+    return subject.kind == "Queue" and krm_owned(obj or subject.old or {}, view)
 
 
 RuleFn = Callable[[Subject, dict[str, Any], ClusterView, Policy], list[Finding]]

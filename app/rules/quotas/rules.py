@@ -54,12 +54,20 @@ from app.rules.quotas.sums import (
 )
 from app.util import brief
 
+#: What every rule that skips KRM-generated Queues reads to tell them (their owner must
+#: exist: ``objects.krm_owned``).
+OWNERS = frozenset({"Department", "Project"})
+
 
 def _skip_generated(fn: RuleFn) -> RuleFn:
-    """Skip KAI Queues that KRM generates."""
+    """Skip KAI Queues that KRM generates: their Department or Project was judged, and
+    the sums would count them twice (a rule using this reads ``OWNERS``). The
+    single-object rules (kai-schema, kai-values, kai-deserved-limit) judge every Queue:
+    KRM copies a judged entry's numbers, so they hold for its Queue too, and an owner
+    claim then switches nothing off."""
 
     def judged(subject: Subject, obj: dict[str, Any], view: ClusterView, policy: Policy) -> list[Finding]:
-        return [] if generated_queue(subject, obj) else fn(subject, obj, view, policy)
+        return [] if generated_queue(subject, obj, view) else fn(subject, obj, view, policy)
 
     judged.__name__, judged.__doc__ = fn.__name__, fn.__doc__
     return judged
@@ -67,7 +75,6 @@ def _skip_generated(fn: RuleFn) -> RuleFn:
 
 @rule("kai-schema", "validate", KINDS, Mode.ENFORCE,
       "quota objects have the CRD's types (numbers are numbers)", judges=spec)
-@_skip_generated
 def check_schema(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
     """The object as the CRD types it; a type error is a finding, never an exception."""
@@ -87,7 +94,7 @@ def check_schema(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 @rule("kai-structure", "validate", KINDS, Mode.ENFORCE,
       "known pools and parents, one queue per pool, one NodePool per label pair",
-      reads={"NodePool", "Department", "Queue"}, judges=spec)
+      reads={"NodePool", "Queue", *OWNERS}, judges=spec)
 @_skip_generated
 def check_structure(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     policy: Policy) -> list[Finding]:
@@ -97,14 +104,13 @@ def check_structure(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if subject.kind == "NodePool":
         return structure_nodepool(after, obj)
     if subject.kind == "Queue":
-        return structure_queue(after, obj)
+        return structure_queue(after, obj, subject.old if isinstance(subject.old, dict) else None)
     return structure_krm(after, obj)
 
 
 @rule("kai-values", "validate", TREES, Mode.ENFORCE,
       "no negative quota but -1; overQuotaWeight >= 0; priority a whole number",
       judges=spec, ratchet=Ratchet.DROP)
-@_skip_generated
 def check_values(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
     """No value below 0 but -1; overQuotaWeight never negative; priority a whole number."""
@@ -113,7 +119,6 @@ def check_values(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 @rule("kai-deserved-limit", "validate", TREES, Mode.ENFORCE,
       "a queue's guarantee is not above its own limit", judges=spec, ratchet=Ratchet.DROP)
-@_skip_generated
 def check_deserved_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                          policy: Policy) -> list[Finding]:
     """A guarantee never above its own queue's limit (-1 = unlimited)."""
@@ -136,7 +141,7 @@ def check_guarantee_sum(subject: Subject, obj: dict[str, Any], view: ClusterView
 
 @rule("kai-shrink", "validate", {DEPARTMENT, QUEUE}, Mode.ENFORCE,
       "a parent is not cut below what its children hold", operations={"UPDATE"},
-      reads={"Project", "Queue"}, judges=spec)
+      reads={"Queue", *OWNERS}, judges=spec)
 @_skip_generated
 def check_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
@@ -225,7 +230,7 @@ def check_delete(subject: Subject, obj: dict[str, Any], view: ClusterView,
     """Deleting what others still point at: a parent department, a pool with queues,
     a queue with children."""
     old = subject.old if isinstance(subject.old, dict) else {}
-    if subject.kind == "Queue" and krm_owned(old):
+    if subject.kind == "Queue" and krm_owned(old, view):
         return []
     after = After(view, subject, None)
     name = after.name

@@ -77,7 +77,7 @@ def structure_nodepool(after: After, obj: dict[str, Any]) -> list[Finding]:
                     f"{others[0]}; every pool needs its own label pair")]
 
 
-def structure_queue(after: After, obj: dict[str, Any]) -> list[Finding]:
+def structure_queue(after: After, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Finding]:
     spec = typed_spec("Queue", obj)
     if not isinstance(spec, KaiQueueSpec):
         return []
@@ -94,7 +94,53 @@ def structure_queue(after: After, obj: dict[str, Any]) -> list[Finding]:
         findings.append(warning("spec.parentQueue",
                                 brief(f"queue {after.name}: parent queue {parent} not found, "
                                        f"so its quotas cannot be checked against it")))
+    elif parent:
+        was = typed_spec("Queue", old) if old is not None else None
+        kept = isinstance(was, KaiQueueSpec) and was.parent_queue == parent
+        findings.extend(_parent_loop(after, parent, closes=not kept))
     return findings
+
+
+def _parent_chain(after: After, parent: str) -> list[str]:
+    """The queue's ancestors, from ``parent`` up, as the cluster would hold them after
+    the write, ending at a root, at a queue not found, or at the first queue seen twice
+    (a loop; returned as the last name)."""
+    chain = [after.name, parent]
+    seen = set(chain)
+    while True:
+        queue = after.get("Queue", chain[-1])
+        up = typed_spec("Queue", queue) if queue is not None else None
+        nxt = up.parent_queue if isinstance(up, KaiQueueSpec) else None
+        if not nxt:
+            return chain
+        chain.append(nxt)
+        if nxt in seen:
+            return chain
+        seen.add(nxt)
+
+
+def _parent_loop(after: After, parent: str, *, closes: bool) -> list[Finding]:
+    """KAI Scheduler walks ``parentQueue`` up to a root with no cycle check: a chain that
+    loops never reaches one. Refused when this write closes the loop (the queue is in
+    it and the write sets its parent: CREATE, or an UPDATE that changes parentQueue);
+    warned when the loop is above the queue, or was closed before (an UPDATE that
+    leaves parentQueue alone must not fail for it)."""
+    chain = _parent_chain(after, parent)
+    last = chain[-1]
+    if chain.count(last) < 2:
+        return []
+    loop = chain[chain.index(last):]
+    shown = " -> ".join(loop) if len(loop) <= 6 else \
+        " -> ".join([*loop[:3], f"... {len(loop) - 4} more ...", *loop[-2:]])
+    if last == after.name and closes:
+        return [quota_error("spec.parentQueue",
+            f"queue {after.name}: parentQueue {parent} closes a loop ({shown}); KAI Scheduler "
+            f"walks parentQueue up to a root without a cycle check, and a loop has none. Set "
+            f"parentQueue to a queue outside the loop, or leave it empty for a root queue")]
+    whose = "it is in a loop of parent queues" if last == after.name else "its parent queues loop"
+    return [warning("spec.parentQueue", brief(
+        f"queue {after.name}: {whose} ({shown}), so KAI Scheduler never reaches a root above "
+        f"it; set one of them to a parent outside the loop"))]
 
 
 def invalid_negative(value: Decimal) -> bool:
