@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.actors import (
+from app.actortypes import (
     ACTOR_RESOURCES,
     GPU,
     GROUP,
