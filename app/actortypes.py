@@ -31,17 +31,17 @@ __all__ = [
     "GVISOR",
     "GVISOR_ONLY",
     "MICROVM",
+    "ActorPlacement",
     "ActorTemplate",
     "LabelSelector",
     "MemoryFloor",
-    "Placement",
     "ResourceRequirements",
     "Size",
     "WorkerPool",
     "actor_size",
     "no_fit_message",
     "offered",
-    "place",
+    "place_actor",
     "sandbox_class_of",
     "selects",
     "shortfall",
@@ -251,7 +251,7 @@ def selects(selector: LabelSelector | None, pool: WorkerPool) -> bool:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ActorPlacement:
     """Where an actor could go, narrowed step by step as upstream's scheduler does."""
 
     namespace: str
@@ -275,15 +275,15 @@ class Placement:
         return f"{text} matching workerSelector" if self.selector is not None else text
 
 
-def place(template: ActorTemplate, namespace: str, pools: list[WorkerPool]) -> Placement:
+def place_actor(template: ActorTemplate, namespace: str, pools: list[WorkerPool]) -> ActorPlacement:
     size = actor_size(template)
     selector = template.spec.worker_selector
     eligible = [p for p in pools if selects(selector, p)]
     fitting = [p for p in eligible if not shortfall(size, worker_capacity(p))]
-    return Placement(namespace, template.spec.sandbox_class, selector, size, pools, eligible, fitting)
+    return ActorPlacement(namespace, template.spec.sandbox_class, selector, size, pools, eligible, fitting)
 
 
-def no_fit_message(found: Placement) -> str:
+def no_fit_message(found: ActorPlacement) -> str:
     capacities = [worker_capacity(p) for p in found.eligible]
     largest = {name: largest_offer(capacities, name) for name in found.size}
     short = [n for n, amount in found.size.items() if (most := largest[n]) is not None and amount > most]

@@ -52,20 +52,18 @@ __all__ = [
     "Node",
     "NodeGroup",
     "NodeVerdict",
-    "Placement",
+    "PodPlacement",
     "Shortfall",
-    "Verdict",
     "aggregate_container_requests",
     "clamp_quantity",
     "class_key",
     "class_node",
     "default_pod",
     "effective_pod_requests",
-    "evaluate",
     "fit_node",
     "mentions",
     "node_from_object",
-    "place",
+    "place_pod",
     "pod_requests",
     "tolerates",
 ]
@@ -416,7 +414,7 @@ class Node:
     ``allocatable`` and ``requested`` are in scheduler units (millicores for cpu,
     integers otherwise); ``pods`` is how many pods it already runs. A node with
     ``potential=True`` does not exist yet: a shape an autoscaler could create
-    (see ``evaluate``)."""
+    (``app.autoscaling``)."""
 
     name: str
     allocatable: Mapping[str, int]
@@ -634,92 +632,6 @@ def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
     return NodeVerdict(node=node, blocked=tuple(blocked), shortfalls=tuple(shortfalls))
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The pod against every node. ``fits`` when an existing node takes it;
-    ``fits_after_scale_up`` when only a potential node shape would; ``closest``
-    is the nearest node the pod may land on but lacks room on (None when no
-    node admits its placement constraints at all)."""
-
-    requests: Mapping[str, Decimal]
-    nodes: tuple[NodeVerdict, ...]
-    fits_on: NodeVerdict | None
-    fits_after_scale_up: NodeVerdict | None
-    closest: NodeVerdict | None
-
-    @property
-    def fits(self) -> bool:
-        return self.fits_on is not None
-
-    def placement(self) -> Placement:
-        """What ``pod-fits-node`` says of this verdict (``place`` gives the same by class)."""
-        if self.fits:
-            return Placement(True)
-        return _placement([(1, v) for v in self.nodes], self.closest)
-
-    def describe(self) -> str:
-        """A one-line reason for the refusal, with numbers."""
-        if self.fits_on is not None:
-            return f"fits node {self.fits_on.node.name}"
-        if self.fits_after_scale_up is not None:
-            return f"fits no current node; a new node like {self.fits_after_scale_up.node.name} would take it"
-        if self.closest is not None:
-            parts = ", ".join(
-                f"{s.resource} {_show(s.resource, s.requested)} requested, "
-                f"{_show(s.resource, max(s.free, 0))} free of {_show(s.resource, s.allocatable)}"
-                for s in self.closest.shortfalls
-            )
-            return f"fits no node; closest is {self.closest.node.name}: {parts}"
-        if not self.nodes:
-            return "there are no nodes"
-        reasons = sorted({r for v in self.nodes for r in v.blocked})
-        return f"no node admits the pod's placement ({len(self.nodes)} nodes: {'; '.join(reasons)})"
-
-
-def _show(resource: str, units: int) -> str:
-    return f"{units}m" if resource == "cpu" else str(units)
-
-
-def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mapping[str, Decimal] | None = None,
-             potential: Iterable[Node] = (), first_fit: bool = False) -> Verdict:
-    """``fit_node`` for every node; the pod fits when one existing node takes it.
-
-    ``potential`` are node shapes an autoscaler could still create (class 10 in
-    docs/fidelity.md): each is an empty node (no pods, nothing requested) with the
-    labels, taints and allocatable a new node would have. They never make
-    ``fits`` true; ``fits_after_scale_up`` says a new node would take the pod, so
-    a rule can choose to admit it. With no potential shapes the verdict is
-    exactly kube-scheduler's filter outcome. ``first_fit`` stops at the first node
-    that takes the pod (``nodes`` then holds only the nodes checked so far).
-    ``closest`` is the nearest by ``NodeVerdict.distance``, ties to the node whose name
-    sorts first (so every replica, and ``envelope check``, names the same one).
-    """
-    reqs = dict(requests) if requests is not None else pod_requests(spec)
-    counted = _counted(reqs)
-    tolerations = _tolerations(spec)
-    checked: list[NodeVerdict] = []
-    fits_on = None
-    for node in nodes:
-        verdict = _fit(spec, node, counted, tolerations)
-        checked.append(verdict)
-        if verdict.fits:
-            fits_on = verdict
-            if first_fit:
-                break
-    verdicts = tuple(checked)
-    scale_up = None
-    if fits_on is None:
-        for shape in potential:
-            v = _fit(spec, shape, counted, tolerations)
-            if v.fits:
-                scale_up = v
-                break
-    candidates = [v for v in verdicts if not v.blocked and v.shortfalls]
-    closest = min(candidates, key=lambda v: (v.distance(), v.node.name)) if candidates else None
-    return Verdict(requests=reqs, nodes=verdicts, fits_on=fits_on, fits_after_scale_up=scale_up,
-                   closest=closest)
-
-
 def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[str, str] | None = None,
                taints: Sequence[Mapping[str, str]] = ()) -> Node:
     """A potential node (class 10): an empty node with this allocatable."""
@@ -738,7 +650,7 @@ def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[
 # node's allocatable, requested and pod count, labels, taints, unschedulable flag and —
 # for ``matchFields`` only — its name. Nodes equal in all of that but their name (and
 # the labels that name one node) get the same verdict for every pod that does not
-# mention them, so they are judged once, as a class (``place``).
+# mention them, so they are judged once, as a class (``place_pod``).
 
 PER_NODE_LABELS = frozenset({"kubernetes.io/hostname"})
 """Label keys whose value names one node (the kubelet sets ``kubernetes.io/hostname``
@@ -747,7 +659,7 @@ would share one."""
 
 STAND_IN = "\x00"
 """The name, and the value of each per-node label, of the node that stands for a class
-in ``place``: compared only with what the pod mentions (``mentions``); a pod that
+in ``place_pod``: compared only with what the pod mentions (``mentions``); a pod that
 mentions this very string is judged node by node."""
 
 
@@ -829,10 +741,10 @@ class NodeGroup:
 
 
 @dataclass(frozen=True)
-class Placement:
+class PodPlacement:
     """The pod against every node, as ``pod-fits-node`` words it: the same whether the
-    nodes were judged one at a time (``Verdict.placement``) or by class (``place``).
-    ``complete`` is False when ``place`` reached its limit before any node took the pod:
+    nodes were judged one at a time (groups of one) or by class (``place_pod``).
+    ``complete`` is False when ``place_pod`` reached its limit before any node took the pod:
     nothing is decided then. Otherwise, when nothing fits: ``closest`` (ties to the first
     name), how many nodes were judged, the distinct reasons nodes were blocked, and
     whether some node is blocked only by its cordon."""
@@ -845,15 +757,15 @@ class Placement:
     cordoned_only: bool = False
 
 
-def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> Placement:
-    return Placement(False, closest=closest, count=sum(n for n, _ in judged),
+def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> PodPlacement:
+    return PodPlacement(False, closest=closest, count=sum(n for n, _ in judged),
                      reasons=tuple(sorted({r for _, v in judged for r in v.blocked})),
                      cordoned_only=any(v.blocked == (CORDONED,) for _, v in judged))
 
 
-def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
-          limit: int, *, name_closest: bool = True) -> Placement:
-    """``evaluate`` over groups of nodes (see ``NodeGroup``): the same ``Placement`` as
+def place_pod(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
+              limit: int, *, name_closest: bool = True) -> PodPlacement:
+    """kube-scheduler's filters over groups of nodes (see ``NodeGroup``): the same ``PodPlacement`` as
     judging every member on its own, when no class holds a node the pod mentions
     (``mentions``; those are given as groups of one). Stops at the first group that takes
     the pod; judges at most ``limit`` groups (then ``complete`` is False).
@@ -866,10 +778,10 @@ def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mappin
     total = 0
     for group in groups:
         if len(judged) >= limit:
-            return Placement(False, complete=False, count=total)
+            return PodPlacement(False, complete=False, count=total)
         verdict = _fit(spec, group.node, counted, tolerations)
         if verdict.fits:
-            return Placement(True)
+            return PodPlacement(True)
         judged.append((group, verdict))
         total += group.count
     candidates = [(g, v) for g, v in judged if not v.blocked and v.shortfalls]

@@ -27,14 +27,14 @@ from app.actortypes import (
     GVISOR,
     GVISOR_ONLY,
     MICROVM,
+    ActorPlacement,
     ActorTemplate,
     MemoryFloor,
-    Placement,
     WorkerPool,
     actor_size,
     no_fit_message,
     offered,
-    place,
+    place_actor,
     sandbox_class_of,
     selects,
     shortfall,
@@ -138,7 +138,7 @@ def _pools(view: ClusterView, namespace: str, sandbox_class: str,
 # --------------------------------------------------------------------------- placement
 
 
-def _placement_finding(found: Placement) -> Finding | None:
+def _placement_finding(found: ActorPlacement) -> Finding | None:
     if not found.candidates:
         return warning("spec.sandboxClass",
                        f"no {found.sandbox_class} WorkerPool in {found.where} yet; "
@@ -313,7 +313,7 @@ def spec_immutable(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     f"ActorTemplate spec is immutable (baked into snapshots); changed {detail}")]
 
 
-def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> Placement | None:
+def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> ActorPlacement | None:
     """Where the judged template could go; ``None`` when there is nothing to judge or
     its workerSelector is invalid (actor-placement reports that)."""
     template = _template(obj)
@@ -323,7 +323,7 @@ def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> P
     if selector is not None and selector.problems():
         return None
     namespace = _namespace(subject, template.metadata.namespace)
-    return place(template, namespace, _pools(view, namespace, template.spec.sandbox_class))
+    return place_actor(template, namespace, _pools(view, namespace, template.spec.sandbox_class))
 
 
 @rule("actor-placement", "validate", TEMPLATE_KINDS, Mode.ENFORCE,
@@ -422,7 +422,7 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
             continue
         message = _lost_reason(before, after, template)
         pools = _pools(view, namespace, template.spec.sandbox_class, admitted=after)
-        if not place(template, namespace, pools).fitting:
+        if not place_actor(template, namespace, pools).fitting:
             message += "; no other WorkerPool fits it"
         findings.append(error("spec.template.resources.limits", message))
     return findings

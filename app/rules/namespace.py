@@ -41,7 +41,7 @@ from app.scheduling import (
     effective_pod_requests,
     mentions,
     node_from_object,
-    place,
+    place_pod,
 )
 from app.util import Memo, dig
 
@@ -240,9 +240,9 @@ def _own(stand_in: SchedNode, obj: dict[str, Any]) -> SchedNode:
 
 def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
             reserve_memory: int) -> Iterator[NodeGroup]:
-    """The nodes to judge, built as ``place`` asks for them: each node the pod mentions
+    """The nodes to judge, built as ``place_pod`` asks for them: each node the pod mentions
     (a name in ``matchFields``, a per-node label value) on its own, then one stand-in per
-    class for the rest (app.scheduling ``place``)."""
+    class for the rest (app.scheduling ``place_pod``)."""
     counts = view.index_counts(NODE_CLASS)
     said = mentions(spec)
     if said.per_node:  # judge every node on its own
@@ -263,7 +263,7 @@ def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
     own: list[NodeGroup] = []
     for obj in named.values():
         if len(own) > MAX_NODE_GROUPS:
-            break  # place stops before the classes: what they hold no longer matters
+            break  # place_pod stops before the classes: what they hold no longer matters
         key = next(iter(_node_class(obj)), None)
         if key is None or key not in counts:
             continue  # not a node the rule judges (a quantity does not parse), or just added
@@ -327,7 +327,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
     groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory))
-    verdict = place(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
+    verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
     if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
