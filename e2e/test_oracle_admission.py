@@ -23,9 +23,9 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
+from app.defaulting import default_pod
 from app.envelope import move_cpu_limit_to_request
 from app.namespace_policy import cpu_limit_needs, cpu_limit_needs_in_order, limit_range_orders
-from app.scheduling import default_pod
 from harness import Cluster, Webhook
 
 DEFAULT_CASES = 420

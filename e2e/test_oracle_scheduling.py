@@ -26,10 +26,9 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
+from app.defaulting import default_pod, effective_pod_requests
 from app.scheduling import (
     NodeGroup,
-    default_pod,
-    effective_pod_requests,
     node_from_object,
     place_pod,
     pod_requests,

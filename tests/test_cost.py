@@ -108,10 +108,12 @@ def test_kai_quota_objects_with_a_300000_digit_value_are_answered_quickly() -> N
 
 def _all_permutations_needs(spec: dict[str, Any], lrs: list[dict[str, Any]],
                             quotas: list[dict[str, Any]]) -> list[Any]:
-    from app.namespace_policy import _defaulted_item, _items, cpu_limit_needs_in_order
+    from app.defaulting import defaulted_limit_range_item, limit_range_items
+    from app.namespace_policy import cpu_limit_needs_in_order
 
     def sets_defaults(lr: dict[str, Any]) -> bool:
-        return any(i.get("type") == "Container" and any(_defaulted_item(i).values()) for i in _items(lr))
+        return any(i.get("type") == "Container" and any(defaulted_limit_range_item(i).values())
+                   for i in limit_range_items(lr))
 
     with_defaults = [lr for lr in lrs if sets_defaults(lr)]
     others = [lr for lr in lrs if not sets_defaults(lr)]

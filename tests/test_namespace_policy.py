@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from app.defaulting import apply_limit_range_defaults
 from app.namespace_policy import (
-    apply_limit_range_defaults,
     cpu_limit_needs,
     is_best_effort,
     limit_range_orders,

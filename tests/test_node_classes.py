@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from app.cluster.view import ScopedView, StaticView
 from app.config import Policy
+from app.defaulting import effective_pod_requests
 from app.rules.base import Subject
 from app.rules.namespace import (
     MAX_NODE_GROUPS,
@@ -22,7 +23,7 @@ from app.rules.namespace import (
     _reserved,
     pod_fits_node,
 )
-from app.scheduling import CORDONED, PodPlacement, effective_pod_requests, fit_node, place_pod
+from app.scheduling import CORDONED, PodPlacement, fit_node, place_pod
 from tests.conftest import container, run, workload
 
 HOST = "kubernetes.io/hostname"

@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from app.autoscaling import scale_up
+from app.defaulting import default_pod, effective_pod_requests
 from app.scheduling import (
     Node,
     NodeGroup,
-    default_pod,
-    effective_pod_requests,
     fit_node,
     is_scalar_resource,
     node_from_object,

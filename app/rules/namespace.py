@@ -16,36 +16,35 @@ from typing import Any
 from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
+from app.defaulting import default_pod, effective_pod_requests
 from app.disclosure import node_reference
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
 from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
-from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
-from app.rules.workloads import (
-    CPU_LIMIT_RULES,
+from app.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
-    keeps_cpu_limit,
     pod_resources,
     pod_spec,
+    replicas_of,
     well_formed,
 )
+from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
+from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
 from app.scheduling import Node as SchedNode
 from app.scheduling import (
     NodeGroup,
     clamp_quantity,
     class_key,
     class_node,
-    default_pod,
-    effective_pod_requests,
     mentions,
     node_from_object,
     place_pod,
 )
-from app.util import Memo, dig
+from app.util import Memo
 
-__all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS", "replicas_of"]
+__all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS"]
 
 INDEXES = (NODE_LABEL,)
 
@@ -369,26 +368,6 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 COUNTED_KINDS = ("Deployment", "StatefulSet", "ReplicaSet")
 _QUOTA_KEYS = {"requests.memory": "requests", "memory": "requests", "limits.memory": "limits"}
-
-
-def _count(value: Any, default: int) -> int:
-    """A replica count as the API server decodes it (an integer; null or absent is the
-    default): anything else is the quantities rule's to refuse, not a crash here."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
-    """How many pods the object asks for at once."""
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    if subject.kind == "Pod":
-        return 1
-    if subject.kind == "Job":
-        return _count(spec.get("parallelism"), 1)
-    if subject.kind == "CronJob":
-        return _count(dig(spec, ("jobTemplate", "spec", "parallelism")), 1)
-    if subject.kind == "DaemonSet":
-        return 0  # one per node: not a replica count the namespace chooses
-    return _count(spec.get("replicas"), 1)
 
 
 Row = tuple[str, str, int, Decimal]
