@@ -32,6 +32,7 @@ from app.actortypes import (
     MemoryFloor,
     WorkerPool,
     actor_size,
+    decode,
     no_fit_message,
     offered,
     place_actor,
@@ -48,7 +49,7 @@ from app.config import Mode, Policy
 from app.quantity import SHOWN, QuantityError, parse_quantity, shown
 from app.rules.base import Finding, Subject, error, rule, warning
 from app.substrate import pool_sandbox_classes, read_pool_classes
-from app.util import dig, dotted, same
+from app.util import Memo, dig, dotted, same
 
 __all__ = ["INDEXES", "POOLS_BY_CLASS", "TEMPLATES_BY_CLASS", "microvm_floor"]
 
@@ -97,21 +98,16 @@ def microvm_floor(policy: Policy) -> MemoryFloor:
 
 
 def _template(obj: dict[str, Any] | None) -> ActorTemplate | None:
-    if obj is None:
-        return None
-    try:
-        return ActorTemplate.model_validate(obj)
-    except ValidationError:
-        return None  # actor-limits reports the shape
+    """The typed template (decoded once: ``app.actortypes.decode``); None when it does not
+    have the shape (actor-limits reports it)."""
+    found = decode(ActorTemplate, obj) if obj is not None else None
+    return found if isinstance(found, ActorTemplate) else None
 
 
 def _pool(obj: dict[str, Any] | None) -> WorkerPool | None:
-    if obj is None:
-        return None
-    try:
-        return WorkerPool.model_validate(obj)
-    except ValidationError:
-        return None  # actor-pool-resources reports the shape
+    """The typed pool, decoded once; None when malformed (actor-pool-resources reports it)."""
+    found = decode(WorkerPool, obj) if obj is not None else None
+    return found if isinstance(found, WorkerPool) else None
 
 
 def _shape_findings(problem: ValidationError) -> list[Finding]:
@@ -266,10 +262,9 @@ def _limit_problem(name: str, value: Any, sandbox_class: str) -> str | None:
       judges=spec_values)
 def check_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
-    try:
-        template = ActorTemplate.model_validate(obj)
-    except ValidationError as exc:
-        return _shape_findings(exc)
+    template = decode(ActorTemplate, obj)
+    if isinstance(template, ValidationError):
+        return _shape_findings(template)
     findings = []
     for name, value in template.limits.items():
         problem = _limit_problem(name, value, template.spec.sandbox_class)
@@ -313,6 +308,12 @@ def spec_immutable(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     f"ActorTemplate spec is immutable (baked into snapshots); changed {detail}")]
 
 
+_PLACEMENTS: Memo[tuple[int, str, tuple[int, ...]],
+                  tuple[ActorTemplate, list[WorkerPool], ActorPlacement]] = Memo(256)
+"""Placements by template and pools: the three rules that read one (actor-placement and
+the two micro-VM warnings) compute it once per review."""
+
+
 def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> ActorPlacement | None:
     """Where the judged template could go; ``None`` when there is nothing to judge or
     its workerSelector is invalid (actor-placement reports that)."""
@@ -323,7 +324,14 @@ def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> A
     if selector is not None and selector.problems():
         return None
     namespace = _namespace(subject, template.metadata.namespace)
-    return place_actor(template, namespace, _pools(view, namespace, template.spec.sandbox_class))
+    pools = _pools(view, namespace, template.spec.sandbox_class)
+    # Decoded objects are shared (one model per distinct object), so the ids name the
+    # inputs; the entry holds the models, so no id in it is reused while it is kept.
+    key = (id(template), namespace, tuple(id(p) for p in pools))
+    found: tuple[ActorTemplate, list[WorkerPool], ActorPlacement] | None = _PLACEMENTS.get(key)
+    if found is None:
+        found = _PLACEMENTS.put(key, (template, pools, place_actor(template, namespace, pools)))
+    return found[2]
 
 
 @rule("actor-placement", "validate", TEMPLATE_KINDS, Mode.ENFORCE,
@@ -468,10 +476,9 @@ def _gpu_findings(pool: WorkerPool) -> Iterator[Finding]:
       judges=pool_sizing)
 def pool_resources(subject: Subject, obj: dict[str, Any], view: ClusterView,
                    policy: Policy) -> list[Finding]:
-    try:
-        pool = WorkerPool.model_validate(obj)
-    except ValidationError as exc:
-        return _shape_findings(exc)
+    pool = decode(WorkerPool, obj)
+    if isinstance(pool, ValidationError):
+        return _shape_findings(pool)
     # a sandboxClasses list the CRD would refuse only reaches here from files (envelope check)
     findings = [error(problem.split(":", 1)[0], problem) for problem in read_pool_classes(obj).problems]
     for section in ("limits", "requests"):
