@@ -44,6 +44,7 @@ from app.actortypes import (
     show_bytes,
     worker_capacity,
 )
+from app.cluster.after import AfterWrite
 from app.cluster.view import ClusterView, Index
 from app.config import Mode, Policy
 from app.quantity import SHOWN, QuantityError, parse_quantity, shown
@@ -120,16 +121,11 @@ def _namespace(subject: Subject, meta_namespace: str | None) -> str:
     return subject.namespace or meta_namespace or ""
 
 
-def _pools(view: ClusterView, namespace: str, sandbox_class: str,
-           admitted: WorkerPool | None = None) -> list[WorkerPool]:
-    """WorkerPools of one class in one namespace, the admitted pool replacing its
-    cached version."""
+def _pools(view: ClusterView | AfterWrite, namespace: str, sandbox_class: str) -> list[WorkerPool]:
+    """WorkerPools of one class in one namespace (of the view as a WorkerPool write
+    leaves it, for ``actor-pool-shrink``), by name."""
     found = [_pool(o) for o in view.by_index(POOLS_BY_CLASS, f"{namespace}/{sandbox_class}")]
-    pools = [p for p in found if p is not None
-             and (admitted is None or p.metadata.name != admitted.metadata.name)]
-    if admitted is not None and sandbox_class in admitted.sandbox_classes:
-        pools.append(admitted)
-    return sorted(pools, key=lambda p: p.metadata.name or "")
+    return sorted((p for p in found if p is not None), key=lambda p: p.metadata.name or "")
 
 # --------------------------------------------------------------------------- placement
 
@@ -421,6 +417,7 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if before is None or after is None:
         return []
     namespace = _namespace(subject, after.metadata.namespace)
+    written = AfterWrite(view, "WorkerPool", after.metadata.name or "", obj, namespace=namespace)
     findings = []
     raws = [raw for cls in sorted(before.sandbox_classes)
             for raw in view.by_index(TEMPLATES_BY_CLASS, f"{namespace}/{cls}")]
@@ -429,7 +426,7 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
         if template is None or not _hosts(before, template) or _hosts(after, template):
             continue
         message = _lost_reason(before, after, template)
-        pools = _pools(view, namespace, template.spec.sandbox_class, admitted=after)
+        pools = _pools(written, namespace, template.spec.sandbox_class)
         if not place_actor(template, namespace, pools).fitting:
             message += "; no other WorkerPool fits it"
         findings.append(error("spec.template.resources.limits", message))

@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
+from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
 from app.defaulting import default_pod, effective_pod_requests
@@ -406,18 +407,21 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
         return []
     spec = pod_spec(subject, obj)
     mine = (subject.name or "(this)", replicas_of(subject, obj), spec) if spec is not None else None
+    # The namespace as this write leaves it: the rows are the view's (summed once per
+    # namespace), less the written object's cached copy, plus the written object.
+    after = AfterWrite(view, subject.kind, subject.name, obj, namespace=subject.namespace)
     findings = []
     for quota, key, hard in quotas:
         section = _QUOTA_KEYS[key]
         rows, total = _namespace_rows(view, subject.namespace, section)
-        me = (subject.kind, subject.name)  # the incoming object replaces its cached version
-        total -= sum((n * m for kind, name, n, m in rows if (kind, name) == me), Decimal(0))
+        cached = [(kind, name) for kind, name, _, _ in rows if after.writes(kind, name, subject.namespace)]
+        total -= sum((n * m for kind, name, n, m in rows if (kind, name) in cached), Decimal(0))
         amount = pod_amount(mine[2], "memory", section) if mine is not None and mine[1] else None
         if amount is not None and mine is not None:
             total += mine[1] * amount
         if total <= parse_quantity(hard):
             continue
-        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) != me]
+        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) not in cached]
         if amount is not None and mine is not None:
             parts.append((mine[0], mine[1], amount))
         parts.sort(key=lambda p: p[1] * p[2], reverse=True)
