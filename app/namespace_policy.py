@@ -429,16 +429,10 @@ and CPU limits are kept (``cpu_limit_needs``): what LimitRanger would do with th
 others is not decided, and keeping the limits is what Kubernetes does anyway."""
 
 
-def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]],
-                       quotas: Iterable[Mapping[str, Any]] = ()) -> list[list[Mapping[str, Any]]]:
-    """The orders LimitRanger may apply these LimitRanges in, one per distinct outcome
-    (see ``_orders``)."""
-    return _orders(limit_ranges, quotas)[0]
-
-
-def _orders(limit_ranges: Iterable[Mapping[str, Any]],
-            quotas: Iterable[Mapping[str, Any]]) -> tuple[list[list[Mapping[str, Any]]], bool]:
-    """(orders, complete). The orders LimitRanger may apply these LimitRanges in, one per distinct outcome.
+def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]] = ()
+                       ) -> tuple[list[list[Mapping[str, Any]]], bool]:
+    """(orders, complete): the orders LimitRanger may apply these LimitRanges in, one per
+    distinct outcome, and whether they are all of them.
 
     LimitRanger (``plugin/pkg/admission/limitranger/admission.go``) lists them from its
     informer cache, whose order is a Go map's (undefined), and applies each in turn;
@@ -506,7 +500,8 @@ def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Map
     quotas = list(quotas)
     limit_ranges = list(limit_ranges)
     merged: dict[CpuLimitNeed, None] = {}  # ordered, and a membership test in O(1)
-    orders, complete = _orders(limit_ranges, quotas) if limit_range_defaults else ([limit_ranges], True)
+    orders, complete = limit_range_orders(limit_ranges, quotas) if limit_range_defaults \
+        else ([limit_ranges], True)
     for order in orders if complete else orders[:1]:
         for need in cpu_limit_needs_in_order(stripped_spec, order, quotas,
                                              limit_range_defaults=limit_range_defaults):

@@ -249,8 +249,7 @@ class Node:
     potential: bool = False
 
 
-def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str, Any]] = (),
-                     *, potential: bool = False) -> Node:
+def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str, Any]] = ()) -> Node:
     """A ``Node`` from a Node object and the (stored) pods bound to it."""
     meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
     spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
@@ -277,7 +276,6 @@ def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str
         unschedulable=bool(spec.get("unschedulable")),  # type: ignore[union-attr]
         requested=requested,
         pods=count,
-        potential=potential,
     )
 
 
