@@ -25,6 +25,12 @@ the real kube-apiserver:
   ``PodValidateLimitFunc``: ``min``/``max``/``maxLimitRequestRatio`` per
   container and init container (``type: Container``) and on the pod's aggregate
   (``type: Pod``, pod-level values overriding), compared in millis.
+
+Why one module of ~580 lines: quota scopes, LimitRange checks and the orders in which
+LimitRanger may apply several LimitRanges decide one answer together (a quota on
+``limits.cpu`` sums what the LimitRanges defaulted, in each possible order), and
+``tests/test_cost.py`` checks the order enumeration against every permutation. The
+defaults themselves are ``app/defaulting.py``.
 """
 
 from __future__ import annotations

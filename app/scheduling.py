@@ -30,6 +30,11 @@ through the real kube-scheduler:
 
 Not modelled (they need objects this module is not given): inter-pod
 (anti-)affinity, topology spread, host ports, volumes and DRA claims.
+
+Why one module of ~600 lines: the filters, the node model they read and the node
+classes (``class_key`` must read exactly what ``_fit`` reads, or two nodes of a class
+could get different verdicts) are one port of one upstream plugin set, checked together
+by the scheduling oracle. API defaulting, which ran before them, is ``app/defaulting.py``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ below a guest minimum the VM cannot boot; both are settings (``policy.actors``).
 
 Rules are pure functions ``(subject, obj, view, policy) -> findings`` and read other
 objects only through the indexes declared here. See ``docs/actors.md``.
+
+Why one module of ~480 lines: one family of nine rules over two kinds that share the
+reading (decoded once, ``app.actortypes.decode``), the indexes and the placement; the
+typed models and the arithmetic are ``app/actortypes.py``.
 """
 
 from __future__ import annotations

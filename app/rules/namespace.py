@@ -4,6 +4,11 @@ Stripping CPU limits is only safe where the namespace lets pods live without the
 ResourceQuota on ``limits.cpu`` or a LimitRange ``max.cpu`` refuses such pods, and the
 ReplicaSet only shows FailedCreate), and a memory envelope is only honest when it fits
 somewhere: on a node, and in the namespace's memory budget.
+
+Why one module of ~440 lines: five rules that read the namespace and the nodes; most of
+the length is ``pod-fits-node``'s node grouping, kept beside the class index it reads.
+The pod-spec helpers are ``app/podspec.py``, the arithmetic ``app/namespace_policy.py``
+and ``app/scheduling.py``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Applies to Pods and every kind that carries a pod template (where each kind keep
 it, and the helpers that read it: ``app/podspec.py``). Each rule is a pure
 function ``(subject, obj, view, policy) -> findings``; mutating rules change
 ``obj`` (a copy the engine owns) and report what they changed.
+
+Why one module of ~470 lines: the six rules of one family and the string-envelope
+helpers only two of them use; the pod-spec helpers every workload rule reads are
+``app/podspec.py``.
 """
 
 from __future__ import annotations
