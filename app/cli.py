@@ -19,8 +19,8 @@ from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, did_you_mean, load_policy
 from app.engine import Evaluation, check_object
 from app.exemptions import needs_namespaces
-from app.limits import add_arguments as add_limit_arguments
-from app.limits import limits_from_args, uvicorn_options
+from app.httplimits import add_arguments as add_limit_arguments
+from app.httplimits import limits_from_args, uvicorn_options
 from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset

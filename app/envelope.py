@@ -16,8 +16,8 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+from app.defaulting import default_pod, effective_pod_requests
 from app.quantity import QuantityError, parse_quantity
-from app.scheduling import default_pod, effective_pod_requests
 from app.util import shown
 
 __all__ = [
@@ -185,7 +185,7 @@ def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> De
     makes of this spec: a missing pod-level request defaults to the containers'
     aggregate request when any container asks for the resource, and to the pod-level
     limit only when none does (``pkg/apis/core/v1/defaults.go``, see
-    ``app.scheduling.default_pod``); pod-level limits replace the aggregate limit.
+    ``app.defaulting.default_pod``); pod-level limits replace the aggregate limit.
     """
     if section == "requests" and isinstance(spec.get("resources"), dict):
         return effective_pod_requests(spec, is_pod=False).get(name, Decimal(0))

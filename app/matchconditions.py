@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.config import Mode, Policy
-from app.rules.workloads import WORKLOAD_KINDS
+from app.podspec import WORKLOAD_KINDS
 from app.ruleset import RuleSet
 
 __all__ = ["CONDITION_NAME", "KNOWN_RULES", "MUTATING_WEBHOOK", "UnknownRule",

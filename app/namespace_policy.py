@@ -25,6 +25,12 @@ the real kube-apiserver:
   ``PodValidateLimitFunc``: ``min``/``max``/``maxLimitRequestRatio`` per
   container and init container (``type: Container``) and on the pod's aggregate
   (``type: Pod``, pod-level values overriding), compared in millis.
+
+Why one module of ~580 lines: quota scopes, LimitRange checks and the orders in which
+LimitRanger may apply several LimitRanges decide one answer together (a quota on
+``limits.cpu`` sums what the LimitRanges defaulted, in each possible order), and
+``tests/test_cost.py`` checks the order enumeration against every permutation. The
+defaults themselves are ``app/defaulting.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
+from app.defaulting import apply_limit_range_defaults, defaulted_limit_range_item, limit_range_items
 from app.quantity import QuantityError, parse_quantity
-from app.scheduling import clamp_quantity, copy_for_defaulting, is_supported_pod_level_resource
+from app.scheduling import clamp_quantity, is_supported_pod_level_resource
 
 __all__ = [
     "CpuLimitNeed",
-    "apply_limit_range_defaults",
     "cpu_limit_needs",
     "cpu_limit_needs_in_order",
     "is_best_effort",
@@ -206,59 +212,6 @@ def quota_scope_text(quota: Mapping[str, Any]) -> str:
 # -------------------------------------------------------------------- LimitRanges
 
 
-def _items(limit_range: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    spec = limit_range.get("spec")
-    limits = spec.get("limits") if isinstance(spec, Mapping) else None
-    return [i for i in limits or [] if isinstance(i, Mapping)]
-
-
-def _defaulted_item(item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """SetDefaults_LimitRangeItem (type Container): default from max, defaultRequest
-    from default, then from min."""
-    default = dict(item.get("default") or {})
-    default_request = dict(item.get("defaultRequest") or {})
-    for key, value in (item.get("max") or {}).items():
-        default.setdefault(key, value)
-    for key, value in default.items():
-        default_request.setdefault(key, value)
-    for key, value in (item.get("min") or {}).items():
-        default_request.setdefault(key, value)
-    return {"default": default, "defaultRequest": default_request}
-
-
-def apply_limit_range_defaults(spec: Mapping[str, Any],
-                               limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """A copy of the pod spec with LimitRanger's container defaults filled in
-    (``PodMutateLimitFunc``, every LimitRange in turn; a value already set, or set
-    by an earlier LimitRange, is kept)."""
-    out: dict[str, Any] = copy_for_defaulting({"spec": spec})["spec"]
-    for lr in limit_ranges:
-        limits: dict[str, Any] = {}
-        requests: dict[str, Any] = {}
-        for item in _items(lr):
-            if item.get("type") == "Container":
-                d = _defaulted_item(item)
-                requests.update(d["defaultRequest"])
-                limits.update(d["default"])
-        if not limits and not requests:
-            continue
-        for key in ("containers", "initContainers"):
-            for container in out.get(key) or []:
-                if not isinstance(container, dict):
-                    continue
-                res = container.get("resources")
-                if not isinstance(res, dict):  # absent, or null as a manifest may write it
-                    res = container["resources"] = {}
-                for which, defaults in (("limits", limits), ("requests", requests)):
-                    current = res.get(which)
-                    if not isinstance(current, dict):
-                        current = {}
-                        res[which] = current
-                    for name, value in defaults.items():
-                        current.setdefault(name, value)
-    return out
-
-
 def _milli(value: Decimal) -> int:
     return int((value * 1000).to_integral_value(rounding=ROUND_CEILING))
 
@@ -367,7 +320,7 @@ def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, 
     caller keeps for this spec, where the pod's requests and limits are computed
     once for all its LimitRanges (empty at first)."""
     problems: list[str] = []
-    for item in _items(limit_range):
+    for item in limit_range_items(limit_range):
         if not any(isinstance(item.get(b), Mapping) and item[b].get("cpu") is not None  # type: ignore[union-attr]
                    for b in ("min", "max", "maxLimitRequestRatio")):
             continue  # no CPU bound: _check_cpu has nothing to say (and reads every container)
@@ -410,9 +363,9 @@ def _first_default_cpu(limit_ranges: Iterable[Mapping[str, Any]]) -> tuple[str, 
     """The LimitRange whose default CPU limit a container gets (the first with one)."""
     for lr in limit_ranges:
         meta = lr.get("metadata") if isinstance(lr.get("metadata"), Mapping) else {}
-        for item in _items(lr):
-            if item.get("type") == "Container" and "cpu" in _defaulted_item(item)["default"]:
-                return str(meta.get("name", "")), _q(_defaulted_item(item)["default"]["cpu"])  # type: ignore[union-attr]
+        for item in limit_range_items(lr):
+            if item.get("type") == "Container" and "cpu" in defaulted_limit_range_item(item)["default"]:
+                return str(meta.get("name", "")), _q(defaulted_limit_range_item(item)["default"]["cpu"])  # type: ignore[union-attr]
     return None
 
 
@@ -422,14 +375,16 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _sets_defaults(lr: Mapping[str, Any]) -> bool:
-    return any(i.get("type") == "Container" and any(_defaulted_item(i).values()) for i in _items(lr))
+    return any(i.get("type") == "Container" and any(defaulted_limit_range_item(i).values())
+               for i in limit_range_items(lr))
 
 
 def _gives(lr: Mapping[str, Any], which: str, name: str) -> bool:
     """Does ``apply_limit_range_defaults`` take ``resources.<which>.<name>`` from this
     LimitRange (for a container without it)?"""
     key = "default" if which == "limits" else "defaultRequest"
-    return any(i.get("type") == "Container" and name in _defaulted_item(i)[key] for i in _items(lr))
+    return any(i.get("type") == "Container" and name in defaulted_limit_range_item(i)[key]
+               for i in limit_range_items(lr))
 
 
 def _decisive_keys(quotas: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -480,16 +435,10 @@ and CPU limits are kept (``cpu_limit_needs``): what LimitRanger would do with th
 others is not decided, and keeping the limits is what Kubernetes does anyway."""
 
 
-def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]],
-                       quotas: Iterable[Mapping[str, Any]] = ()) -> list[list[Mapping[str, Any]]]:
-    """The orders LimitRanger may apply these LimitRanges in, one per distinct outcome
-    (see ``_orders``)."""
-    return _orders(limit_ranges, quotas)[0]
-
-
-def _orders(limit_ranges: Iterable[Mapping[str, Any]],
-            quotas: Iterable[Mapping[str, Any]]) -> tuple[list[list[Mapping[str, Any]]], bool]:
-    """(orders, complete). The orders LimitRanger may apply these LimitRanges in, one per distinct outcome.
+def limit_range_orders(limit_ranges: Iterable[Mapping[str, Any]], quotas: Iterable[Mapping[str, Any]] = ()
+                       ) -> tuple[list[list[Mapping[str, Any]]], bool]:
+    """(orders, complete): the orders LimitRanger may apply these LimitRanges in, one per
+    distinct outcome, and whether they are all of them.
 
     LimitRanger (``plugin/pkg/admission/limitranger/admission.go``) lists them from its
     informer cache, whose order is a Go map's (undefined), and applies each in turn;
@@ -557,7 +506,8 @@ def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Map
     quotas = list(quotas)
     limit_ranges = list(limit_ranges)
     merged: dict[CpuLimitNeed, None] = {}  # ordered, and a membership test in O(1)
-    orders, complete = _orders(limit_ranges, quotas) if limit_range_defaults else ([limit_ranges], True)
+    orders, complete = limit_range_orders(limit_ranges, quotas) if limit_range_defaults \
+        else ([limit_ranges], True)
     for order in orders if complete else orders[:1]:
         for need in cpu_limit_needs_in_order(stripped_spec, order, quotas,
                                              limit_range_defaults=limit_range_defaults):
@@ -581,7 +531,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     and the ResourceQuotas that match the pod. Empty: nothing needs the limits.
 
     Judges a *Pod* spec as the API server has it when admission runs (API
-    defaulting done, see app/scheduling.default_pod); LimitRanger's own defaults
+    defaulting done, see app/defaulting.default_pod); LimitRanger's own defaults
     are applied here."""
     limit_ranges = list(limit_ranges)
     spec = apply_limit_range_defaults(stripped_spec, limit_ranges if limit_range_defaults else [])
@@ -593,10 +543,10 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
                  if "cpu" in _rl(c, "requests") and "cpu" not in _rl(c, "limits")] if first else []
     for lr in limit_ranges:
         lr_name = _name(lr)
-        for item in _items(lr) if first is not None and lr_name == first[0] else []:
-            if item.get("type") != "Container" or "cpu" not in _defaulted_item(item)["default"]:
+        for item in limit_range_items(lr) if first is not None and lr_name == first[0] else []:
+            if item.get("type") != "Container" or "cpu" not in defaulted_limit_range_item(item)["default"]:
                 continue
-            default = _q(_defaulted_item(item)["default"]["cpu"])
+            default = _q(defaulted_limit_range_item(item)["default"]["cpu"])
             if default is None or (lr_name, default) != first:
                 continue
             for c, request in unlimited:
@@ -604,7 +554,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
                 if request is not None and request > default:
                     needs.append(CpuLimitNeed(
                         "LimitRange", lr_name,
-                        f"default CPU limit {_defaulted_item(item)['default']['cpu']} is below "
+                        f"default CPU limit {defaulted_limit_range_item(item)['default']['cpu']} is below "
                         f"container {c.get('name')}'s CPU request {_rl(c, 'requests')['cpu']}"))
         for problem in limit_range_cpu_problems(spec, lr, aggregates):
             needs.append(CpuLimitNeed("LimitRange", lr_name, problem))

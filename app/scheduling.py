@@ -30,6 +30,11 @@ through the real kube-scheduler:
 
 Not modelled (they need objects this module is not given): inter-pod
 (anti-)affinity, topology spread, host ports, volumes and DRA claims.
+
+Why one module of ~600 lines: the filters, the node model they read and the node
+classes (``class_key`` must read exactly what ``_fit`` reads, or two nodes of a class
+could get different verdicts) are one port of one upstream plugin set, checked together
+by the scheduling oracle. API defaulting, which ran before them, is ``app/defaulting.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_CEILING, ROUND_UP, Context, Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 import orjson
@@ -52,20 +57,17 @@ __all__ = [
     "Node",
     "NodeGroup",
     "NodeVerdict",
-    "Placement",
+    "PodPlacement",
     "Shortfall",
-    "Verdict",
+    "aggregate_container_limits",
     "aggregate_container_requests",
     "clamp_quantity",
     "class_key",
     "class_node",
-    "default_pod",
-    "effective_pod_requests",
-    "evaluate",
     "fit_node",
     "mentions",
     "node_from_object",
-    "place",
+    "place_pod",
     "pod_requests",
     "tolerates",
 ]
@@ -157,6 +159,11 @@ def aggregate_container_requests(spec: Mapping[str, Any]) -> ResourceList:
     return _aggregate(spec, "requests")
 
 
+def aggregate_container_limits(spec: Mapping[str, Any]) -> ResourceList:
+    """The same aggregate of the containers' limits (helpers.go ``AggregateContainerLimits``)."""
+    return _aggregate(spec, "limits")
+
+
 def is_supported_pod_level_resource(name: str) -> bool:
     """cpu, memory and hugepages-* (helpers.go ``IsSupportedPodLevelResource``)."""
     return name in ("cpu", "memory") or name.startswith(_HUGEPAGES)
@@ -178,187 +185,6 @@ def pod_requests(spec: Mapping[str, Any]) -> ResourceList:
                 requests[name] = value
     _add(requests, _resource_list(spec.get("overhead")))
     return requests
-
-
-# ----------------------------------------------------------------------- defaulting
-
-
-def _default_container_requests(container: dict[str, Any]) -> None:
-    resources = container.get("resources")
-    if not isinstance(resources, dict):
-        return
-    limits = resources.get("limits")
-    if not isinstance(limits, dict) or not limits:
-        return
-    requests = resources.get("requests")
-    if not isinstance(requests, dict):
-        requests = {}
-        resources["requests"] = requests
-    for name, value in limits.items():
-        requests.setdefault(name, value)
-
-
-def _canonical(value: Decimal) -> str:
-    """A quantity string with exactly ``value`` (plain digits when short)."""
-    sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)
-    if -9 <= exponent <= 18:
-        return format(value, "f")
-    coefficient = ("-" if sign else "") + "".join(map(str, digits))
-    return f"{coefficient}e{exponent}"
-
-
-def _round_up_milli(value: object) -> object:
-    """pkg/apis/core/v1/defaults.go ``SetDefaults_ResourceList``: every value of a
-    ResourceList is rounded up to a multiple of 1m (``Quantity.RoundUp(-3)``)."""
-    try:
-        q = parse_quantity(value)
-    except QuantityError:
-        return value
-    if q.is_finite() and q.adjusted() > 24:
-        return value
-    exponent = q.as_tuple().exponent
-    if not isinstance(exponent, int) or exponent >= -3:
-        return value
-    ctx = Context(prec=len(q.as_tuple().digits) + 5)
-    return _canonical(q.quantize(Decimal("0.001"), rounding=ROUND_UP, context=ctx))
-
-
-def _round_lists(spec: dict[str, Any]) -> None:
-    """Round every resource list of a pod spec in place, as the generated defaulter
-    does after ``SetDefaults_Pod`` (containers, init containers, overhead and
-    pod-level resources)."""
-    lists: list[Any] = []
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
-            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
-                lists += [container["resources"].get("limits"), container["resources"].get("requests")]
-    lists.append(spec.get("overhead"))
-    if isinstance(spec.get("resources"), dict):
-        lists += [spec["resources"].get("limits"), spec["resources"].get("requests")]
-    for rl in lists:
-        if isinstance(rl, dict):
-            for name in list(rl):
-                rl[name] = _round_up_milli(rl[name])
-
-
-def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a *Pod* with the resource defaults the API server applies on
-    create (pkg/apis/core/v1/defaults.go ``SetDefaults_Pod``, v1.34):
-
-    1. every container and init container without a request for a resource it
-       limits gets request = limit;
-    2. PodLevelResources (on in 1.34), only when ``spec.resources`` is set:
-       ``defaultHugePagePodLimits`` (pod-level hugepages limit = the containers'
-       aggregate hugepages limit, unless a pod-level hugepages request exists),
-       then ``defaultPodRequests`` — only when pod-level *limits* exist: a missing
-       pod-level cpu/memory request defaults to the containers' aggregate request
-       when any container requests it, else to the pod-level limit (hugepages: to
-       the pod-level limit).
-
-    3. then, as the generated defaulter does for every ResourceList (templates
-       included), each value is rounded up to a multiple of 1m
-       (``SetDefaults_ResourceList``). The pod-level default is computed *before*
-       that rounding, from the unrounded container values: for a Pod written with
-       sub-millicore requests the API server's own validation may then refuse it
-       ("must be greater than or equal to aggregate container requests"; see
-       docs/fidelity.md).
-
-    Pod *templates* get no request defaulting (only step 3); apply this to the Pod
-    a template makes. New values are written as exact quantity strings.
-    """
-    out = copy_for_defaulting(pod)
-    spec = out.get("spec")
-    if not isinstance(spec, dict):
-        return out
-    _default_pod_spec(spec)
-    _round_lists(spec)
-    return out
-
-
-def _copy_resource_map(resources: dict[str, Any]) -> dict[str, Any]:
-    return {k: dict(v) if isinstance(v, dict) else v for k, v in resources.items()}
-
-
-def copy_for_defaulting(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of what defaulting writes — the spec, its container lists, each container
-    and its ``resources`` maps, the pod-level ``resources`` and ``overhead`` — sharing
-    everything else (env, probes, volumes) with ``pod``. A deep copy of the whole Pod
-    cost ~0.5 ms a review on the admission path (rules call this several times)."""
-    out = dict(pod)
-    spec = out.get("spec")
-    if not isinstance(spec, dict):
-        return out
-    spec = out["spec"] = dict(spec)
-    for key in ("containers", "initContainers"):
-        items = spec.get(key)
-        if isinstance(items, list):
-            copied = []
-            for item in items:
-                if isinstance(item, dict):
-                    item = dict(item)
-                    if isinstance(item.get("resources"), dict):
-                        item["resources"] = _copy_resource_map(item["resources"])
-                copied.append(item)
-            spec[key] = copied
-    if isinstance(spec.get("resources"), dict):
-        spec["resources"] = _copy_resource_map(spec["resources"])
-    if isinstance(spec.get("overhead"), dict):
-        spec["overhead"] = dict(spec["overhead"])
-    return out
-
-
-def _default_pod_spec(spec: dict[str, Any]) -> None:
-    """Steps 1 and 2 of ``default_pod``, in place."""
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
-            if isinstance(container, dict):
-                _default_container_requests(container)
-    resources = spec.get("resources")
-    if not isinstance(resources, dict):
-        return
-    limits_raw = resources.get("limits") if isinstance(resources.get("limits"), dict) else None
-    requests_raw = resources.get("requests") if isinstance(resources.get("requests"), dict) else None
-    # defaultHugePagePodLimits
-    if limits_raw or requests_raw:
-        pod_limits = dict(limits_raw or {})
-        for name, value in _aggregate(spec, "limits").items():
-            if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
-                continue
-            pod_limits.setdefault(name, _canonical(value))
-        if pod_limits:
-            resources["limits"] = pod_limits
-            limits_raw = pod_limits
-    # defaultPodRequests
-    if not limits_raw:
-        return
-    pod_requests_out = dict(requests_raw or {})
-    for name, value in aggregate_container_requests(spec).items():
-        # IsOvercommitAllowed: not hugepages (and not other non-overcommittable ones).
-        if name not in pod_requests_out and name in ("cpu", "memory"):
-            pod_requests_out[name] = _canonical(value)
-    for name, value in limits_raw.items():
-        if name not in pod_requests_out and is_supported_pod_level_resource(name):
-            pod_requests_out[name] = value
-    if pod_requests_out:
-        resources["requests"] = pod_requests_out
-
-
-def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = True) -> ResourceList:
-    """What the scheduler will charge for the pod made from this spec: API
-    defaulting (``default_pod``) and then ``pod_requests``. A template spec
-    becomes a Pod before it is scheduled, so it is defaulted the same way."""
-    spec = pod_or_spec.get("spec") if is_pod else pod_or_spec
-    if not isinstance(spec, Mapping):
-        return {}
-    if not is_pod:
-        # A template is stored with its resource lists rounded; its Pods are made
-        # from that stored template.
-        rounded = copy_for_defaulting({"spec": spec})["spec"]
-        _round_lists(rounded)
-        spec = rounded
-    defaulted = default_pod({"spec": spec})["spec"]
-    return pod_requests(defaulted)
 
 
 # ---------------------------------------------------------------------- node model
@@ -416,7 +242,7 @@ class Node:
     ``allocatable`` and ``requested`` are in scheduler units (millicores for cpu,
     integers otherwise); ``pods`` is how many pods it already runs. A node with
     ``potential=True`` does not exist yet: a shape an autoscaler could create
-    (see ``evaluate``)."""
+    (``app.autoscaling``)."""
 
     name: str
     allocatable: Mapping[str, int]
@@ -428,8 +254,7 @@ class Node:
     potential: bool = False
 
 
-def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str, Any]] = (),
-                     *, potential: bool = False) -> Node:
+def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str, Any]] = ()) -> Node:
     """A ``Node`` from a Node object and the (stored) pods bound to it."""
     meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
     spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
@@ -456,7 +281,6 @@ def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str
         unschedulable=bool(spec.get("unschedulable")),  # type: ignore[union-attr]
         requested=requested,
         pods=count,
-        potential=potential,
     )
 
 
@@ -601,7 +425,7 @@ class NodeVerdict:
 def fit_node(spec: Mapping[str, Any], node: Node,
              requests: Mapping[str, Decimal] | None = None) -> NodeVerdict:
     """The scheduler's filters for one node. ``spec`` is the *stored* pod spec
-    (defaulted: see ``default_pod``); ``requests`` overrides ``pod_requests(spec)``."""
+    (defaulted: see ``app.defaulting.default_pod``); ``requests`` overrides ``pod_requests(spec)``."""
     counted = _counted(requests if requests is not None else pod_requests(spec))
     return _fit(spec, node, counted, _tolerations(spec))
 
@@ -634,92 +458,6 @@ def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
     return NodeVerdict(node=node, blocked=tuple(blocked), shortfalls=tuple(shortfalls))
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The pod against every node. ``fits`` when an existing node takes it;
-    ``fits_after_scale_up`` when only a potential node shape would; ``closest``
-    is the nearest node the pod may land on but lacks room on (None when no
-    node admits its placement constraints at all)."""
-
-    requests: Mapping[str, Decimal]
-    nodes: tuple[NodeVerdict, ...]
-    fits_on: NodeVerdict | None
-    fits_after_scale_up: NodeVerdict | None
-    closest: NodeVerdict | None
-
-    @property
-    def fits(self) -> bool:
-        return self.fits_on is not None
-
-    def placement(self) -> Placement:
-        """What ``pod-fits-node`` says of this verdict (``place`` gives the same by class)."""
-        if self.fits:
-            return Placement(True)
-        return _placement([(1, v) for v in self.nodes], self.closest)
-
-    def describe(self) -> str:
-        """A one-line reason for the refusal, with numbers."""
-        if self.fits_on is not None:
-            return f"fits node {self.fits_on.node.name}"
-        if self.fits_after_scale_up is not None:
-            return f"fits no current node; a new node like {self.fits_after_scale_up.node.name} would take it"
-        if self.closest is not None:
-            parts = ", ".join(
-                f"{s.resource} {_show(s.resource, s.requested)} requested, "
-                f"{_show(s.resource, max(s.free, 0))} free of {_show(s.resource, s.allocatable)}"
-                for s in self.closest.shortfalls
-            )
-            return f"fits no node; closest is {self.closest.node.name}: {parts}"
-        if not self.nodes:
-            return "there are no nodes"
-        reasons = sorted({r for v in self.nodes for r in v.blocked})
-        return f"no node admits the pod's placement ({len(self.nodes)} nodes: {'; '.join(reasons)})"
-
-
-def _show(resource: str, units: int) -> str:
-    return f"{units}m" if resource == "cpu" else str(units)
-
-
-def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mapping[str, Decimal] | None = None,
-             potential: Iterable[Node] = (), first_fit: bool = False) -> Verdict:
-    """``fit_node`` for every node; the pod fits when one existing node takes it.
-
-    ``potential`` are node shapes an autoscaler could still create (class 10 in
-    docs/fidelity.md): each is an empty node (no pods, nothing requested) with the
-    labels, taints and allocatable a new node would have. They never make
-    ``fits`` true; ``fits_after_scale_up`` says a new node would take the pod, so
-    a rule can choose to admit it. With no potential shapes the verdict is
-    exactly kube-scheduler's filter outcome. ``first_fit`` stops at the first node
-    that takes the pod (``nodes`` then holds only the nodes checked so far).
-    ``closest`` is the nearest by ``NodeVerdict.distance``, ties to the node whose name
-    sorts first (so every replica, and ``envelope check``, names the same one).
-    """
-    reqs = dict(requests) if requests is not None else pod_requests(spec)
-    counted = _counted(reqs)
-    tolerations = _tolerations(spec)
-    checked: list[NodeVerdict] = []
-    fits_on = None
-    for node in nodes:
-        verdict = _fit(spec, node, counted, tolerations)
-        checked.append(verdict)
-        if verdict.fits:
-            fits_on = verdict
-            if first_fit:
-                break
-    verdicts = tuple(checked)
-    scale_up = None
-    if fits_on is None:
-        for shape in potential:
-            v = _fit(spec, shape, counted, tolerations)
-            if v.fits:
-                scale_up = v
-                break
-    candidates = [v for v in verdicts if not v.blocked and v.shortfalls]
-    closest = min(candidates, key=lambda v: (v.distance(), v.node.name)) if candidates else None
-    return Verdict(requests=reqs, nodes=verdicts, fits_on=fits_on, fits_after_scale_up=scale_up,
-                   closest=closest)
-
-
 def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[str, str] | None = None,
                taints: Sequence[Mapping[str, str]] = ()) -> Node:
     """A potential node (class 10): an empty node with this allocatable."""
@@ -738,7 +476,7 @@ def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[
 # node's allocatable, requested and pod count, labels, taints, unschedulable flag and —
 # for ``matchFields`` only — its name. Nodes equal in all of that but their name (and
 # the labels that name one node) get the same verdict for every pod that does not
-# mention them, so they are judged once, as a class (``place``).
+# mention them, so they are judged once, as a class (``place_pod``).
 
 PER_NODE_LABELS = frozenset({"kubernetes.io/hostname"})
 """Label keys whose value names one node (the kubelet sets ``kubernetes.io/hostname``
@@ -747,7 +485,7 @@ would share one."""
 
 STAND_IN = "\x00"
 """The name, and the value of each per-node label, of the node that stands for a class
-in ``place``: compared only with what the pod mentions (``mentions``); a pod that
+in ``place_pod``: compared only with what the pod mentions (``mentions``); a pod that
 mentions this very string is judged node by node."""
 
 
@@ -829,10 +567,10 @@ class NodeGroup:
 
 
 @dataclass(frozen=True)
-class Placement:
+class PodPlacement:
     """The pod against every node, as ``pod-fits-node`` words it: the same whether the
-    nodes were judged one at a time (``Verdict.placement``) or by class (``place``).
-    ``complete`` is False when ``place`` reached its limit before any node took the pod:
+    nodes were judged one at a time (groups of one) or by class (``place_pod``).
+    ``complete`` is False when ``place_pod`` reached its limit before any node took the pod:
     nothing is decided then. Otherwise, when nothing fits: ``closest`` (ties to the first
     name), how many nodes were judged, the distinct reasons nodes were blocked, and
     whether some node is blocked only by its cordon."""
@@ -845,15 +583,15 @@ class Placement:
     cordoned_only: bool = False
 
 
-def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> Placement:
-    return Placement(False, closest=closest, count=sum(n for n, _ in judged),
+def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> PodPlacement:
+    return PodPlacement(False, closest=closest, count=sum(n for n, _ in judged),
                      reasons=tuple(sorted({r for _, v in judged for r in v.blocked})),
                      cordoned_only=any(v.blocked == (CORDONED,) for _, v in judged))
 
 
-def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
-          limit: int, *, name_closest: bool = True) -> Placement:
-    """``evaluate`` over groups of nodes (see ``NodeGroup``): the same ``Placement`` as
+def place_pod(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
+              limit: int, *, name_closest: bool = True) -> PodPlacement:
+    """kube-scheduler's filters over groups of nodes (see ``NodeGroup``): the same ``PodPlacement`` as
     judging every member on its own, when no class holds a node the pod mentions
     (``mentions``; those are given as groups of one). Stops at the first group that takes
     the pod; judges at most ``limit`` groups (then ``complete`` is False).
@@ -866,10 +604,10 @@ def place(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mappin
     total = 0
     for group in groups:
         if len(judged) >= limit:
-            return Placement(False, complete=False, count=total)
+            return PodPlacement(False, complete=False, count=total)
         verdict = _fit(spec, group.node, counted, tolerations)
         if verdict.fits:
-            return Placement(True)
+            return PodPlacement(True)
         judged.append((group, verdict))
         total += group.count
     candidates = [(g, v) for g, v in judged if not v.blocked and v.shortfalls]

@@ -44,7 +44,7 @@ from app.callerauth import REASONS, Caller, CallerCheck, CallerTokenError
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
 from app.engine import evaluate
-from app.limits import MAX_BODY
+from app.httplimits import MAX_BODY
 from app.logs import admission_log
 from app.rules.base import Phase
 from app.ruleset import RuleSet
@@ -192,7 +192,7 @@ async def send(send_: Any, status: int, payload: bytes,
 
 async def read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, bytes]:
     """The whole body, or a 4xx. The cap is ``--max-body-bytes`` as the guarded protocol
-    (app/limits.py, which enforces it on the wire too) hands it over, else MAX_BODY."""
+    (app/httplimits.py, which enforces it on the wire too) hands it over, else MAX_BODY."""
     cap = scope.get("extensions", {}).get("envelope.max_body_bytes", MAX_BODY)
     for name, value in scope.get("headers", ()):
         if name == b"content-length":

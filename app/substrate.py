@@ -38,7 +38,6 @@ __all__ = [
     "PoolShape",
     "as_crd_template",
     "is_current_template",
-    "pool_offers",
     "pool_sandbox_classes",
     "pool_worker_image",
     "read_current_template",
@@ -152,11 +151,6 @@ def read_pool_classes(pool: object) -> PoolClasses:
 def pool_sandbox_classes(pool: object) -> frozenset[str]:
     """The sandbox classes a WorkerPool of either shape runs (see :func:`read_pool_classes`)."""
     return read_pool_classes(pool).classes
-
-
-def pool_offers(pool: object, sandbox_class: str) -> bool:
-    """Whether the pool runs actors of ``sandbox_class`` (a template's class, defaulted)."""
-    return (sandbox_class or CRD_DEFAULT_CLASS) in pool_sandbox_classes(pool)
 
 
 def pool_worker_image(pool: object) -> str | None:

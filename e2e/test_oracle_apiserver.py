@@ -1,4 +1,4 @@
-"""Quantity and defaulting oracles: app/quantity.py and app/scheduling.default_pod
+"""Quantity and defaulting oracles: app/quantity.py and app/defaulting.default_pod
 against what the real kube-apiserver accepts and stores (``dryRun=All`` creates,
 in a namespace the Envelope webhook does not see).
 
@@ -26,8 +26,9 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
+from app.defaulting import default_pod, effective_pod_requests
 from app.quantity import QuantityError, parse_quantity
-from app.scheduling import default_pod, effective_pod_requests, pod_requests
+from app.scheduling import pod_requests
 from harness import Cluster
 
 DEFAULT_QUANTITY_CASES = 400

@@ -26,7 +26,13 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
-from app.scheduling import default_pod, effective_pod_requests, evaluate, node_from_object
+from app.defaulting import default_pod, effective_pod_requests
+from app.scheduling import (
+    NodeGroup,
+    node_from_object,
+    place_pod,
+    pod_requests,
+)
 from harness import SCHEDULER_NAME, Cluster, HarnessError, Scheduler, pod_schedule_outcome
 
 DEFAULT_CASES = 320  # >= 300 judged after the few the API server refuses as invalid
@@ -246,8 +252,15 @@ def _model(scn: Scenario) -> tuple[bool, str]:
                "status": {"allocatable": node["allocatable"]}}
         on_node = [default_pod(p) for p in scn.existing if p["spec"]["nodeName"] == node["name"]]
         nodes.append(node_from_object(obj, on_node))
-    verdict = evaluate(stored, nodes)
-    return verdict.fits, verdict.describe()
+    verdict = place_pod(stored, [NodeGroup(n) for n in nodes], pod_requests(stored), len(nodes) + 1)
+    if verdict.fits:
+        return True, "fits a node"
+    closest = verdict.closest
+    if closest is not None:
+        short = ", ".join(f"{s.resource} {s.requested} requested, {max(s.free, 0)} free of {s.allocatable}"
+                          for s in closest.shortfalls)
+        return False, f"fits no node; closest is {closest.node.name}: {short}"
+    return False, f"no node admits the pod's placement ({verdict.count} nodes: {'; '.join(verdict.reasons)})"
 
 
 def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple[list[str], int, int]:

@@ -10,8 +10,8 @@ import pytest
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import Evaluation, check_object, evaluate
+from app.podspec import POD_SPEC_PATHS
 from app.rules.base import Subject
-from app.rules.workloads import POD_SPEC_PATHS
 from app.ruleset import default_ruleset
 
 API = {("", "Pod"): "v1", ("", "ReplicationController"): "v1"}

@@ -108,10 +108,12 @@ def test_kai_quota_objects_with_a_300000_digit_value_are_answered_quickly() -> N
 
 def _all_permutations_needs(spec: dict[str, Any], lrs: list[dict[str, Any]],
                             quotas: list[dict[str, Any]]) -> list[Any]:
-    from app.namespace_policy import _defaulted_item, _items, cpu_limit_needs_in_order
+    from app.defaulting import defaulted_limit_range_item, limit_range_items
+    from app.namespace_policy import cpu_limit_needs_in_order
 
     def sets_defaults(lr: dict[str, Any]) -> bool:
-        return any(i.get("type") == "Container" and any(_defaulted_item(i).values()) for i in _items(lr))
+        return any(i.get("type") == "Container" and any(defaulted_limit_range_item(i).values())
+                   for i in limit_range_items(lr))
 
     with_defaults = [lr for lr in lrs if sets_defaults(lr)]
     others = [lr for lr in lrs if not sets_defaults(lr)]
@@ -215,12 +217,14 @@ def test_beyond_the_bound_on_orders_cpu_limits_are_kept_and_the_message_says_why
           [lr(f"m{i}", {"default": {"memory": f"{i}Gi"}}) for i in range(4)]
     quota = {"metadata": {"name": "q"}, "spec": {"hard": {"limits.cpu": "100"}, "scopes": ["NotBestEffort"]}}
     spec = {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "50m"}}}]}
-    assert len(limit_range_orders(lrs, [quota])) == MAX_LIMIT_RANGE_ORDERS
+    orders, complete = limit_range_orders(lrs, [quota])
+    assert len(orders) == MAX_LIMIT_RANGE_ORDERS and not complete
     needs = [str(n) for n in cpu_limit_needs(spec, lrs, [quota])]
     assert f"more than {MAX_LIMIT_RANGE_ORDERS} ways" in needs[-1]
     assert any(n.startswith('ResourceQuota "q" sets limits.cpu=100') for n in needs)
     # Without the BestEffort scope memory decides nothing: 4 x 5 orders, all judged.
-    assert len(limit_range_orders(lrs, [])) == 20
+    orders, complete = limit_range_orders(lrs, [])
+    assert len(orders) == 20 and complete
     assert not any("ways" in str(n) for n in cpu_limit_needs(spec, lrs, []))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.limits import ETCD_MAX_REQUEST_BYTES, MAX_BODY
+from app.httplimits import ETCD_MAX_REQUEST_BYTES, MAX_BODY
 from tests.test_limits import Serve, closed_after, start_serve
 
 

@@ -21,8 +21,8 @@ from app.matchconditions import (
     mutate_expression,
     webhook_config_patch,
 )
+from app.podspec import WORKLOAD_KINDS
 from app.rules.base import rule, rules_of
-from app.rules.workloads import WORKLOAD_KINDS
 from app.ruleset import RuleSet, default_ruleset
 
 RULES = default_ruleset()

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from app.limits import Limits, guarded_protocol
+from app.httplimits import Limits, guarded_protocol
 from app.tls import KeyPair, TlsState, issue_serving, make_ca
 
 NAMES = ["localhost", "127.0.0.1"]

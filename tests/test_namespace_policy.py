@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from app.defaulting import apply_limit_range_defaults
 from app.namespace_policy import (
-    apply_limit_range_defaults,
     cpu_limit_needs,
     is_best_effort,
     limit_range_orders,
@@ -141,7 +141,8 @@ def test_two_limit_ranges_with_defaults_may_apply_in_either_order() -> None:
     in map order, so either default may win; the verdict merges both."""
     a = lr("a", {"type": "Container", "default": {"cpu": "1"}})
     b = lr("b", {"type": "Container", "max": {"cpu": "4"}, "maxLimitRequestRatio": {"cpu": "2"}})
-    assert len(limit_range_orders([a, b])) == 2
+    orders, complete = limit_range_orders([a, b])
+    assert len(orders) == 2 and complete
     needs = cpu_limit_needs(NO_CPU_LIMIT, [a, b], [])
     assert [n.name for n in needs] == ["b"]  # b's own default 4 over request 500m: ratio 8
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from app.cluster.view import ScopedView, StaticView
 from app.config import Policy
+from app.defaulting import effective_pod_requests
 from app.rules.base import Subject
 from app.rules.namespace import (
     MAX_NODE_GROUPS,
@@ -22,7 +23,7 @@ from app.rules.namespace import (
     _reserved,
     pod_fits_node,
 )
-from app.scheduling import effective_pod_requests, evaluate, place
+from app.scheduling import CORDONED, PodPlacement, fit_node, place_pod
 from tests.conftest import container, run, workload
 
 HOST = "kubernetes.io/hostname"
@@ -47,13 +48,22 @@ def node(name: str, cpu: str, memory: str, *, labels: dict[str, str] | None = No
 
 
 def per_node(view: StaticView, spec: dict[str, Any], requests: dict[str, Any], rc: int, rm: int) -> Any:
-    """The reference: every Node judged on its own (app.scheduling ``evaluate``)."""
+    """The reference: every Node judged on its own with ``fit_node``, the closest chosen
+    here (fewest short resources, then the smallest missing share, ties to the first
+    name), not by ``place_pod``."""
     nodes = [_reserved(n, rc, rm) for n in map(_node_of, view.list("Node")) if n is not None]
-    return evaluate(spec, nodes, requests=requests).placement()
+    verdicts = [fit_node(spec, n, requests) for n in nodes]
+    if any(v.fits for v in verdicts):
+        return PodPlacement(True)
+    short = [v for v in verdicts if not v.blocked and v.shortfalls]
+    closest = min(short, key=lambda v: (v.distance(), v.node.name)) if short else None
+    return PodPlacement(False, closest=closest, count=len(verdicts),
+                        reasons=tuple(sorted({r for v in verdicts for r in v.blocked})),
+                        cordoned_only=any(v.blocked == (CORDONED,) for v in verdicts))
 
 
 def grouped(view: StaticView, spec: dict[str, Any], requests: dict[str, Any], rc: int, rm: int) -> Any:
-    return place(spec, _groups(view, spec, rc, rm), requests, MAX_NODE_GROUPS)
+    return place_pod(spec, _groups(view, spec, rc, rm), requests, MAX_NODE_GROUPS)
 
 
 def same(a: Any, b: Any) -> None:

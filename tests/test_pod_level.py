@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from app.defaulting import default_pod
 from app.envelope import move_pod_level_cpu_limit, pod_amount, pod_level_cpu_request_default
-from app.scheduling import default_pod
 from tests.conftest import container, run, workload
 
 

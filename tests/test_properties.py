@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.envelope import parse_envelope_string
+from app.podspec import POD_SPEC_PATHS
 from app.quantity import parse_quantity
-from app.rules.workloads import POD_SPEC_PATHS
 from tests.conftest import resources_of, run, workload
 
 KINDS = [kind for _, kind in POD_SPEC_PATHS]

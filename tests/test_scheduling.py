@@ -9,15 +9,16 @@ from typing import Any
 
 import pytest
 
+from app.autoscaling import scale_up
+from app.defaulting import default_pod, effective_pod_requests
 from app.scheduling import (
     Node,
-    default_pod,
-    effective_pod_requests,
-    evaluate,
+    NodeGroup,
     fit_node,
     is_scalar_resource,
     node_from_object,
     node_shape,
+    place_pod,
     pod_requests,
     tolerates,
 )
@@ -114,10 +115,14 @@ def test_one_node_at_a_time_not_the_max_per_dimension() -> None:
     """Class 2: cpu on one node, memory on another: fits neither."""
     spec = {"containers": [c("a", {"cpu": "4", "memory": "8Gi"})]}
     nodes = [node("cpu-rich", cpu="8", memory="4Gi"), node("mem-rich", cpu="2", memory="16Gi")]
-    verdict = evaluate(spec, nodes)
+    verdict = place_pod(spec, [NodeGroup(n) for n in nodes], pod_requests(spec), 10)
     assert not verdict.fits
     assert verdict.closest is not None
-    assert "free of" in verdict.describe()
+    # Each node lacks half of one resource (a tie): the first name is the closest, with
+    # the numbers pod-fits-node shows (requested, free, allocatable).
+    assert verdict.closest.node.name == "cpu-rich"
+    assert [(s.resource, s.requested, s.free, s.allocatable) for s in verdict.closest.shortfalls] == \
+        [("memory", 8 * 2**30, 4 * 2**30, 4 * 2**30)]
 
 
 def test_extended_resources_and_pod_count() -> None:
@@ -235,12 +240,16 @@ def test_node_selector_and_affinity_both_apply() -> None:
 def test_potential_nodes_never_make_it_fit_but_are_reported() -> None:
     spec = {"containers": [c("a", {"nvidia.com/gpu": "8"})]}
     shape = node_shape("p4d.24xlarge", {"nvidia.com/gpu": "8", "pods": "110", "cpu": "96"})
-    verdict = evaluate(spec, [node(cpu="8")], potential=[shape])
-    assert not verdict.fits
-    assert verdict.fits_after_scale_up is not None
-    assert "p4d.24xlarge" in verdict.describe()
+    assert not place_pod(spec, [NodeGroup(node(cpu="8"))], pod_requests(spec), 10).fits
+    new_node, why_not = scale_up(spec, pod_requests(spec), shapes=[shape])
+    assert new_node is not None and new_node.verdict.fits
+    assert "p4d.24xlarge" in new_node.source
+    assert why_not == []
     too_big = {"containers": [c("a", {"nvidia.com/gpu": "16"})]}
-    assert evaluate(too_big, [node(cpu="8")], potential=[shape]).fits_after_scale_up is None
+    assert not place_pod(too_big, [NodeGroup(node(cpu="8"))], pod_requests(too_big), 10).fits
+    none, why_not = scale_up(too_big, pod_requests(too_big), shapes=[shape])
+    assert none is None
+    assert why_not == ["shape p4d.24xlarge: nvidia.com/gpu 16 requested, 8 allocatable"]
 
 
 def test_resource_lists_round_up_to_millis_after_pod_level_defaulting() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.limits import MAX_BODY
+from app.httplimits import MAX_BODY
 from app.tls import write_self_signed
 from tests.conftest import container, workload
 

@@ -1,9 +1,9 @@
-"""Connection slots (app/limits.py ``Slots``): who is evicted when a listener is full.
+"""Connection slots (app/httplimits.py ``Slots``): who is evicted when a listener is full.
 The listeners' own tests (test_probes.py, test_metrics_server.py) show it on sockets."""
 
 from __future__ import annotations
 
-from app.limits import BUSY, IDLE, Slots
+from app.httplimits import BUSY, IDLE, Slots
 
 
 def _slots(cap: int) -> tuple[Slots, list[str]]:

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from app.actortypes import sandbox_class_of
 from app.substrate import (
     CurrentTemplate,
     as_crd_template,
     is_current_template,
-    pool_offers,
     pool_sandbox_classes,
     pool_worker_image,
     read_current_template,
@@ -61,7 +61,7 @@ def test_new_shape_reads_every_listed_class() -> None:
     vm = new_pool({"name": "microvm", "configRef": {"name": "microvm-default"}})
     assert pool_sandbox_classes(vm) == frozenset({"microvm"})
     assert read_pool_classes(vm).shape == "sandboxClasses"
-    assert pool_offers(vm, "microvm") and not pool_offers(vm, "gvisor")
+    assert "microvm" in pool_sandbox_classes(vm) and "gvisor" not in pool_sandbox_classes(vm)
     # upstream allows one entry today; a later relaxation is read, not refused
     assert pool_sandbox_classes(new_pool("gvisor", "microvm")) == frozenset({"gvisor", "microvm"})
 
@@ -71,7 +71,9 @@ def test_new_shape_is_not_mistaken_for_gvisor() -> None:
     current pool a gVisor pool."""
     vm = new_pool("microvm")
     assert "gvisor" not in pool_sandbox_classes(vm)
-    assert not pool_offers(vm, "")  # a template without a class means gvisor
+    # a template without a class means gvisor, and such a template is not placed here
+    classless = sandbox_class_of({"spec": {}})
+    assert classless == "gvisor" and classless not in pool_sandbox_classes(vm)
 
 
 def test_new_shape_image() -> None:

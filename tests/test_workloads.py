@@ -6,7 +6,7 @@ import jsonpatch
 import pytest
 
 from app.config import Mode, Policy
-from app.rules.workloads import POD_SPEC_PATHS
+from app.podspec import POD_SPEC_PATHS
 from tests.conftest import container, mutate, resources_of, run, workload
 
 KINDS = [kind for _, kind in POD_SPEC_PATHS]

@@ -10,6 +10,10 @@ below a guest minimum the VM cannot boot; both are settings (``policy.actors``).
 
 Rules are pure functions ``(subject, obj, view, policy) -> findings`` and read other
 objects only through the indexes declared here. See ``docs/actors.md``.
+
+Why one module of ~480 lines: one family of nine rules over two kinds that share the
+reading (decoded once, ``app.actortypes.decode``), the indexes and the placement; the
+typed models and the arithmetic are ``app/actortypes.py``.
 """
 
 from __future__ import annotations
@@ -20,21 +24,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.actors import (
+from app.actortypes import (
     ACTOR_RESOURCES,
     GPU,
     GROUP,
     GVISOR,
     GVISOR_ONLY,
     MICROVM,
+    ActorPlacement,
     ActorTemplate,
     MemoryFloor,
-    Placement,
     WorkerPool,
     actor_size,
+    decode,
     no_fit_message,
     offered,
-    place,
+    place_actor,
     sandbox_class_of,
     selects,
     shortfall,
@@ -43,12 +48,13 @@ from app.actors import (
     show_bytes,
     worker_capacity,
 )
+from app.cluster.after import AfterWrite
 from app.cluster.view import ClusterView, Index
 from app.config import Mode, Policy
 from app.quantity import SHOWN, QuantityError, parse_quantity, shown
 from app.rules.base import Finding, Subject, error, rule, warning
 from app.substrate import pool_sandbox_classes, read_pool_classes
-from app.util import dig, dotted, same
+from app.util import Memo, dig, dotted, same
 
 __all__ = ["INDEXES", "POOLS_BY_CLASS", "TEMPLATES_BY_CLASS", "microvm_floor"]
 
@@ -97,21 +103,16 @@ def microvm_floor(policy: Policy) -> MemoryFloor:
 
 
 def _template(obj: dict[str, Any] | None) -> ActorTemplate | None:
-    if obj is None:
-        return None
-    try:
-        return ActorTemplate.model_validate(obj)
-    except ValidationError:
-        return None  # actor-limits reports the shape
+    """The typed template (decoded once: ``app.actortypes.decode``); None when it does not
+    have the shape (actor-limits reports it)."""
+    found = decode(ActorTemplate, obj) if obj is not None else None
+    return found if isinstance(found, ActorTemplate) else None
 
 
 def _pool(obj: dict[str, Any] | None) -> WorkerPool | None:
-    if obj is None:
-        return None
-    try:
-        return WorkerPool.model_validate(obj)
-    except ValidationError:
-        return None  # actor-pool-resources reports the shape
+    """The typed pool, decoded once; None when malformed (actor-pool-resources reports it)."""
+    found = decode(WorkerPool, obj) if obj is not None else None
+    return found if isinstance(found, WorkerPool) else None
 
 
 def _shape_findings(problem: ValidationError) -> list[Finding]:
@@ -124,21 +125,16 @@ def _namespace(subject: Subject, meta_namespace: str | None) -> str:
     return subject.namespace or meta_namespace or ""
 
 
-def _pools(view: ClusterView, namespace: str, sandbox_class: str,
-           admitted: WorkerPool | None = None) -> list[WorkerPool]:
-    """WorkerPools of one class in one namespace, the admitted pool replacing its
-    cached version."""
+def _pools(view: ClusterView | AfterWrite, namespace: str, sandbox_class: str) -> list[WorkerPool]:
+    """WorkerPools of one class in one namespace (of the view as a WorkerPool write
+    leaves it, for ``actor-pool-shrink``), by name."""
     found = [_pool(o) for o in view.by_index(POOLS_BY_CLASS, f"{namespace}/{sandbox_class}")]
-    pools = [p for p in found if p is not None
-             and (admitted is None or p.metadata.name != admitted.metadata.name)]
-    if admitted is not None and sandbox_class in admitted.sandbox_classes:
-        pools.append(admitted)
-    return sorted(pools, key=lambda p: p.metadata.name or "")
+    return sorted((p for p in found if p is not None), key=lambda p: p.metadata.name or "")
 
 # --------------------------------------------------------------------------- placement
 
 
-def _placement_finding(found: Placement) -> Finding | None:
+def _placement_finding(found: ActorPlacement) -> Finding | None:
     if not found.candidates:
         return warning("spec.sandboxClass",
                        f"no {found.sandbox_class} WorkerPool in {found.where} yet; "
@@ -266,10 +262,9 @@ def _limit_problem(name: str, value: Any, sandbox_class: str) -> str | None:
       judges=spec_values)
 def check_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                  policy: Policy) -> list[Finding]:
-    try:
-        template = ActorTemplate.model_validate(obj)
-    except ValidationError as exc:
-        return _shape_findings(exc)
+    template = decode(ActorTemplate, obj)
+    if isinstance(template, ValidationError):
+        return _shape_findings(template)
     findings = []
     for name, value in template.limits.items():
         problem = _limit_problem(name, value, template.spec.sandbox_class)
@@ -313,7 +308,13 @@ def spec_immutable(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     f"ActorTemplate spec is immutable (baked into snapshots); changed {detail}")]
 
 
-def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> Placement | None:
+_PLACEMENTS: Memo[tuple[int, str, tuple[int, ...]],
+                  tuple[ActorTemplate, list[WorkerPool], ActorPlacement]] = Memo(256)
+"""Placements by template and pools: the three rules that read one (actor-placement and
+the two micro-VM warnings) compute it once per review."""
+
+
+def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> ActorPlacement | None:
     """Where the judged template could go; ``None`` when there is nothing to judge or
     its workerSelector is invalid (actor-placement reports that)."""
     template = _template(obj)
@@ -323,7 +324,14 @@ def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> P
     if selector is not None and selector.problems():
         return None
     namespace = _namespace(subject, template.metadata.namespace)
-    return place(template, namespace, _pools(view, namespace, template.spec.sandbox_class))
+    pools = _pools(view, namespace, template.spec.sandbox_class)
+    # Decoded objects are shared (one model per distinct object), so the ids name the
+    # inputs; the entry holds the models, so no id in it is reused while it is kept.
+    key = (id(template), namespace, tuple(id(p) for p in pools))
+    found: tuple[ActorTemplate, list[WorkerPool], ActorPlacement] | None = _PLACEMENTS.get(key)
+    if found is None:
+        found = _PLACEMENTS.put(key, (template, pools, place_actor(template, namespace, pools)))
+    return found[2]
 
 
 @rule("actor-placement", "validate", TEMPLATE_KINDS, Mode.ENFORCE,
@@ -413,6 +421,7 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if before is None or after is None:
         return []
     namespace = _namespace(subject, after.metadata.namespace)
+    written = AfterWrite(view, "WorkerPool", after.metadata.name or "", obj, namespace=namespace)
     findings = []
     raws = [raw for cls in sorted(before.sandbox_classes)
             for raw in view.by_index(TEMPLATES_BY_CLASS, f"{namespace}/{cls}")]
@@ -421,8 +430,8 @@ def pool_shrink(subject: Subject, obj: dict[str, Any], view: ClusterView,
         if template is None or not _hosts(before, template) or _hosts(after, template):
             continue
         message = _lost_reason(before, after, template)
-        pools = _pools(view, namespace, template.spec.sandbox_class, admitted=after)
-        if not place(template, namespace, pools).fitting:
+        pools = _pools(written, namespace, template.spec.sandbox_class)
+        if not place_actor(template, namespace, pools).fitting:
             message += "; no other WorkerPool fits it"
         findings.append(error("spec.template.resources.limits", message))
     return findings
@@ -468,10 +477,9 @@ def _gpu_findings(pool: WorkerPool) -> Iterator[Finding]:
       judges=pool_sizing)
 def pool_resources(subject: Subject, obj: dict[str, Any], view: ClusterView,
                    policy: Policy) -> list[Finding]:
-    try:
-        pool = WorkerPool.model_validate(obj)
-    except ValidationError as exc:
-        return _shape_findings(exc)
+    pool = decode(WorkerPool, obj)
+    if isinstance(pool, ValidationError):
+        return _shape_findings(pool)
     # a sandboxClasses list the CRD would refuse only reaches here from files (envelope check)
     findings = [error(problem.split(":", 1)[0], problem) for problem in read_pool_classes(obj).problems]
     for section in ("limits", "requests"):

@@ -4,6 +4,11 @@ Stripping CPU limits is only safe where the namespace lets pods live without the
 ResourceQuota on ``limits.cpu`` or a LimitRange ``max.cpu`` refuses such pods, and the
 ReplicaSet only shows FailedCreate), and a memory envelope is only honest when it fits
 somewhere: on a node, and in the namespace's memory budget.
+
+Why one module of ~440 lines: five rules that read the namespace and the nodes; most of
+the length is ``pod-fits-node``'s node grouping, kept beside the class index it reads.
+The pod-spec helpers are ``app/podspec.py``, the arithmetic ``app/namespace_policy.py``
+and ``app/scheduling.py``.
 """
 
 from __future__ import annotations
@@ -14,38 +19,38 @@ from decimal import Decimal
 from typing import Any
 
 from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
+from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
+from app.defaulting import default_pod, effective_pod_requests
 from app.disclosure import node_reference
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
 from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
-from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
-from app.rules.workloads import (
-    CPU_LIMIT_RULES,
+from app.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
-    keeps_cpu_limit,
     pod_resources,
     pod_spec,
+    replicas_of,
     well_formed,
 )
+from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
+from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
 from app.scheduling import Node as SchedNode
 from app.scheduling import (
     NodeGroup,
     clamp_quantity,
     class_key,
     class_node,
-    default_pod,
-    effective_pod_requests,
     mentions,
     node_from_object,
-    place,
+    place_pod,
 )
-from app.util import Memo, dig
+from app.util import Memo
 
-__all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS", "replicas_of"]
+__all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS"]
 
 INDEXES = (NODE_LABEL,)
 
@@ -240,9 +245,9 @@ def _own(stand_in: SchedNode, obj: dict[str, Any]) -> SchedNode:
 
 def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
             reserve_memory: int) -> Iterator[NodeGroup]:
-    """The nodes to judge, built as ``place`` asks for them: each node the pod mentions
+    """The nodes to judge, built as ``place_pod`` asks for them: each node the pod mentions
     (a name in ``matchFields``, a per-node label value) on its own, then one stand-in per
-    class for the rest (app.scheduling ``place``)."""
+    class for the rest (app.scheduling ``place_pod``)."""
     counts = view.index_counts(NODE_CLASS)
     said = mentions(spec)
     if said.per_node:  # judge every node on its own
@@ -263,7 +268,7 @@ def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
     own: list[NodeGroup] = []
     for obj in named.values():
         if len(own) > MAX_NODE_GROUPS:
-            break  # place stops before the classes: what they hold no longer matters
+            break  # place_pod stops before the classes: what they hold no longer matters
         key = next(iter(_node_class(obj)), None)
         if key is None or key not in counts:
             continue  # not a node the rule judges (a quantity does not parse), or just added
@@ -327,7 +332,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
     groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory))
-    verdict = place(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
+    verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
     if verdict.fits:
         return []
     path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
@@ -371,26 +376,6 @@ COUNTED_KINDS = ("Deployment", "StatefulSet", "ReplicaSet")
 _QUOTA_KEYS = {"requests.memory": "requests", "memory": "requests", "limits.memory": "limits"}
 
 
-def _count(value: Any, default: int) -> int:
-    """A replica count as the API server decodes it (an integer; null or absent is the
-    default): anything else is the quantities rule's to refuse, not a crash here."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def replicas_of(subject: Subject, obj: dict[str, Any]) -> int:
-    """How many pods the object asks for at once."""
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    if subject.kind == "Pod":
-        return 1
-    if subject.kind == "Job":
-        return _count(spec.get("parallelism"), 1)
-    if subject.kind == "CronJob":
-        return _count(dig(spec, ("jobTemplate", "spec", "parallelism")), 1)
-    if subject.kind == "DaemonSet":
-        return 0  # one per node: not a replica count the namespace chooses
-    return _count(spec.get("replicas"), 1)
-
-
 Row = tuple[str, str, int, Decimal]
 _rows: Memo[tuple[str, str, int, int, int], tuple[list[Row], Decimal]] = Memo(1024)
 
@@ -427,18 +412,21 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
         return []
     spec = pod_spec(subject, obj)
     mine = (subject.name or "(this)", replicas_of(subject, obj), spec) if spec is not None else None
+    # The namespace as this write leaves it: the rows are the view's (summed once per
+    # namespace), less the written object's cached copy, plus the written object.
+    after = AfterWrite(view, subject.kind, subject.name, obj, namespace=subject.namespace)
     findings = []
     for quota, key, hard in quotas:
         section = _QUOTA_KEYS[key]
         rows, total = _namespace_rows(view, subject.namespace, section)
-        me = (subject.kind, subject.name)  # the incoming object replaces its cached version
-        total -= sum((n * m for kind, name, n, m in rows if (kind, name) == me), Decimal(0))
+        cached = [(kind, name) for kind, name, _, _ in rows if after.writes(kind, name, subject.namespace)]
+        total -= sum((n * m for kind, name, n, m in rows if (kind, name) in cached), Decimal(0))
         amount = pod_amount(mine[2], "memory", section) if mine is not None and mine[1] else None
         if amount is not None and mine is not None:
             total += mine[1] * amount
         if total <= parse_quantity(hard):
             continue
-        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) != me]
+        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) not in cached]
         if amount is not None and mine is not None:
             parts.append((mine[0], mine[1], amount))
         parts.sort(key=lambda p: p[1] * p[2], reverse=True)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, Protocol
 
+from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Policy
 from app.kai import (
@@ -146,56 +147,18 @@ INDEXES = (PROJECT_PARENT, QUEUE_PARENT, PROJECT_NAMESPACE, *QUEUE_NAME.values()
            NODEPOOL_LABEL, NODE_LABEL)
 
 
-class After:
-    """The cluster as the write would leave it: the view, with the subject's cached
-    copy replaced by ``obj`` (or gone when ``obj`` is None, on DELETE).
+class After(AfterWrite):
+    """The cluster as the write would leave it (``app.cluster.after.AfterWrite``): the
+    view, with the subject's cached copy replaced by ``obj`` (or gone when ``obj`` is
+    None, on DELETE). KAI kinds are cluster-scoped: kind and name say which is written.
 
     Only objects of the right API group are returned. Rules read nothing else, so the
     same rule judges a webhook request, a file in ``envelope check`` or an audit.
     """
 
     def __init__(self, view: ClusterView, subject: Subject, obj: dict[str, Any] | None) -> None:
-        self.view = view
-        self.kind = subject.kind
-        self.obj = obj
-        self.name = (name_of(obj) if obj else "") or subject.name
-        self._own: dict[Index, frozenset[str]] = {}
-        """The subject's own index values, once per index (a lookup per queue entry
-        would otherwise recompute them all: quadratic in the entries)."""
-
-    def _own_values(self, index: Index) -> frozenset[str]:
-        found = self._own.get(index)
-        if found is None:
-            found = self._own[index] = frozenset(index.values(self.obj)) if self.obj is not None \
-                else frozenset()
-        return found
-
-    def _is_subject(self, kind: str, obj: dict[str, Any]) -> bool:
-        return kind == self.kind and name_of(obj) == self.name
-
-    def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        if kind == self.kind and name == self.name:
-            return self.obj
-        found = self.view.get(kind, name)
-        return found if is_ours(kind, found) else None
-
-    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
-        found = self.view.by_index(index, value)  # our indexes hold only our group
-        kind = index.kind
-        if kind != self.kind:
-            return found
-        found = [o for o in found if not self._is_subject(kind, o)]
-        if self.obj is not None and value in self._own_values(index):
-            found.append(self.obj)
-        return found
-
-    def list(self, kind: str) -> list[dict[str, Any]]:
-        """Every object of a kind: used only for NodePools (few) and, for the default
-        pool's capacity, Nodes (see :func:`pool_capacity`)."""
-        found = [o for o in self.view.list(kind) if is_ours(kind, o) and not self._is_subject(kind, o)]
-        if kind == self.kind and self.obj is not None:
-            found.append(self.obj)
-        return found
+        super().__init__(view, subject.kind, (name_of(obj) if obj else "") or subject.name, obj,
+                         namespaced=False, keep=is_ours)
 
 
 def spec_input(kind: str, obj: dict[str, Any]) -> Any:

@@ -15,13 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
 from app.selectors import LabelSelector
 from app.substrate import pool_sandbox_classes
+from app.util import Memo
 
 __all__ = [
     "ACTOR_RESOURCES",
@@ -31,17 +33,18 @@ __all__ = [
     "GVISOR",
     "GVISOR_ONLY",
     "MICROVM",
+    "ActorPlacement",
     "ActorTemplate",
     "LabelSelector",
     "MemoryFloor",
-    "Placement",
     "ResourceRequirements",
     "Size",
     "WorkerPool",
     "actor_size",
+    "decode",
     "no_fit_message",
     "offered",
-    "place",
+    "place_actor",
     "sandbox_class_of",
     "selects",
     "shortfall",
@@ -138,6 +141,41 @@ class WorkerPool(_Model):
         if "sandbox_class" in spec.model_fields_set:
             raw["sandboxClass"] = spec.sandbox_class
         return pool_sandbox_classes({"spec": raw})
+
+
+# --------------------------------------------------------------------------- decoding
+
+_M = TypeVar("_M", bound=_Model)
+_NOT_DECODED = object()
+_DECODED: Memo[tuple[str, bytes], Any] = Memo(4096, weigh=lambda key: len(key[1]), budget=16 * 2**20)
+"""Decoded objects by their JSON (at most 16 MiB of it): every rule that reads the
+ActorTemplate of a review, and every review that reads the same WorkerPool of the view,
+shares one decoding."""
+
+
+def _validate(model: type[_M], obj: object) -> _M | ValidationError:
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        return exc.with_traceback(None)  # kept in the memo: no frames with it
+
+
+def decode(model: type[_M], obj: Mapping[str, Any]) -> _M | ValidationError:
+    """``model.model_validate(obj)``, or why it does not validate, once per distinct
+    object. The model is decoded from the JSON it is remembered by (not from ``obj``),
+    so it shares nothing with an object a caller may change later. Objects orjson
+    cannot write (non-string keys from a YAML file, nesting past its 255 levels) are
+    decoded every time."""
+    try:
+        raw = orjson.dumps(obj)
+    except (orjson.JSONEncodeError, TypeError):
+        return _validate(model, obj)
+    key = (model.__name__, raw)
+    found = _DECODED.get(key, _NOT_DECODED)
+    if found is _NOT_DECODED:
+        found = _DECODED.put(key, _validate(model, orjson.loads(raw)))
+    result: _M | ValidationError = found
+    return result
 
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:
@@ -251,7 +289,7 @@ def selects(selector: LabelSelector | None, pool: WorkerPool) -> bool:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ActorPlacement:
     """Where an actor could go, narrowed step by step as upstream's scheduler does."""
 
     namespace: str
@@ -275,15 +313,15 @@ class Placement:
         return f"{text} matching workerSelector" if self.selector is not None else text
 
 
-def place(template: ActorTemplate, namespace: str, pools: list[WorkerPool]) -> Placement:
+def place_actor(template: ActorTemplate, namespace: str, pools: list[WorkerPool]) -> ActorPlacement:
     size = actor_size(template)
     selector = template.spec.worker_selector
     eligible = [p for p in pools if selects(selector, p)]
     fitting = [p for p in eligible if not shortfall(size, worker_capacity(p))]
-    return Placement(namespace, template.spec.sandbox_class, selector, size, pools, eligible, fitting)
+    return ActorPlacement(namespace, template.spec.sandbox_class, selector, size, pools, eligible, fitting)
 
 
-def no_fit_message(found: Placement) -> str:
+def no_fit_message(found: ActorPlacement) -> str:
     capacities = [worker_capacity(p) for p in found.eligible]
     largest = {name: largest_offer(capacities, name) for name in found.size}
     short = [n for n, amount in found.size.items() if (most := largest[n]) is not None and amount > most]

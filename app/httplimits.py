@@ -36,6 +36,10 @@ uvicorn's own settings cover the rest (see :func:`uvicorn_options`): idle keep-a
 (``timeout_keep_alive``), a cap on tasks answered ``503`` (``limit_concurrency``) and
 the listen ``backlog``. :func:`uvicorn_options` also raises the process's soft
 open-file limit to its hard limit and lowers the slot count if even that is too small.
+
+Why one module of ~720 lines: every limit is a state of the same per-connection
+protocol object (the slot, the head and body counters, the timers share its callbacks);
+split, each part would reach into the others' state.
 """
 
 from __future__ import annotations

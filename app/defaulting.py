@@ -1,0 +1,275 @@
+"""The API server's resource defaulting of a Pod, before any webhook judges it.
+
+Pure functions over plain Kubernetes dicts; no I/O. Matched against Kubernetes
+v1.34.12 (the e2e control plane) and checked there by the scheduling and admission
+oracles (``e2e/test_oracle_scheduling.py``, ``e2e/test_oracle_admission.py``):
+
+- API defaulting of a *Pod* (never of a template): ``pkg/apis/core/v1/defaults.go``
+  ``SetDefaults_Pod`` (container requests from limits), ``defaultHugePagePodLimits``
+  and ``defaultPodRequests`` (PodLevelResources, beta and on in 1.34), and the
+  generated defaulter's ``SetDefaults_ResourceList`` (every value rounded up to 1m);
+- LimitRanger's container defaults: ``plugin/pkg/admission/limitranger/admission.go``
+  ``PodMutateLimitFunc``, with ``SetDefaults_LimitRangeItem`` (``default`` from
+  ``max``, ``defaultRequest`` from ``default``, then from ``min``).
+
+The request the scheduler then charges (component-helpers ``PodRequests``) and the
+filters are ``app/scheduling.py``; which LimitRanges and quotas refuse the defaulted
+pod is ``app/namespace_policy.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from decimal import ROUND_UP, Context, Decimal
+from typing import Any
+
+from app.quantity import QuantityError, parse_quantity
+from app.scheduling import (
+    ResourceList,
+    aggregate_container_limits,
+    aggregate_container_requests,
+    is_supported_pod_level_resource,
+    pod_requests,
+)
+
+__all__ = ["apply_limit_range_defaults", "copy_for_defaulting", "default_pod", "defaulted_limit_range_item",
+           "effective_pod_requests", "limit_range_items"]
+
+_HUGEPAGES = "hugepages-"
+
+
+# ------------------------------------------------------------------ API defaulting
+
+
+def _default_container_requests(container: dict[str, Any]) -> None:
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return
+    limits = resources.get("limits")
+    if not isinstance(limits, dict) or not limits:
+        return
+    requests = resources.get("requests")
+    if not isinstance(requests, dict):
+        requests = {}
+        resources["requests"] = requests
+    for name, value in limits.items():
+        requests.setdefault(name, value)
+
+
+def _canonical(value: Decimal) -> str:
+    """A quantity string with exactly ``value`` (plain digits when short)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    if -9 <= exponent <= 18:
+        return format(value, "f")
+    coefficient = ("-" if sign else "") + "".join(map(str, digits))
+    return f"{coefficient}e{exponent}"
+
+
+def _round_up_milli(value: object) -> object:
+    """pkg/apis/core/v1/defaults.go ``SetDefaults_ResourceList``: every value of a
+    ResourceList is rounded up to a multiple of 1m (``Quantity.RoundUp(-3)``)."""
+    try:
+        q = parse_quantity(value)
+    except QuantityError:
+        return value
+    if q.is_finite() and q.adjusted() > 24:
+        return value
+    exponent = q.as_tuple().exponent
+    if not isinstance(exponent, int) or exponent >= -3:
+        return value
+    ctx = Context(prec=len(q.as_tuple().digits) + 5)
+    return _canonical(q.quantize(Decimal("0.001"), rounding=ROUND_UP, context=ctx))
+
+
+def _round_lists(spec: dict[str, Any]) -> None:
+    """Round every resource list of a pod spec in place, as the generated defaulter
+    does after ``SetDefaults_Pod`` (containers, init containers, overhead and
+    pod-level resources)."""
+    lists: list[Any] = []
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
+                lists += [container["resources"].get("limits"), container["resources"].get("requests")]
+    lists.append(spec.get("overhead"))
+    if isinstance(spec.get("resources"), dict):
+        lists += [spec["resources"].get("limits"), spec["resources"].get("requests")]
+    for rl in lists:
+        if isinstance(rl, dict):
+            for name in list(rl):
+                rl[name] = _round_up_milli(rl[name])
+
+
+def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a *Pod* with the resource defaults the API server applies on
+    create (pkg/apis/core/v1/defaults.go ``SetDefaults_Pod``, v1.34):
+
+    1. every container and init container without a request for a resource it
+       limits gets request = limit;
+    2. PodLevelResources (on in 1.34), only when ``spec.resources`` is set:
+       ``defaultHugePagePodLimits`` (pod-level hugepages limit = the containers'
+       aggregate hugepages limit, unless a pod-level hugepages request exists),
+       then ``defaultPodRequests`` — only when pod-level *limits* exist: a missing
+       pod-level cpu/memory request defaults to the containers' aggregate request
+       when any container requests it, else to the pod-level limit (hugepages: to
+       the pod-level limit).
+
+    3. then, as the generated defaulter does for every ResourceList (templates
+       included), each value is rounded up to a multiple of 1m
+       (``SetDefaults_ResourceList``). The pod-level default is computed *before*
+       that rounding, from the unrounded container values: for a Pod written with
+       sub-millicore requests the API server's own validation may then refuse it
+       ("must be greater than or equal to aggregate container requests"; see
+       docs/fidelity.md).
+
+    Pod *templates* get no request defaulting (only step 3); apply this to the Pod
+    a template makes. New values are written as exact quantity strings.
+    """
+    out = copy_for_defaulting(pod)
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        return out
+    _default_pod_spec(spec)
+    _round_lists(spec)
+    return out
+
+
+def _copy_resource_map(resources: dict[str, Any]) -> dict[str, Any]:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in resources.items()}
+
+
+def copy_for_defaulting(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of what defaulting writes — the spec, its container lists, each container
+    and its ``resources`` maps, the pod-level ``resources`` and ``overhead`` — sharing
+    everything else (env, probes, volumes) with ``pod``. A deep copy of the whole Pod
+    cost ~0.5 ms a review on the admission path (rules call this several times)."""
+    out = dict(pod)
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        return out
+    spec = out["spec"] = dict(spec)
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            copied = []
+            for item in items:
+                if isinstance(item, dict):
+                    item = dict(item)
+                    if isinstance(item.get("resources"), dict):
+                        item["resources"] = _copy_resource_map(item["resources"])
+                copied.append(item)
+            spec[key] = copied
+    if isinstance(spec.get("resources"), dict):
+        spec["resources"] = _copy_resource_map(spec["resources"])
+    if isinstance(spec.get("overhead"), dict):
+        spec["overhead"] = dict(spec["overhead"])
+    return out
+
+
+def _default_pod_spec(spec: dict[str, Any]) -> None:
+    """Steps 1 and 2 of ``default_pod``, in place."""
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict):
+                _default_container_requests(container)
+    resources = spec.get("resources")
+    if not isinstance(resources, dict):
+        return
+    limits_raw = resources.get("limits") if isinstance(resources.get("limits"), dict) else None
+    requests_raw = resources.get("requests") if isinstance(resources.get("requests"), dict) else None
+    # defaultHugePagePodLimits
+    if limits_raw or requests_raw:
+        pod_limits = dict(limits_raw or {})
+        for name, value in aggregate_container_limits(spec).items():
+            if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
+                continue
+            pod_limits.setdefault(name, _canonical(value))
+        if pod_limits:
+            resources["limits"] = pod_limits
+            limits_raw = pod_limits
+    # defaultPodRequests
+    if not limits_raw:
+        return
+    pod_requests_out = dict(requests_raw or {})
+    for name, value in aggregate_container_requests(spec).items():
+        # IsOvercommitAllowed: not hugepages (and not other non-overcommittable ones).
+        if name not in pod_requests_out and name in ("cpu", "memory"):
+            pod_requests_out[name] = _canonical(value)
+    for name, value in limits_raw.items():
+        if name not in pod_requests_out and is_supported_pod_level_resource(name):
+            pod_requests_out[name] = value
+    if pod_requests_out:
+        resources["requests"] = pod_requests_out
+
+
+def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = True) -> ResourceList:
+    """What the scheduler will charge for the pod made from this spec: API
+    defaulting (``default_pod``) and then ``pod_requests``. A template spec
+    becomes a Pod before it is scheduled, so it is defaulted the same way."""
+    spec = pod_or_spec.get("spec") if is_pod else pod_or_spec
+    if not isinstance(spec, Mapping):
+        return {}
+    if not is_pod:
+        # A template is stored with its resource lists rounded; its Pods are made
+        # from that stored template.
+        rounded = copy_for_defaulting({"spec": spec})["spec"]
+        _round_lists(rounded)
+        spec = rounded
+    defaulted = default_pod({"spec": spec})["spec"]
+    return pod_requests(defaulted)
+
+
+# ------------------------------------------------- LimitRanger's container defaults
+
+
+def limit_range_items(limit_range: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = limit_range.get("spec")
+    limits = spec.get("limits") if isinstance(spec, Mapping) else None
+    return [i for i in limits or [] if isinstance(i, Mapping)]
+
+
+def defaulted_limit_range_item(item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """SetDefaults_LimitRangeItem (type Container): default from max, defaultRequest
+    from default, then from min."""
+    default = dict(item.get("default") or {})
+    default_request = dict(item.get("defaultRequest") or {})
+    for key, value in (item.get("max") or {}).items():
+        default.setdefault(key, value)
+    for key, value in default.items():
+        default_request.setdefault(key, value)
+    for key, value in (item.get("min") or {}).items():
+        default_request.setdefault(key, value)
+    return {"default": default, "defaultRequest": default_request}
+
+
+def apply_limit_range_defaults(spec: Mapping[str, Any],
+                               limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of the pod spec with LimitRanger's container defaults filled in
+    (``PodMutateLimitFunc``, every LimitRange in turn; a value already set, or set
+    by an earlier LimitRange, is kept)."""
+    out: dict[str, Any] = copy_for_defaulting({"spec": spec})["spec"]
+    for lr in limit_ranges:
+        limits: dict[str, Any] = {}
+        requests: dict[str, Any] = {}
+        for item in limit_range_items(lr):
+            if item.get("type") == "Container":
+                d = defaulted_limit_range_item(item)
+                requests.update(d["defaultRequest"])
+                limits.update(d["default"])
+        if not limits and not requests:
+            continue
+        for key in ("containers", "initContainers"):
+            for container in out.get(key) or []:
+                if not isinstance(container, dict):
+                    continue
+                res = container.get("resources")
+                if not isinstance(res, dict):  # absent, or null as a manifest may write it
+                    res = container["resources"] = {}
+                for which, defaults in (("limits", limits), ("requests", requests)):
+                    current = res.get(which)
+                    if not isinstance(current, dict):
+                        current = {}
+                        res[which] = current
+                    for name, value in defaults.items():
+                        current.setdefault(name, value)
+    return out
