@@ -87,7 +87,7 @@ def document(rules: RuleSet) -> dict[str, Any]:
 
 
 def render(rules: RuleSet) -> str:
-    return HEADER + yaml.safe_dump(document(rules), sort_keys=False, width=100)
+    return HEADER + str(yaml.safe_dump(document(rules), sort_keys=False, width=100))
 
 
 def main(argv: list[str] | None = None) -> int:

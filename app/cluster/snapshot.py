@@ -67,7 +67,8 @@ def snapshot(client: KubeClient, kinds: Iterable[Kind], page_size: int = 500,
 
 
 def _key(obj: dict[str, Any]) -> tuple[tuple[str, str], str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
     return (ref_of(obj), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
