@@ -49,12 +49,13 @@ from urllib.parse import quote
 import orjson
 from prometheus_client import CollectorRegistry, Gauge
 
-from app.cluster.kube import ApiError, KubeClient, loads
+from app.cluster.kube import ApiError, KubeClient, pages
 from app.cluster.live import Informer, Resource, resources_for
 from app.cluster.view import Store
 from app.config import Policy
 from app.engine import check_object
 from app.exemptions import needs_namespaces
+from app.kinds import KINDS, Kind
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 
@@ -103,39 +104,11 @@ Outcome = Literal["pass", "fail", "warn", "error", "skip"]
 OUTCOMES: tuple[Outcome, ...] = ("pass", "fail", "warn", "error", "skip")
 
 
-@dataclass(frozen=True)
-class Judged:
-    """A kind the rules judge, and where to list it."""
+Judged = Kind
+"""A kind the rules judge, and where to list it (``app.kinds.Kind``)."""
 
-    group: str
-    version: str
-    kind: str
-    path: str
-    optional: bool = False
-    """A CRD that may not be installed: 404 lists nothing."""
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-
-JUDGED: tuple[Judged, ...] = (
-    Judged("", "v1", "Pod", "/api/v1/pods"),
-    Judged("", "v1", "ReplicationController", "/api/v1/replicationcontrollers"),
-    Judged("apps", "v1", "Deployment", "/apis/apps/v1/deployments"),
-    Judged("apps", "v1", "StatefulSet", "/apis/apps/v1/statefulsets"),
-    Judged("apps", "v1", "DaemonSet", "/apis/apps/v1/daemonsets"),
-    Judged("apps", "v1", "ReplicaSet", "/apis/apps/v1/replicasets"),
-    Judged("batch", "v1", "CronJob", "/apis/batch/v1/cronjobs"),
-    Judged("batch", "v1", "Job", "/apis/batch/v1/jobs"),
-    Judged("kai.resources", "v1alpha1", "NodePool", "/apis/kai.resources/v1alpha1/nodepools", True),
-    Judged("kai.resources", "v1alpha1", "Department", "/apis/kai.resources/v1alpha1/departments",
-           True),
-    Judged("kai.resources", "v1alpha1", "Project", "/apis/kai.resources/v1alpha1/projects", True),
-    Judged("scheduling.run.ai", "v2", "Queue", "/apis/scheduling.run.ai/v2/queues", True),
-    Judged("ate.dev", "v1alpha1", "WorkerPool", "/apis/ate.dev/v1alpha1/workerpools", True),
-    Judged("ate.dev", "v1alpha1", "ActorTemplate", "/apis/ate.dev/v1alpha1/actortemplates", True),
-)
+JUDGED: tuple[Kind, ...] = KINDS
+"""Every kind with a list path; :func:`judged_for` picks those a rule set judges."""
 
 #: Controllers whose objects are skipped as ``owned``: (owner kind, owned kind).
 OWNERS: frozenset[tuple[str, str]] = frozenset({
@@ -148,11 +121,11 @@ def judged_for(rules: RuleSet) -> tuple[Judged, ...]:
     """What to list for ``rules``: every kind they judge (a kind with no entry in
     :data:`JUDGED` is a programming error, said at start)."""
     wanted = rules.kinds
-    missing = wanted - {(j.group, j.kind) for j in JUDGED}
+    missing = wanted - {j.ref for j in JUDGED}
     if missing:
         raise ValueError(f"no list path for judged kind(s) {sorted(missing)}; add them to "
-                         f"JUDGED in app/audit.py")
-    return tuple(j for j in JUDGED if (j.group, j.kind) in wanted)
+                         f"KINDS in app/kinds.py")
+    return tuple(j for j in JUDGED if j.ref in wanted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,14 +247,9 @@ def _owned(obj: dict[str, Any], kind: str) -> bool:
 
 
 def _pages(client: KubeClient, path: str, page_size: int) -> Iterator[list[dict[str, Any]]]:
-    fields: dict[str, Any] = {"limit": page_size}
-    while True:
-        body = loads(client.get(path, fields, 60).data)
+    """The items of each page (``app.cluster.kube.pages``)."""
+    for body in pages(client, path, page_size, 60):
         yield body.get("items") or []
-        token = (body.get("metadata") or {}).get("continue")
-        if not token:
-            return
-        fields = {"limit": page_size, "continue": token}
 
 
 def read_kinds(rules: RuleSet, policy: Policy) -> frozenset[str]:
@@ -594,7 +562,7 @@ class Auditor:
         self.view = Store(indexes=rules.indexes)
         self.changes = Store()
         read = resources_for(read_kinds(rules, policy))
-        judged = [Resource(j.kind, j.path, _fingerprint(j.kind), j.optional)
+        judged = [Resource(j.name, j.path, _fingerprint(j.kind), j.optional)
                   for j in judged_for(rules)]
         self.informers = [Informer(r, self.view, client) for r in read] + \
                          [Informer(r, self.changes, client) for r in judged]

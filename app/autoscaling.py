@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from app import kinds
 from app.disclosure import pool_reference, pool_room
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
 from app.scheduling import (
@@ -47,10 +48,9 @@ __all__ = ["KARPENTER_GROUP", "KARPENTER_NODEPOOL", "WELL_KNOWN_OPEN", "PoolShap
            "karpenter_pools", "pod_label_keys", "policy_nodes", "pool_shape", "scale_up"]
 
 KARPENTER_GROUP = "karpenter.sh"
-KARPENTER_NODEPOOL = "NodePool.karpenter.sh"
-"""The view key of Karpenter NodePools in the live view (``app/cluster/live.py``): KAI
-has a kind named NodePool too (``kai.resources``), kept under ``NodePool``. In files
-(``envelope check``) both arrive under ``NodePool``; they are told apart by apiVersion."""
+KARPENTER_NODEPOOL = kinds.KARPENTER_NODEPOOL
+"""The view name of Karpenter NodePools (``app.kinds``): KAI has a kind named NodePool
+too (``kai.resources``), named ``NodePool``; every view files objects by (group, kind)."""
 
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 

@@ -459,31 +459,6 @@ ANY_NAMESPACE = "any namespace"
 namespace, and upstream's scheduler matches workers of every namespace."""
 
 
-WORKERPOOLS = "/apis/ate.dev/v1alpha1/workerpools"
-
-
-def cluster_pools(kubeconfig: str) -> list[dict[str, Any]]:
-    """Every WorkerPool of the cluster (one paged LIST, no watch); none without the CRD."""
-    from app.cluster.kube import ApiError, KubeClient, kube_configuration  # the client is slow to import
-
-    client = KubeClient(kube_configuration(kubeconfig))
-    items: list[dict[str, Any]] = []
-    fields: dict[str, Any] = {"limit": 500}
-    while True:
-        try:
-            body = orjson.loads(client.get(WORKERPOOLS, fields, 30).data)
-        except ApiError as exc:
-            if exc.status == 404:
-                return []
-            raise
-        items.extend({"apiVersion": "ate.dev/v1alpha1", "kind": "WorkerPool", **item}
-                     for item in body.get("items") or [])
-        token = (body.get("metadata") or {}).get("continue")
-        if not token:
-            return items
-        fields = {"limit": 500, "continue": token}
-
-
 def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView:
     """Every ate.dev WorkerPool given in one namespace, named ``<ns>/<name>``; a later
     one replaces an earlier one of the same namespace and name (files over the cluster)."""
@@ -533,7 +508,11 @@ def _current_template_result(m: Manifest, manifests: list[Manifest], pools: Stat
 
 
 def _kinds(objects: list[dict[str, Any]]) -> set[str]:
-    return {str(o.get("kind")) for o in objects}
+    """The view names (``app.kinds``) of the kinds among ``objects``: a Karpenter
+    NodePool is not KAI's."""
+    from app.kinds import name_of, ref_of
+
+    return {name_of(*ref_of(o)) for o in objects}
 
 
 VALIDATE_ALIASES = {"true": "strict", "false": "ignore"}
@@ -568,14 +547,17 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     context: list[dict[str, Any]] = []
     if kubeconfig:
         from app.cluster.kube import KubeClient, kube_configuration
-        from app.cluster.snapshot import merge, snapshot
+        from app.cluster.snapshot import context_kinds, merge, snapshot
 
         try:
             client = KubeClient(kube_configuration(kubeconfig))
         except Exception as exc:
             print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
             return 2
-        live = snapshot(client)
+        # What the webhook watches: the kinds the rules read (and Namespaces when the
+        # policy's exceptions select namespaces by label).
+        live = snapshot(client, context_kinds(
+            rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())))
         if live.problems:
             for problem in live.problems:
                 print(f"envelope check: {problem}", file=sys.stderr)

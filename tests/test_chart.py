@@ -72,8 +72,8 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "escal
 READ_VERBS = {"get", "list", "watch"}
 
 WORKLOAD_RESOURCES = {
-    ("", "pods"), ("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets"),
-    ("apps", "daemonsets"), ("batch", "jobs"), ("batch", "cronjobs"),
+    ("", "pods"), ("", "replicationcontrollers"), ("apps", "deployments"), ("apps", "replicasets"),
+    ("apps", "statefulsets"), ("apps", "daemonsets"), ("batch", "jobs"), ("batch", "cronjobs"),
 }  # fmt: skip
 QUOTA_RESOURCES = {
     ("kai.resources", "nodepools"), ("kai.resources", "departments"), ("kai.resources", "projects"),
@@ -693,11 +693,13 @@ def _rules(rendered: Rendered, kind: str) -> list[dict[str, Any]]:
 
 
 def _server_watches() -> set[tuple[str, str]]:
-    """(group, resource) of every cache the server's live view keeps."""
-    from app.cluster.live import RESOURCES
+    """(group, resource) of every cache the server's live view keeps: what the rules read,
+    and Namespaces when the policy's exceptions select them by label."""
+    from app.cluster.live import resources_for
+    from app.ruleset import default_ruleset
 
     out = set()
-    for resource in RESOURCES:
+    for resource in resources_for(default_ruleset().reads | {"Namespace"}):
         parts = resource.path.strip("/").split("/")
         out.add(("", parts[-1]) if parts[0] == "api" else (parts[1], parts[-1]))
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -15,7 +16,7 @@ from kubernetes import config as kube_config
 from kubernetes.client import Configuration
 from kubernetes.client.rest import RESTClientObject
 
-__all__ = ["ApiError", "ClusterConfigError", "KubeClient", "kube_configuration", "loads",
+__all__ = ["ApiError", "ClusterConfigError", "KubeClient", "kube_configuration", "loads", "pages",
            "serve_configuration"]
 
 
@@ -225,4 +226,17 @@ class KubeClient:
         return loads(response.data) if response.data else {}
 
 
-
+def pages(client: KubeClient, path: str, page_size: int = 500, timeout: float = 60
+          ) -> Iterator[dict[str, Any]]:
+    """Every page of a LIST, as the decoded body (``items``, ``metadata``), following
+    ``metadata.continue`` until the last page: the one pagination loop (the live view,
+    the audit, ``check --kubeconfig``). The caller reads one page at a time; errors
+    (:class:`ApiError`, connection) propagate from the page that failed."""
+    fields: dict[str, Any] = {"limit": page_size}
+    while True:
+        body = loads(client.get(path, fields, timeout).data)
+        token = (body.get("metadata") or {}).get("continue")
+        yield body
+        if not token:
+            return
+        fields = {"limit": page_size, "continue": token}

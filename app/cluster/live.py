@@ -37,10 +37,11 @@ from typing import Any
 import orjson
 from kubernetes.client import Configuration
 
-from app.cluster.kube import ApiError, KubeClient, loads
+from app.cluster.kube import ApiError, KubeClient, loads, pages
 from app.cluster.view import Index, Store
+from app.kinds import KINDS, Kind, read_kinds
 
-__all__ = ["LIVENESS_GRACE", "RESOURCES", "Informer", "LiveView", "Resource", "Shared",
+__all__ = ["LIVENESS_GRACE", "RESOURCES", "TRIMS", "Informer", "LiveView", "Resource", "Shared",
            "resources_for", "share"]
 
 LIVENESS_GRACE = 10.0
@@ -190,48 +191,41 @@ def trim_karpenter_nodepool(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+TRIMS: dict[str, Callable[[str], Trim]] = {
+    "whole": trim_whole,
+    "node": lambda kind: trim_node,
+    "workload": trim_workload,
+    "karpenter-nodepool": lambda kind: trim_karpenter_nodepool,
+}
+"""``app.kinds.Kind.trim`` -> the trim of that kind."""
+
+
 @dataclass(frozen=True)
 class Resource:
     kind: str
+    """The kind's view name (``app.kinds.Kind.name``): the store files it there."""
     path: str
     """Collection URL path, e.g. ``/api/v1/nodes`` or ``/apis/kai.resources/v1alpha1/projects``."""
     trim: Trim
     optional: bool = False
     """A CRD that may not be installed: absent counts as synced and empty."""
 
+    @classmethod
+    def of(cls, kind: Kind) -> Resource:
+        if kind.trim is None:
+            raise ValueError(f"{kind.name} has no trim in app/kinds.py: the view cannot keep it")
+        return cls(kind.name, kind.path, TRIMS[kind.trim](kind.kind), kind.optional)
 
-RESOURCES: tuple[Resource, ...] = (
-    Resource("Namespace", "/api/v1/namespaces", trim_whole("Namespace")),
-    Resource("Node", "/api/v1/nodes", trim_node),
-    Resource("LimitRange", "/api/v1/limitranges", trim_whole("LimitRange")),
-    Resource("ResourceQuota", "/api/v1/resourcequotas", trim_whole("ResourceQuota")),
-    Resource("Deployment", "/apis/apps/v1/deployments", trim_workload("Deployment")),
-    Resource("StatefulSet", "/apis/apps/v1/statefulsets", trim_workload("StatefulSet")),
-    Resource("ReplicaSet", "/apis/apps/v1/replicasets", trim_workload("ReplicaSet")),
-    Resource("NodePool", "/apis/kai.resources/v1alpha1/nodepools", trim_whole("NodePool"), True),
-    # Karpenter's NodePool: its own key (app/autoscaling.py KARPENTER_NODEPOOL), since the
-    # store swaps a whole key on a re-list and KAI's NodePool has the key "NodePool".
-    Resource("NodePool.karpenter.sh", "/apis/karpenter.sh/v1/nodepools", trim_karpenter_nodepool, True),
-    Resource("Department", "/apis/kai.resources/v1alpha1/departments", trim_whole("Department"),
-             True),
-    Resource("Project", "/apis/kai.resources/v1alpha1/projects", trim_whole("Project"), True),
-    Resource("Queue", "/apis/scheduling.run.ai/v2/queues", trim_whole("Queue"), True),
-    Resource("WorkerPool", "/apis/ate.dev/v1alpha1/workerpools", trim_whole("WorkerPool"), True),
-    Resource("ActorTemplate", "/apis/ate.dev/v1alpha1/actortemplates",
-             trim_whole("ActorTemplate"), True),
-)
+
+#: Every kind the live view can keep (``app.kinds.KINDS`` with a trim), in table order.
+RESOURCES: tuple[Resource, ...] = tuple(Resource.of(k) for k in KINDS if k.trim is not None)
 
 
 def resources_for(kinds: Iterable[str]) -> tuple[Resource, ...]:
     """What to watch for rules that read ``kinds``: a rule set's reads decide the watch
     list, so a rule that reads a new kind gets its watch without a second edit (and a
-    kind nobody reads is not watched)."""
-    wanted = set(kinds)
-    missing = wanted - {r.kind for r in RESOURCES}
-    if missing:
-        raise ValueError(f"no watch is defined for kind(s) {sorted(missing)}; add them to "
-                         f"RESOURCES in app/cluster/live.py")
-    return tuple(r for r in RESOURCES if r.kind in wanted)
+    kind nobody reads is not watched). A kind with no entry in ``app/kinds.py`` raises."""
+    return tuple(Resource.of(k) for k in read_kinds(kinds))
 
 
 @dataclass
@@ -284,17 +278,16 @@ class Informer:
         during a re-list)."""
         kind, trim = self.resource.kind, self.resource.trim
         kept: list[dict[str, Any]] = []
-        fields: dict[str, Any] = {"limit": self.page_size}
-        while True:
-            body = loads(self.client.get(self.resource.path, fields, 60).data)
+        meta: dict[str, Any] = {}
+        for body in pages(self.client, self.resource.path, self.page_size, 60):
             items = body.pop("items", None) or []
             for i, obj in enumerate(items):
                 items[i] = None  # drop the full object as soon as it is read
-                meta = obj.get("metadata") or {}
-                old = self.store.get(kind, meta.get("name", ""), meta.get("namespace"))
-                if old is not None and meta.get("resourceVersion") is not None and (
+                obj_meta = obj.get("metadata") or {}
+                old = self.store.get(kind, obj_meta.get("name", ""), obj_meta.get("namespace"))
+                if old is not None and obj_meta.get("resourceVersion") is not None and (
                         (old.get("metadata") or {}).get("resourceVersion")
-                        == meta.get("resourceVersion")):
+                        == obj_meta.get("resourceVersion")):
                     kept.append(old)
                     continue
                 trimmed = trim(obj)
@@ -303,9 +296,6 @@ class Informer:
             del items
             self.last_heard = time.monotonic()
             meta = body.get("metadata") or {}
-            if not meta.get("continue"):
-                break
-            fields = {"limit": self.page_size, "continue": meta["continue"]}
         self.store.replace(kind, kept)
         self.relists += 1
         return str(meta.get("resourceVersion", ""))

@@ -1,9 +1,12 @@
 """One LIST of the cluster context `envelope check --kubeconfig` judges manifests against.
 
-The manifests come from files; the objects they are judged against (Nodes,
-LimitRanges, ResourceQuotas, KAI trees, WorkerPools) come from a live cluster, read
-once, page by page. A manifest replaces the cluster's object of the same kind,
-namespace and name: it is the change under review.
+The manifests come from files; the objects they are judged against come from a live
+cluster, read once, page by page: exactly the kinds the rules read (what the webhook
+watches, ``app.kinds`` and ``Rule.reads``), trimmed as the webhook's live view trims
+them, so a manifest meets the cluster the webhook would judge it against (a ReplicaSet
+of a Deployment is counted through its Deployment, as the webhook counts it). A
+manifest replaces the cluster's object of the same (group, kind), namespace and name:
+it is the change under review.
 """
 
 from __future__ import annotations
@@ -12,74 +15,67 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.cluster.kube import ApiError, KubeClient, loads
+from app.cluster.kube import ApiError, KubeClient, pages
+from app.cluster.live import Resource
+from app.kinds import Kind, read_kinds, ref_of
 
-__all__ = ["CONTEXT", "Snapshot", "merge", "snapshot"]
+__all__ = ["Snapshot", "context_kinds", "merge", "snapshot"]
 
-#: (kind, collection path, optional CRD): what a reviewer's check needs from the cluster.
-CONTEXT: tuple[tuple[str, str, bool], ...] = (
-    ("Node", "/api/v1/nodes", False),
-    ("LimitRange", "/api/v1/limitranges", False),
-    ("ResourceQuota", "/api/v1/resourcequotas", False),
-    ("NodePool", "/apis/kai.resources/v1alpha1/nodepools", True),
-    ("Department", "/apis/kai.resources/v1alpha1/departments", True),
-    ("Project", "/apis/kai.resources/v1alpha1/projects", True),
-    ("Queue", "/apis/scheduling.run.ai/v2/queues", True),
-    ("WorkerPool", "/apis/ate.dev/v1alpha1/workerpools", True),
-)
+
+def context_kinds(reads: Iterable[str]) -> tuple[Kind, ...]:
+    """The kinds to list for rules that read ``reads`` (view names)."""
+    return read_kinds(reads)
 
 
 @dataclass
 class Snapshot:
     objects: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
-    """Objects listed per kind; a CRD that is not installed is absent."""
+    """Objects listed per kind (view name); a CRD that is not installed is absent."""
     problems: list[str] = field(default_factory=list)
 
 
-def snapshot(client: KubeClient, context: Iterable[tuple[str, str, bool]] = CONTEXT,
-             page_size: int = 500, timeout: float = 30) -> Snapshot:
-    """LIST every context kind (paginated). A CRD that is not installed (404) is
-    skipped; any other failure is a problem: a partial context would judge wrongly."""
+def snapshot(client: KubeClient, kinds: Iterable[Kind], page_size: int = 500,
+             timeout: float = 30) -> Snapshot:
+    """LIST every kind (paginated), trimmed as the live view keeps it. A CRD that is not
+    installed (404) is skipped; any other failure is a problem: a partial context would
+    judge wrongly."""
     out = Snapshot()
-    for kind, path, optional in context:
-        token = ""
-        listed = 0
+    for kind in kinds:
+        resource = Resource.of(kind)
+        listed: list[dict[str, Any]] = []
         try:
-            while True:
-                fields = {"limit": page_size, **({"continue": token} if token else {})}
-                response = client.get(path, fields, timeout)
-                body = loads(response.data)
-                version = body.get("apiVersion", "v1")
+            for body in pages(client, kind.path, page_size, timeout):
                 for item in body.get("items") or []:
-                    item.setdefault("apiVersion", version)
-                    item.setdefault("kind", kind)
-                    out.objects.append(item)
-                    listed += 1
-                token = (body.get("metadata") or {}).get("continue") or ""
-                if not token:
-                    break
+                    item.setdefault("apiVersion", kind.api_version)
+                    item.setdefault("kind", kind.kind)
+                    trimmed = resource.trim(item)
+                    if trimmed is not None:
+                        listed.append(trimmed)
         except ApiError as exc:
-            if exc.status == 404 and optional:
+            if exc.status == 404 and kind.optional:
                 continue
-            out.problems.append(f"cannot list {kind} ({path}): {exc}")
+            out.problems.append(f"cannot list {kind.name} ({kind.path}): {exc}")
             continue
         except Exception as exc:  # connection refused, TLS, timeouts
-            out.problems.append(f"cannot list {kind} ({path}): {type(exc).__name__}: {exc}")
+            out.problems.append(f"cannot list {kind.name} ({kind.path}): "
+                                f"{type(exc).__name__}: {exc}")
             break
-        out.counts[kind] = listed
+        out.objects.extend(listed)
+        out.counts[kind.name] = len(listed)
     return out
 
 
-def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    return (str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+def _key(obj: dict[str, Any]) -> tuple[tuple[str, str], str, str]:
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    return (ref_of(obj), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def merge(cluster: Iterable[dict[str, Any]], manifests: Iterable[dict[str, Any]]
           ) -> list[dict[str, Any]]:
     """The view's objects: the cluster's, with the manifests in place of the cluster's
-    objects of the same kind, namespace and name."""
+    objects of the same (group, kind), namespace and name."""
     files = list(manifests)
     replaced = {_key(obj) for obj in files}
     return [*(obj for obj in cluster if _key(obj) not in replaced), *files]

@@ -296,7 +296,7 @@ def _units(resource: str, units: int) -> str:
 
 
 def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
-    """Karpenter NodePools, filed under their own key in every view (``view.KIND_KEYS``):
+    """Karpenter NodePools, filed by (group, kind) in every view (``app.kinds``):
     KAI's NodePools and a stale KAI NodePool watch never reach this rule."""
     return karpenter_pools(view.list(KARPENTER_NODEPOOL), [])
 

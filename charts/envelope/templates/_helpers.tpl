@@ -232,49 +232,6 @@ matchPolicy: {{ .Values.webhooks.matchPolicy }}
 timeoutSeconds: {{ .Values.webhooks.timeoutSeconds }}
 {{- end -}}
 
-{{/* Pods and the workload kinds that carry pod templates. */}}
-{{- define "envelope.rules.workloads" -}}
-- apiGroups: [""]
-  apiVersions: ["v1"]
-  resources: ["pods"]
-  operations: ["CREATE", "UPDATE"]
-  scope: Namespaced
-- apiGroups: ["apps"]
-  apiVersions: ["v1"]
-  resources: ["deployments", "replicasets", "statefulsets", "daemonsets"]
-  operations: ["CREATE", "UPDATE"]
-  scope: Namespaced
-- apiGroups: ["batch"]
-  apiVersions: ["v1"]
-  resources: ["jobs", "cronjobs"]
-  operations: ["CREATE", "UPDATE"]
-  scope: Namespaced
-{{- end -}}
-
-{{/* Quota trees. DELETE too: removing a NodePool or a parent changes what the rest
-guarantees. */}}
-{{- define "envelope.rules.quotas" -}}
-- apiGroups: ["kai.resources"]
-  apiVersions: ["v1alpha1"]
-  resources: ["nodepools", "departments", "projects"]
-  operations: ["CREATE", "UPDATE", "DELETE"]
-  scope: Cluster
-- apiGroups: ["scheduling.run.ai"]
-  apiVersions: ["v2"]
-  resources: ["queues"]
-  operations: ["CREATE", "UPDATE", "DELETE"]
-  scope: Cluster
-{{- end -}}
-
-{{/* Actor sandboxes. */}}
-{{- define "envelope.rules.actors" -}}
-- apiGroups: ["ate.dev"]
-  apiVersions: ["v1alpha1"]
-  resources: ["actortemplates", "workerpools"]
-  operations: ["CREATE", "UPDATE"]
-  scope: Namespaced
-{{- end -}}
-
 {{/*
 The workloads' mutating webhook's matchConditions: the CEL expression that
 app/matchconditions.py generates for .Values.policy (`envelope webhook-config` prints
