@@ -23,7 +23,7 @@ from app.limits import add_arguments as add_limit_arguments
 from app.limits import limits_from_args, uvicorn_options
 from app.render import FORMATS, render
 from app.reports import FailOn, ObjectResult, Report, not_evaluated
-from app.rules.base import Finding, Subject
+from app.rules.base import Finding, Severity, Subject
 from app.ruleset import RuleSet, default_ruleset
 from app.substrate import as_crd_template, is_current_template, read_current_template
 
@@ -431,7 +431,7 @@ def _validate_fields(manifests: list[Manifest], validate: str
         if not problems or (validate == "ignore" and fields_only):
             out.append((replace(m, obj=prune(m.obj, problems)) if problems else m, []))
             continue
-        severity = "warning" if validate == "warn" and fields_only else "error"
+        severity: Severity = "warning" if validate == "warn" and fields_only else "error"
         advice = ("the API server drops it (--validate=warn)" if severity == "warning" else
                   "kubectl apply refuses the object (strict field validation); fix or remove "
                   "the field")
@@ -503,16 +503,18 @@ def _current_template_result(m: Manifest, manifests: list[Manifest], pools: Stat
     obj = m.obj
     selector_from = None
     if obj.get("kind") == "ActorTemplateVersion":
-        parent = obj.get("actorTemplate") if isinstance(obj.get("actorTemplate"), dict) else {}
+        parent = obj.get("actorTemplate")
+        wanted = parent.get("name") if isinstance(parent, dict) else None
         selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
                               and o.obj.get("kind") == "ActorTemplate"
-                              and (o.obj.get("metadata") or {}).get("name") == parent.get("name")), None)
+                              and (o.obj.get("metadata") or {}).get("name") == wanted), None)
     template = read_current_template(obj, selector_from)
     crd = as_crd_template(template, ANY_NAMESPACE)
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
     for key in ("labels", "annotations"):
-        if isinstance(meta.get(key), dict):
-            crd["metadata"][key] = dict(meta[key])
+        found = meta.get(key) if isinstance(meta, dict) else None
+        if isinstance(found, dict):
+            crd["metadata"][key] = dict(found)
     subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
                       template.name, crd)
     unread = [Finding("error", ACTOR_LIMITS, p.split(":", 1)[0], p) for p in template.problems]

@@ -657,28 +657,6 @@ class Verdict:
             return Placement(True)
         return _placement([(1, v) for v in self.nodes], self.closest)
 
-    def describe(self) -> str:
-        """A one-line reason for the refusal, with numbers."""
-        if self.fits_on is not None:
-            return f"fits node {self.fits_on.node.name}"
-        if self.fits_after_scale_up is not None:
-            return f"fits no current node; a new node like {self.fits_after_scale_up.node.name} would take it"
-        if self.closest is not None:
-            parts = ", ".join(
-                f"{s.resource} {_show(s.resource, s.requested)} requested, "
-                f"{_show(s.resource, max(s.free, 0))} free of {_show(s.resource, s.allocatable)}"
-                for s in self.closest.shortfalls
-            )
-            return f"fits no node; closest is {self.closest.node.name}: {parts}"
-        if not self.nodes:
-            return "there are no nodes"
-        reasons = sorted({r for v in self.nodes for r in v.blocked})
-        return f"no node admits the pod's placement ({len(self.nodes)} nodes: {'; '.join(reasons)})"
-
-
-def _show(resource: str, units: int) -> str:
-    return f"{units}m" if resource == "cpu" else str(units)
-
 
 def evaluate(spec: Mapping[str, Any], nodes: Iterable[Node], *, requests: Mapping[str, Decimal] | None = None,
              potential: Iterable[Node] = (), first_fit: bool = False) -> Verdict:

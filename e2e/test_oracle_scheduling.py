@@ -247,7 +247,7 @@ def _model(scn: Scenario) -> tuple[bool, str]:
         on_node = [default_pod(p) for p in scn.existing if p["spec"]["nodeName"] == node["name"]]
         nodes.append(node_from_object(obj, on_node))
     verdict = evaluate(stored, nodes)
-    return verdict.fits, verdict.describe()
+    return verdict.fits, repr(verdict.placement())
 
 
 def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple[list[str], int, int]:
