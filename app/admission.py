@@ -2,21 +2,35 @@
 
 Decoding errors are :class:`BadReview` (the server answers 400 with its message);
 everything after decoding is a decision, never an exception.
+
+The boundary between bytes and rules is controller-runtime's (``pkg/webhook/admission``):
+a :class:`Handler` turns a decoded :class:`Request` into a :class:`Response` —
+``Handle(ctx, Request) Response`` there, ``handle(request) -> Response`` here.
+:class:`RuleHandler` is Envelope's: the rule set's verdict (``engine.evaluate`` then
+:func:`decide`). The server (``app.server``) reads and decodes the body, calls the
+handler, counts and logs the answer and writes ``Response.encode()``.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from app.engine import Evaluation
-from app.rules.base import Subject
+from app.cluster.view import ClusterView
+from app.config import Policy
+from app.engine import Evaluation, evaluate
+from app.rules.base import Phase, Subject
+from app.ruleset import RuleSet
 from app.util import brief, cut
 
-__all__ = ["BadReview", "Decision", "TooDeep", "decide", "parse_review", "review_response"]
+__all__ = ["BadReview", "Decision", "Handler", "Request", "Response", "RuleHandler", "TooDeep",
+           "decide", "parse_review", "review_response", "too_deep"]
+
+log = logging.getLogger("envelope.admission")
 
 API_VERSION = "admission.k8s.io/v1"
 INTERNAL_ERROR_LIMIT = 300
@@ -157,7 +171,8 @@ def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     warnings = [f"envelope[{f.rule}]: {brief(f.message)}" for f in evaluation.warnings]
     if evaluation.internal_errors:
         # An exception's text may quote the object: each is cut, like a finding.
-        reason = "; ".join(cut(e, INTERNAL_ERROR_LIMIT) for e in evaluation.internal_errors[:8])
+        reason = "; ".join(cut(str(e), INTERNAL_ERROR_LIMIT)
+                           for e in evaluation.internal_errors[:8])
         if len(evaluation.internal_errors) > 8:
             reason += f"; and {len(evaluation.internal_errors) - 8} more"
         if failure_mode == "deny":
@@ -197,3 +212,74 @@ def review_response(uid: str, decision: Decision) -> bytes:
         response["warnings"] = decision.warnings
     return orjson.dumps({"apiVersion": API_VERSION, "kind": "AdmissionReview",
                          "response": response})
+
+
+# --------------------------------------------------------------------------- the handler
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded review, as a :class:`Handler` gets it (controller-runtime's
+    ``admission.Request``): its uid, what it asks about, and the endpoint it came in on."""
+
+    uid: str
+    subject: Subject
+    phase: Phase
+    received: float = 0.0
+    """``time.perf_counter()`` when decoding began (the latency metric starts there)."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """A :class:`Handler`'s answer (controller-runtime's ``admission.Response``): the
+    decision for the request's uid, and the evaluation it came from (``None`` when
+    there is none: the engine itself failed, or the review could not be judged)."""
+
+    uid: str
+    decision: Decision
+    evaluation: Evaluation | None = None
+
+    def encode(self) -> bytes:
+        """The AdmissionReview to send. A patch nested past what orjson writes (255
+        levels) cannot be encoded: that is a refusal saying why, never an exception."""
+        try:
+            return review_response(self.uid, self.decision)
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            return review_response(self.uid, Decision(
+                False, f"Envelope cannot encode an answer for this object ({exc}); it nests "
+                       f"too deeply to be a Kubernetes object", 400))
+
+
+class Handler(Protocol):
+    """Turns a decoded review into the answer to it; never raises."""
+
+    def handle(self, request: Request) -> Response: ...
+
+    def too_deep(self, uid: str) -> Response:
+        """The answer to a review whose uid could be read but whose object nests past
+        what the decoder reads (:class:`TooDeep`): it cannot be judged."""
+        ...
+
+
+class RuleHandler:
+    """Envelope's handler: the rule set's verdict on one review, per the policy's modes
+    and ``failureMode``, against the view of the cluster."""
+
+    def __init__(self, rules: RuleSet, policy: Policy, view: ClusterView) -> None:
+        self.rules = rules
+        self.policy = policy
+        self.view = view
+
+    def handle(self, request: Request) -> Response:
+        policy = self.policy
+        try:
+            evaluation = evaluate(self.rules, request.subject, self.view, policy, request.phase)
+            return Response(request.uid, decide(evaluation, policy.failure_mode), evaluation)
+        except Exception as exc:  # defence in depth: the engine already isolates rules
+            log.exception("evaluation failed", extra={"uid": request.uid})
+            return Response(request.uid, Decision(
+                policy.failure_mode == "allow", f"Envelope internal error: {type(exc).__name__}",
+                500))
+
+    def too_deep(self, uid: str) -> Response:
+        return Response(uid, too_deep(self.policy.failure_mode))

@@ -219,10 +219,9 @@ def judge(rules: RuleSet, view: Any, policy: Policy, obj: dict[str, Any], judged
         out.results.append(Result(f.rule, "warn", _text(f.path, f"would change: {f.message}"),
                                   *ref, properties=tuple(props)))
         reported.add(f.rule)
-    for text in evaluation.internal_errors:
-        rule_id, _, why = text.partition(": ")
-        rule_id = rule_id if rule_id in rules else "internal"
-        out.results.append(Result(rule_id, "error", why or text, *ref,
+    for problem in evaluation.internal_errors:
+        rule_id = problem.rule if problem.rule in rules else "internal"
+        out.results.append(Result(rule_id, "error", problem.message, *ref,
                                   properties=(("mode", modes[rule_id].value
                                                if rule_id in modes else ""),)))
         reported.add(rule_id)

@@ -435,8 +435,8 @@ class CallerCheck:
         return caller
 
     async def check(self, headers: Iterable[tuple[bytes, bytes]], path: str) -> Caller | CallerTokenError:
-        """The verified caller, or why not (counted and logged). A verified caller is
-        counted ``valid`` by :meth:`judged`, once its API group is known to be covered."""
+        """The verified caller, or why not (a refusal is counted and logged here). A
+        verified caller is counted by :meth:`settle`, once per request."""
         try:
             token = bearer(headers)
             if token is None:
@@ -459,10 +459,12 @@ class CallerCheck:
             return exc
         return caller
 
-    def judged(self, caller: Caller, groups: Iterable[str], path: str) -> CallerTokenError | None:
-        """Count the request ``valid`` when the token's attested group covers every API
-        group the review names (its kind's and its resource's: both come from the sender,
-        and the rules are chosen by the kind), else count and return the refusal."""
+    def settle(self, caller: Caller, groups: Iterable[str], path: str) -> CallerTokenError | None:
+        """The end of a verified caller's request, called once per request: counted
+        ``valid`` when the token's attested group covers every API group the review
+        names (its kind's and its resource's: both come from the sender, and the rules
+        are chosen by the kind; none when the body was not a review to judge), else
+        the ``api-group`` refusal, counted and returned."""
         missing = sorted({g for g in groups if not caller.allows(g)})
         if not missing:
             self.count("valid")

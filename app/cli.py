@@ -17,12 +17,13 @@ import orjson
 from app.cluster.static import Manifest, load
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, did_you_mean, load_policy
-from app.engine import Evaluation, check_object
+from app.engine import check_object
 from app.exemptions import needs_namespaces
 from app.httplimits import add_arguments as add_limit_arguments
 from app.httplimits import limits_from_args, uvicorn_options
-from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
-from app.rules.base import Subject
+from app.render import FORMATS, render
+from app.reports import FailOn, ObjectResult, Report, not_evaluated
+from app.rules.base import Finding, Severity, Subject
 from app.ruleset import RuleSet, default_ruleset
 from app.substrate import as_crd_template, is_current_template, read_current_template
 
@@ -396,21 +397,14 @@ def _version() -> str:
         return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
-def _entry(m: Manifest, subject: Subject, result: Evaluation) -> ObjectResult:
-    findings = [{**f.as_dict(), "line": m.line_of(f.path)} for f in result.findings]
-    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
-                  "line": m.line} for e in result.internal_errors]
-    changes = [{"rule": f.rule, "path": f.path, "message": f.message, "line": m.line_of(f.path)}
-               for f in result.changes]
-    patch = result.patch
-    refused = [f for f in findings if f["rule"] == "quantities" and f["severity"] == "error"]
-    if refused:
-        # The API server refuses this object before any webhook (a value it cannot decode or
-        # a quantity that does not parse): say only that, and propose no change to it.
-        findings, changes, patch = refused, [], []
+def _judged(m: Manifest, rules: RuleSet, view: StaticView, policy: Policy,
+            before: list[Finding]) -> ObjectResult:
+    """One manifest judged as a CREATE (mutate, then validate), with the findings
+    strict field validation made before."""
+    subject = subject_of(m.obj)
     return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
-                        m.source, m.document, m.line, findings, changes, patch,
-                        [{"rule": r, "reason": why} for r, why in result.skipped.items()])
+                        m.source, m.document, m.line, check_object(rules, subject, view, policy),
+                        before, m.line_of)
 
 
 FIELDS_RULE = "fields"
@@ -419,7 +413,7 @@ server decides it before admission, see app/fieldschema.py)."""
 
 
 def _validate_fields(manifests: list[Manifest], validate: str
-                     ) -> list[tuple[Manifest | ObjectResult, list[dict[str, Any]]]]:
+                     ) -> list[tuple[Manifest | ObjectResult, list[Finding]]]:
     """``kubectl apply --validate`` offline, per manifest in input order: the manifest to
     judge and its field warnings, or the refusal that replaces judging it. strict: an
     object with an unknown field is refused whole, as the API server refuses it, and is
@@ -430,27 +424,28 @@ def _validate_fields(manifests: list[Manifest], validate: str
     from app.fieldschema import default_schema, prune
 
     schema = default_schema()
-    out: list[tuple[Manifest | ObjectResult, list[dict[str, Any]]]] = []
+    out: list[tuple[Manifest | ObjectResult, list[Finding]]] = []
     for m in manifests:
         problems = schema.check(m.obj)
         fields_only = all(p.unknown_field for p in problems)
         if not problems or (validate == "ignore" and fields_only):
             out.append((replace(m, obj=prune(m.obj, problems)) if problems else m, []))
             continue
-        severity = "warning" if validate == "warn" and fields_only else "error"
+        severity: Severity = "warning" if validate == "warn" and fields_only else "error"
         advice = ("the API server drops it (--validate=warn)" if severity == "warning" else
                   "kubectl apply refuses the object (strict field validation); fix or remove "
                   "the field")
-        findings = [{"severity": severity, "rule": FIELDS_RULE, "path": p.path,
-                     "message": f"{p.message}; {advice}" if p.unknown_field else p.message,
-                     "line": m.line_of(p.path)} for p in problems]
+        findings = [Finding(severity, FIELDS_RULE, p.path,
+                            f"{p.message}; {advice}" if p.unknown_field else p.message)
+                    for p in problems]
         if severity == "warning":
             out.append((replace(m, obj=prune(m.obj, problems)), findings))
             continue
         meta = m.obj.get("metadata") if isinstance(m.obj.get("metadata"), dict) else {}
         out.append((ObjectResult(str(m.obj.get("kind", "")), str(m.obj.get("apiVersion", "")),
                                  str(meta.get("namespace") or ""), str(meta.get("name") or ""),
-                                 m.source, m.document, m.line, findings), []))
+                                 m.source, m.document, m.line, before=findings,
+                                 line_of=m.line_of), []))
     return out
 
 
@@ -472,39 +467,39 @@ def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView
     return StaticView(pools, rules.indexes)
 
 
-def _current_template_entry(m: Manifest, manifests: list[Manifest], pools: StaticView,
-                            rules: RuleSet, policy: Policy) -> dict[str, Any]:
-    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion) judged by the
-    ActorTemplate rules, as the envelope ``app.substrate`` reads from it."""
+def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                             rules: RuleSet, policy: Policy) -> ObjectResult:
+    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion), converted before the
+    engine runs into the ``ate.dev`` ActorTemplate the rules judge (``app.substrate``):
+    what the conversion could not read becomes ``actor-limits`` findings given to the
+    engine, so that rule's mode and the exemptions apply to them as to its own. The
+    document's labels and annotations are kept, for exceptions and the exemption
+    annotation."""
     obj = m.obj
     selector_from = None
     if obj.get("kind") == "ActorTemplateVersion":
-        parent = obj.get("actorTemplate") if isinstance(obj.get("actorTemplate"), dict) else {}
+        parent = obj.get("actorTemplate")
+        wanted = parent.get("name") if isinstance(parent, dict) else None
         selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
                               and o.obj.get("kind") == "ActorTemplate"
-                              and (o.obj.get("metadata") or {}).get("name") == parent.get("name")), None)
+                              and (o.obj.get("metadata") or {}).get("name") == wanted), None)
     template = read_current_template(obj, selector_from)
     crd = as_crd_template(template, ANY_NAMESPACE)
+    meta = obj.get("metadata")
+    for key in ("labels", "annotations"):
+        found = meta.get(key) if isinstance(meta, dict) else None
+        if isinstance(found, dict):
+            crd["metadata"][key] = dict(found)
     subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
                       template.name, crd)
-    result = check_object(rules, subject, pools, policy)
-    findings = [{"severity": "error", "rule": "actor-limits", "path": p.split(":", 1)[0], "message": p}
-                for p in template.problems]
-    return {"kind": template.kind, "apiVersion": str(obj.get("apiVersion")),
-            "namespace": template.atespace, "name": template.name,
-            "source": f"{m.source}#{m.document}",
-            "findings": findings + [f.as_dict() for f in result.findings],
-            "patch": None, "internal": result.internal_errors, "changes": []}
+    unread = [Finding("error", ACTOR_LIMITS, p.split(":", 1)[0], p) for p in template.problems]
+    return ObjectResult(template.kind, str(obj.get("apiVersion")), template.atespace,
+                        template.name, m.source, m.document, m.line,
+                        check_object(rules, subject, pools, policy, unread), line_of=m.line_of)
 
 
-def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
-                             rules: RuleSet, policy: Policy) -> ObjectResult:
-    entry = _current_template_entry(m, manifests, pools, rules, policy)
-    findings = [{**f, "line": m.line_of(f["path"])} for f in entry["findings"]]
-    findings += [{"severity": "error", "rule": "internal", "path": "", "message": e,
-                  "line": m.line} for e in entry["internal"]]
-    return ObjectResult(entry["kind"], entry["apiVersion"], entry["namespace"] or "",
-                        entry["name"], m.source, m.document, m.line, findings)
+ACTOR_LIMITS = "actor-limits"
+"""The rule a current-format template's unreadable envelope is reported under."""
 
 
 def _kinds(objects: list[dict[str, Any]]) -> set[str]:
@@ -519,7 +514,7 @@ VALIDATE_ALIASES = {"true": "strict", "false": "ignore"}
 
 
 def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
-              fail_on: str = "error",
+              fail_on: FailOn = "error",
               exclude: list[str] | None = None, allow_empty: bool = False,
               kubeconfig: str | None = None, validate: str = "strict") -> int:
     loaded = load(paths, exclude or ())
@@ -576,18 +571,21 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
                 pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
             objects.append(_current_template_result(m, manifests, pools, rules, policy))
             continue
-        subject = subject_of(m.obj)
-        entry = _entry(m, subject, check_object(rules, subject, view, policy))
-        entry.findings[:0] = field_findings
-        objects.append(entry)
+        objects.append(_judged(m, rules, view, policy, field_findings))
     declared = list(rules.values())
     report = Report(objects, declared,
                     not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
                                           for o in objects),
                                   present=_kinds(context)),
                     skipped, _version())
-    sys.stdout.write(render(report, output, fail_on))  # type: ignore[arg-type]
-    return 1 if report.failed(fail_on) else 0  # type: ignore[arg-type]
+    return _report(report, output, fail_on)
+
+
+def _report(report: Report, output: str, fail_on: FailOn) -> int:
+    """Write the report in ``output`` (a renderer of ``app.render``) and return the exit
+    status ``--fail-on`` gives it: the seam for what is reported and what fails."""
+    sys.stdout.write(render(report, output, fail_on))
+    return 1 if report.failed(fail_on) else 0
 
 
 def _cluster_view(args: argparse.Namespace, rules: RuleSet, policy: Policy,

@@ -14,12 +14,24 @@ that applies to the subject's kind, phase and operation it
    refused again;
 4. applies the mode: ``enforce`` keeps errors and changes, ``warn`` turns both into
    warnings and drops the changes;
-5. turns a rule's crash into an internal error that leaves no half-made patch.
+5. turns a rule's crash into an internal error (an :class:`InternalError` record: the
+   rule's id and what happened) that leaves no half-made patch.
+
+Every consumer reads the one result type, :class:`Evaluation`: the webhook's answer
+(``app.admission.decide``), ``envelope check``'s reports (``app.render``) and the audit's
+PolicyReports (``app.audit``).
+
+Findings made *before* the engine ran, by a conversion of the input on behalf of a rule
+(``given``: a current-format ActorTemplate read into the form the rules judge), join
+that rule's own findings when it runs, so its mode and the exemptions apply to them as
+to everything else; when the rule does not run (``off``, exempt, another kind) they are
+dropped with it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from decimal import DecimalException
 from typing import Any
@@ -35,9 +47,23 @@ from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
 from app.ruleset import RuleSet
 from app.util import deep_copy, dig, same, undotted
 
-__all__ = ["Evaluation", "check_object", "evaluate", "json_copy"]
+__all__ = ["Evaluation", "InternalError", "check_object", "evaluate", "json_copy"]
 
 log = logging.getLogger("envelope.engine")
+
+
+@dataclass(frozen=True)
+class InternalError:
+    """A rule Envelope could not run on this object: it crashed, or what it reads was not
+    current. Answered per ``failureMode`` by the webhook, an ``error`` result in the audit."""
+
+    rule: str
+    """The id of the rule that could not run."""
+    message: str
+    """What happened: ``RuntimeError: boom``, ``cluster view not current (...)``."""
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.message}"
 
 
 @dataclass
@@ -49,8 +75,8 @@ class Evaluation:
     obj: dict[str, Any] | None = None
     """The object after enforced mutations."""
     patch: list[dict[str, Any]] = field(default_factory=list)
-    internal_errors: list[str] = field(default_factory=list)
-    """Rules that crashed or could not read a current view: ``"rule-id: text"``."""
+    internal_errors: list[InternalError] = field(default_factory=list)
+    """Rules that crashed or could not read a current view."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Rules that did not run because the object is exempt from them: id -> why."""
     results: dict[str, str] = field(default_factory=dict)
@@ -136,8 +162,10 @@ def _ratchet(rule: Rule, subject: Subject, found: list[Finding], view: ClusterVi
 
 
 def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy,
-             phase: Phase) -> Evaluation:
-    """Run the ``phase`` rules of ``rules`` for the subject's kind and operation."""
+             phase: Phase, given: Sequence[Finding] = ()) -> Evaluation:
+    """Run the ``phase`` rules of ``rules`` for the subject's kind and operation.
+    ``given``: findings a conversion of the input made for a rule (stamped with its id),
+    added to what that rule finds when it runs (see the module's docstring)."""
     out = Evaluation(obj=subject.obj)
     applicable = rules.applicable(subject.group, subject.kind, phase, subject.operation, policy)
     if not applicable:
@@ -172,7 +200,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
             if stale:
                 text = f"cluster view not current ({', '.join(stale)})"
                 if mode is Mode.ENFORCE:
-                    out.internal_errors.append(f"{rule.id}: {text}")
+                    out.internal_errors.append(InternalError(rule.id, text))
                 else:
                     out.findings.append(Finding("warning", rule.id, "", f"not evaluated: {text}"))
                 results[rule.id] = "error"
@@ -181,7 +209,8 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
         if phase == "mutate" and rule.mutates and original is not None:
             copier = rules.copiers.get((subject.group, subject.kind))
             if mode is not Mode.ENFORCE:  # warn: run on a scratch copy, then drop it
-                target = copier(subject, working) if copier else json_copy(working)
+                current = working if working is not None else original
+                target = copier(subject, current) if copier else json_copy(current)
             elif not copied:
                 working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
@@ -202,7 +231,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                                                    f"a node could hold")]
         except Exception as exc:  # a bug in a rule must not become a 500
             log.exception("rule %s failed", rule.id)
-            out.internal_errors.append(f"{rule.id}: {type(exc).__name__}: {exc}")
+            out.internal_errors.append(InternalError(rule.id, f"{type(exc).__name__}: {exc}"))
             results[rule.id] = "error"
             if target is working and copied:
                 # It may have half-changed the object: patch nothing at all, and let
@@ -210,6 +239,8 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 working, copied = original, False
                 break
             continue
+        if given:
+            found = [replace(f) for f in given if f.rule == rule.id] + found
         if found:
             found = _stamp(rule, found)
             if rule.holds_back and any(f.severity != "change" for f in found):
@@ -221,7 +252,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                                 else "pass")
         else:
             results[rule.id] = "pass"
-    if copied and out.changes and policy.mutations_annotation and (
+    if copied and working is not None and out.changes and policy.mutations_annotation and (
             subject.kind != "Pod" or policy.annotate_pods):
         working = _annotated(working, out.changes, policy.mutations_annotation)
     out.obj = working
@@ -262,11 +293,12 @@ def _annotated(obj: dict[str, Any], changes: list[Finding], key: str) -> dict[st
     return {**obj, "metadata": {**meta, "annotations": {**(annotations or {}), key: value}}}
 
 
-def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy) -> Evaluation:
+def check_object(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy,
+                 given: Sequence[Finding] = ()) -> Evaluation:
     """What the webhook pair would answer: mutate, then validate the mutated object."""
-    mutated = evaluate(rules, subject, view, policy, "mutate")
+    mutated = evaluate(rules, subject, view, policy, "mutate", given)
     after = replace(subject, obj=mutated.obj)
-    validated = evaluate(rules, after, view, policy, "validate")
+    validated = evaluate(rules, after, view, policy, "validate", given)
     return Evaluation(
         findings=mutated.findings + validated.findings,
         changes=mutated.changes,

@@ -1,38 +1,34 @@
-"""`envelope check` results as people and CI systems read them.
+"""`envelope check`'s results, structured: what every output format renders.
 
-Formats: ``text`` (``human`` is an alias), ``json``, ``sarif`` (SARIF 2.1.0, for GitHub
-code scanning and other SARIF viewers), ``junit`` (one testcase per object) and
-``github`` (GitHub Actions workflow commands, shown as annotations on the pull request).
+A :class:`Report` holds one :class:`ObjectResult` per object of the input: where it is
+(file, document, line) and the engine's :class:`~app.engine.Evaluation` of it — the
+findings, the changes and RFC 6902 patch the mutating webhook would make, internal
+errors (records with their rule id) and exemptions — plus the findings made before the
+engine ran (strict field validation). :attr:`ObjectResult.findings` and
+:attr:`ObjectResult.changes` place each one on its line (:class:`Located`).
 
-Everything here is a pure function of a :class:`Report`; the rules come in as a
-parameter (any objects with ``.id`` and ``.summary``, optionally ``.kinds``,
-``.reads`` and ``.needs``), so the rule registry can change shape freely. A rule's help
-(SARIF ``help``, ``helpUri``, the per-family hint) and the "why and how to fix" line come
-from the rule reference, :mod:`app.ruledocs`.
+The formats are in :mod:`app.render`, one module each, chosen through its registry.
+The rules come in as a parameter (any objects with ``.id`` and ``.summary``, optionally
+``.kinds``, ``.reads`` and ``.needs``), so the rule registry can change shape freely.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import cached_property
 from typing import Any, Literal, Protocol
-from xml.etree import ElementTree as ET
 
-import orjson
-
+from app.engine import Evaluation
+from app.rules.base import Finding
 from app.ruleset import NEEDS
 
-__all__ = ["FORMATS", "NEEDS", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
-           "not_evaluated", "render"]
+__all__ = ["NEEDS", "FailOn", "Located", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
+           "not_evaluated"]
 
-FORMATS = ("text", "human", "json", "sarif", "junit", "github")
 FailOn = Literal["error", "warning"]
-SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
-                "sarif-schema-2.1.0.json")
+"""The lowest severity that fails a check (``--fail-on``)."""
 
 
 class RuleInfo(Protocol):
@@ -80,6 +76,34 @@ def not_evaluated(rules: Iterable[Any], objects: Iterable[tuple[str, str]],
     return out
 
 
+@dataclass(frozen=True)
+class Located:
+    """A finding, change or internal error of one object, placed on its line."""
+
+    severity: str
+    """``error``, ``warning`` or ``change``."""
+    rule: str
+    """The rule's id; ``internal`` for an internal error (whose message starts with the
+    id of the rule that could not run), ``fields`` for strict field validation."""
+    path: str
+    message: str
+    line: int
+
+    def as_finding(self) -> dict[str, Any]:
+        """As ``check -o json`` writes a finding (docs/schemas/check-output.v1.json)."""
+        return {"severity": self.severity, "rule": self.rule, "path": self.path,
+                "message": self.message, "line": self.line}
+
+    def as_change(self) -> dict[str, Any]:
+        """As ``check -o json`` writes a change."""
+        return {"rule": self.rule, "path": self.path, "message": self.message,
+                "line": self.line}
+
+
+QUANTITIES = "quantities"
+"""The rule whose error means the API server refuses the object before any webhook."""
+
+
 @dataclass
 class ObjectResult:
     kind: str
@@ -89,14 +113,55 @@ class ObjectResult:
     file: str
     document: int
     line: int
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    """``severity`` (error/warning), ``rule``, ``path``, ``message``, ``line``."""
-    changes: list[dict[str, Any]] = field(default_factory=list)
-    """Mutations the webhook would make: ``rule``, ``path``, ``message``, ``line``."""
-    patch: list[dict[str, Any]] = field(default_factory=list)
-    exempt: list[dict[str, str]] = field(default_factory=list)
-    """Rules not run on the object because a policy exception or annotation exempts it:
-    ``rule``, ``reason``."""
+    evaluation: Evaluation = field(default_factory=Evaluation)
+    """The engine's result for the object (``engine.check_object``); empty for an object
+    refused before the engine (strict field validation)."""
+    before: list[Finding] = field(default_factory=list)
+    """Findings made before the engine ran: strict field validation's (rule ``fields``)."""
+    line_of: Callable[[str], int] | None = None
+    """The line of a field path in the object's file (else the object's line)."""
+
+    def _at(self, path: str) -> int:
+        return self.line_of(path) if self.line_of is not None and path else self.line
+
+    @cached_property
+    def _refused(self) -> bool:
+        """A value the API server cannot decode, or a quantity that does not parse: it
+        refuses the object before any webhook, so that is all there is to say, and no
+        change is proposed to it."""
+        return any(f.rule == QUANTITIES and f.severity == "error"
+                   for f in self.evaluation.findings)
+
+    @cached_property
+    def findings(self) -> list[Located]:
+        """Errors and warnings, in order: field validation's, the rules', internal errors."""
+        early = [Located(f.severity, f.rule, f.path, f.message, self._at(f.path))
+                 for f in self.before]
+        judged = [Located(f.severity, f.rule, f.path, f.message, self._at(f.path))
+                  for f in self.evaluation.findings]
+        if self._refused:
+            return early + [f for f in judged if f.rule == QUANTITIES and f.severity == "error"]
+        return early + judged + [Located("error", "internal", "", str(e), self.line)
+                                 for e in self.evaluation.internal_errors]
+
+    @cached_property
+    def changes(self) -> list[Located]:
+        """Mutations the webhook would make."""
+        if self._refused:
+            return []
+        return [Located("change", f.rule, f.path, f.message, self._at(f.path))
+                for f in self.evaluation.changes]
+
+    @property
+    def patch(self) -> list[dict[str, Any]]:
+        """The RFC 6902 patch the mutating webhook would answer with."""
+        return [] if self._refused else self.evaluation.patch
+
+    @property
+    def exempt(self) -> list[dict[str, str]]:
+        """Rules not run on the object because a policy exception or annotation exempts
+        it: ``rule``, ``reason``."""
+        return [{"rule": r, "reason": why} for r, why in self.evaluation.skipped.items()]
 
     @property
     def title(self) -> str:
@@ -115,7 +180,7 @@ class Report:
     version: str = "0"
 
     def count(self, severity: str) -> int:
-        return sum(f["severity"] == severity for o in self.objects for f in o.findings)
+        return sum(f.severity == severity for o in self.objects for f in o.findings)
 
     def failed(self, fail_on: FailOn = "error") -> bool:
         return bool(self.count("error") or (fail_on == "warning" and self.count("warning")))
@@ -136,227 +201,3 @@ class Report:
         reasons = Counter(reason for _, reason in self.skipped)
         parts = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
         return f"skipped {len(self.skipped)} path(s): {parts}"
-
-
-def render(report: Report, fmt: str, fail_on: FailOn = "error") -> str:
-    """The report in ``fmt`` (one of :data:`FORMATS`), ending with a newline."""
-    if fmt in ("text", "human"):
-        return text(report)
-    if fmt == "json":
-        return orjson.dumps(as_json(report), option=orjson.OPT_INDENT_2).decode() + "\n"
-    if fmt == "sarif":
-        return orjson.dumps(sarif(report, fail_on), option=orjson.OPT_INDENT_2).decode() + "\n"
-    if fmt == "junit":
-        return junit(report, fail_on)
-    if fmt == "github":
-        return github(report)
-    raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
-
-
-# --- text -------------------------------------------------------------------------------
-
-def text(report: Report) -> str:
-    lines = []
-    for o in report.objects:
-        if not o.findings and not o.changes and not o.exempt:
-            continue
-        lines.append(f"{o.title} ({o.file}:{o.line}, document {o.document})")
-        for f in o.findings:
-            at = f" [line {f['line']}]" if f.get("line") and f["line"] != o.line else ""
-            lines.append(f"  {f['severity']:<7} {f['rule']}: {f['message']}{at}")
-        lines.extend(f"  skip    {e['rule']}: exempt ({e['reason']})" for e in o.exempt)
-        lines.extend(f"  change  {c['message']}" for c in o.changes)
-    lines.extend(n.message for n in report.not_evaluated)
-    if report.skipped:
-        lines.append(report.skipped_summary())
-    reported = sorted({f["rule"] for o in report.objects for f in (*o.findings, *o.changes)}
-                      - {"internal"})
-    if reported:
-        lines.append(explain_line(reported))
-    lines.append(report.summary())
-    return "\n".join(lines) + "\n"
-
-
-def explain_line(rule_ids: Collection[str]) -> str:
-    """Where the rules that reported are explained: their pages and ``envelope explain``."""
-    from app.ruledocs import docs_url
-
-    return (f"why and how to fix: envelope explain RULE, or {docs_url()}rules/RULE.md, for "
-            f"{', '.join(rule_ids)}")
-
-
-# --- json -------------------------------------------------------------------------------
-
-CHECK_SCHEMA = "check/v1"
-"""``schemaVersion`` of ``check -o json`` (docs/schemas/check-output.v1.json): fields are
-only added within a version; anything else is a new version and a CHANGELOG entry."""
-
-
-def as_json(report: Report) -> dict[str, Any]:
-    return {
-        "schemaVersion": CHECK_SCHEMA,
-        "objects": [{"kind": o.kind, "apiVersion": o.api_version, "namespace": o.namespace,
-                     "name": o.name, "source": f"{o.file}#{o.document}", "file": o.file,
-                     "document": o.document, "line": o.line, "findings": o.findings,
-                     "changes": o.changes, "patch": o.patch, "skipped": o.exempt}
-                    for o in report.objects],
-        "notEvaluated": [{"rule": n.rule, "missing": list(n.missing), "objects": n.objects,
-                          "message": n.message} for n in report.not_evaluated],
-        "skipped": [{"path": p, "reason": r} for p, r in report.skipped],
-        "summary": {"objects": len(report.objects), "errors": report.count("error"),
-                    "warnings": report.count("warning"), "mutated": report.mutated},
-    }
-
-
-# --- SARIF 2.1.0 ------------------------------------------------------------------------
-
-_LEVELS = {"error": "error", "warning": "warning", "change": "note"}
-
-
-def _uri(path: str) -> tuple[str, str | None]:
-    """A relative URI against %SRCROOT% (the working directory) when the file is under
-    it, as code scanning needs to place annotations; an absolute file URI otherwise."""
-    if path.startswith("<"):
-        return "stdin", None
-    p = Path(path)
-    try:
-        return p.resolve().relative_to(Path.cwd().resolve()).as_posix(), "%SRCROOT%"
-    except ValueError:
-        return p.resolve().as_uri(), None
-
-
-def _help(rule: Any) -> dict[str, str]:
-    """The rule's help, with its family's hint and its page (``app.ruledocs``)."""
-    from app.ruledocs import help_for
-
-    return help_for(rule)
-
-
-def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
-    rules = sorted(report.rules, key=lambda r: r.id)
-    index = {r.id: i for i, r in enumerate(rules)}
-    descriptors = []
-    for r in rules:
-        mode = getattr(getattr(r, "default_mode", None), "value", "enforce")
-        help_ = _help(r)
-        descriptors.append({
-            "id": r.id, "name": "".join(w.capitalize() for w in re.split(r"[^a-zA-Z0-9]+", r.id)),
-            "shortDescription": {"text": r.summary},
-            "fullDescription": {"text": r.summary},
-            "helpUri": help_["uri"],
-            "help": {"text": help_["text"], "markdown": help_["markdown"]},
-            "defaultConfiguration": {"level": "warning" if mode == "warn" else "error",
-                                     "enabled": mode != "off"},
-            "properties": {"tags": ["kubernetes", "admission"]},
-        })
-    results = []
-    for o in report.objects:
-        uri, base = _uri(o.file)
-        artifact = {"uri": uri, **({"uriBaseId": base} if base else {})}
-        for f in [*o.findings, *({**c, "severity": "change"} for c in o.changes)]:
-            result: dict[str, Any] = {
-                "ruleId": f["rule"],
-                "level": _LEVELS[f["severity"]],
-                "message": {"text": f"{o.title}: {f['message']}"},
-                "locations": [{
-                    "physicalLocation": {"artifactLocation": artifact,
-                                         "region": {"startLine": max(1, f.get("line") or o.line)}},
-                    "logicalLocations": [{"fullyQualifiedName": f"{o.api_version}/{o.title}"
-                                                                f"#{f['path']}",
-                                          "kind": "object"}],
-                }],
-            }
-            if f["rule"] in index:
-                result["ruleIndex"] = index[f["rule"]]
-            results.append(result)
-    notes = [{"level": "note", "message": {"text": n.message},
-              "associatedRule": {"id": n.rule,
-                                 **({"index": index[n.rule]} if n.rule in index else {})}}
-             for n in report.not_evaluated]
-    return {
-        "$schema": SARIF_SCHEMA,
-        "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "envelope", "version": report.version,
-                                "rules": descriptors}},
-            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().resolve().as_uri() + "/"}},
-            "invocations": [{"executionSuccessful": True,
-                             "exitCode": 1 if report.failed(fail_on) else 0,
-                             "toolConfigurationNotifications": notes}],
-            "results": results,
-        }],
-    }
-
-
-# --- JUnit XML --------------------------------------------------------------------------
-
-def junit(report: Report, fail_on: FailOn = "error") -> str:
-    failing = ("error", "warning") if fail_on == "warning" else ("error",)
-    suites = ET.Element("testsuites", name="envelope check")
-    suite = ET.SubElement(suites, "testsuite", name="envelope check")
-    props = ET.SubElement(suite, "properties")
-    for n in report.not_evaluated:
-        ET.SubElement(props, "property", name=f"not-evaluated.{n.rule}", value=n.message)
-    failures = 0
-    for o in report.objects:
-        case = ET.SubElement(suite, "testcase", classname=o.file, name=o.title,
-                             file=o.file, line=str(o.line))
-        bad = [f for f in o.findings if f["severity"] in failing]
-        if bad:
-            failures += 1
-            node = ET.SubElement(case, "failure", type=bad[0]["rule"],
-                                 message="; ".join(f"{f['rule']}: {f['message']}" for f in bad))
-            node.text = "\n".join(f"{f['severity']} {f['rule']} ({o.file}:{f.get('line') or o.line}"
-                                  f" {f['path']}): {f['message']}" for f in bad)
-        rest = [f for f in o.findings if f["severity"] not in failing]
-        out = [f"{f['severity']} {f['rule']}: {f['message']}" for f in rest]
-        out += [f"change {c['rule']}: {c['message']}" for c in o.changes]
-        if out:
-            ET.SubElement(case, "system-out").text = "\n".join(out)
-    suite.set("tests", str(len(report.objects)))
-    suite.set("failures", str(failures))
-    suite.set("errors", "0")
-    suite.set("skipped", "0")
-    suites.set("tests", str(len(report.objects)))
-    suites.set("failures", str(failures))
-    if report.not_evaluated or report.skipped:
-        lines = [n.message for n in report.not_evaluated]
-        if report.skipped:
-            lines.append(report.skipped_summary())
-        ET.SubElement(suite, "system-out").text = "\n".join(lines)
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
-
-
-# --- GitHub Actions workflow commands ---------------------------------------------------
-
-def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _prop(text: str) -> str:
-    return _data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def _gh_path(path: str) -> str:
-    """Annotations need the path relative to the repository (the working directory)."""
-    try:
-        return os.path.relpath(path) if not path.startswith("<") else path
-    except ValueError:
-        return path
-
-
-def github(report: Report) -> str:
-    lines = []
-    for o in report.objects:
-        file = _prop(_gh_path(o.file))
-        for f in o.findings:
-            lines.append(f"::{f['severity']} file={file},line={f.get('line') or o.line},"
-                         f"title={_prop('envelope[' + f['rule'] + ']')}::"
-                         f"{_data(o.title + ': ' + f['message'])}")
-    for n in report.not_evaluated:
-        lines.append(f"::notice title={_prop('envelope[' + n.rule + ']')}::{_data(n.message)}")
-    if report.skipped:
-        lines.append(f"::notice title=envelope::{_data(report.skipped_summary())}")
-    lines.append(report.summary())
-    return "\n".join(lines) + "\n"

@@ -6,19 +6,31 @@ wrong; nothing here lets an exception become a 500.
 The application is FastAPI. ``POST /mutate`` and ``/validate`` are raw ASGI endpoints
 mounted in its router (:class:`ReviewEndpoint`): raw body in, JSON out, without the
 request/response objects and dependency solving that were a third of a review's cost.
+
+The server moves bytes. Per request, in this order and in one place each:
+
+1. :class:`ReviewEndpoint`: the method (405), the caller token's signature and binding
+   (``CallerCheck.check``; 401 in enforce mode, before the body is read), the media
+   type (415), the body and its limits (400/413);
+2. :meth:`Reviews.decode`: the body into an ``admission.Request`` (400 saying what is
+   wrong, or the answer to a review too deep to judge);
+3. the caller's attested API group against the decoded review (``CallerCheck.settle``,
+   the one place a caller is counted; 403 in enforce mode);
+4. the ``admission.Handler`` (``RuleHandler``: the rules' verdict) and
+   :meth:`Reviews.answer`: metrics, the log line, ``Response.encode()``.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import FastAPI
+from fastapi import Request as Request_
+from fastapi.responses import Response as Response_
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -31,29 +43,17 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Route
 
-from app.admission import (
-    BadReview,
-    Decision,
-    TooDeep,
-    decide,
-    parse_review,
-    review_response,
-    too_deep,
-)
+from app.admission import BadReview, Handler, Request, Response, RuleHandler, TooDeep, parse_review
 from app.callerauth import REASONS, Caller, CallerCheck, CallerTokenError
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
-from app.engine import evaluate
 from app.httplimits import MAX_BODY
 from app.logs import admission_log
 from app.rules.base import Phase
 from app.ruleset import RuleSet
 
-__all__ = ["MAX_BODY", "Handler", "Metrics", "ReviewEndpoint", "WatchCollector", "create_app",
-           "read_body", "send"]
-
-
-log = logging.getLogger("envelope.admission")
+__all__ = ["MAX_BODY", "Metrics", "ReviewEndpoint", "Reviews", "Service", "WatchCollector",
+           "create_app", "read_body", "send"]
 
 
 class Metrics:
@@ -104,6 +104,16 @@ class Metrics:
             "it was refused (refused in enforce mode, only counted in warn mode)",
             ("mode", "result"), registry=self.registry)
 
+    def caller_counter(self, mode: str) -> Callable[[str], None]:
+        """``CallerCheck.count`` for ``mode``: one series per reason, made once."""
+        counters = {reason: self.caller_tokens.labels(mode, reason) for reason in REASONS}
+        return lambda reason: counters[reason].inc()
+
+    def malformed(self, endpoint: str) -> Callable[[], None]:
+        """Count one request of ``endpoint`` answered 4xx."""
+        counter = self.requests.labels(endpoint, "other", "", "malformed")
+        return counter.inc
+
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, remembered: a review touches a dozen series, and
         ``labels()`` takes a lock and builds its key each time (~2 µs a call). Label
@@ -127,34 +137,44 @@ def _error(status: int, message: str) -> tuple[int, bytes]:
     return status, orjson.dumps({"error": message})
 
 
-Handler = Callable[[bytes, Caller | None], Awaitable[tuple[int, bytes]]]
+PHASES: tuple[Phase, ...] = ("mutate", "validate")
 _JSON = [(b"content-type", b"application/json")]
 _CHALLENGE = [(b"www-authenticate", b'Bearer realm="envelope"')]
 
 
+class Service(Protocol):
+    """What a :class:`ReviewEndpoint` serves: a body decoded into a request, or the
+    answer that ends it there (a 4xx, or a review that cannot be judged); then the
+    answer to a request."""
+
+    def decode(self, body: bytes) -> Request | tuple[int, bytes]: ...
+
+    def answer(self, request: Request) -> tuple[int, bytes]: ...
+
+
 class ReviewEndpoint:
     """A raw ASGI endpoint for one review path: ``POST`` with a body, answered by
-    ``handler``; any other method gets 405. With ``caller`` (KEP-6060 tokens), the
+    ``service``; any other method gets 405. With ``caller`` (KEP-6060 tokens), the
     caller's token is checked before the body is read: in enforce mode a request
     without a good one gets 401 and is never parsed."""
 
-    def __init__(self, handler: Handler, on_malformed: Callable[[], None] | None = None,
+    def __init__(self, service: Service, on_malformed: Callable[[], None] | None = None,
                  caller: CallerCheck | None = None) -> None:
-        self.handler = handler
+        self.service = service
         self.on_malformed = on_malformed
         self.caller = caller
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
+        extra: list[tuple[bytes, bytes]] = []
         if scope["method"] != "POST":
             status, payload = _error(405, "use POST with an AdmissionReview")
-            await send(send_, status, payload, [(b"allow", b"POST")])
+            extra = [(b"allow", b"POST")]
         else:
+            checker = self.caller
+            who = None if checker is None else await checker.check(scope.get("headers", ()),
+                                                                   scope["path"])
             media = _content_type(scope)
-            who: Caller | CallerTokenError | None = None
-            if self.caller is not None:
-                who = await self.caller.check(scope.get("headers", ()), scope["path"])
-            extra: list[tuple[bytes, bytes]] = []
-            if isinstance(who, CallerTokenError) and self.caller and self.caller.mode == "enforce":
+            if isinstance(who, CallerTokenError) and checker and checker.mode == "enforce":
                 status, payload = _error(401, f"caller token refused ({who.reason}): {who.detail}")
                 extra = _CHALLENGE
             elif media != b"application/json":
@@ -163,15 +183,22 @@ class ReviewEndpoint:
                 status, payload = _error(415, f"Content-Type must be application/json, got {shown}")
             else:
                 body = await read_body(scope, receive)
-                caller = who if isinstance(who, Caller) else None
-                if isinstance(body, tuple):
-                    status, payload = body
-                else:  # the handler counts the caller once it knows the review's groups
-                    status, payload = await self.handler(body, caller)
-                    who = None
-            if isinstance(who, Caller) and self.caller is not None:
-                self.caller.count("valid")  # never reached the review: no group to check
-            await send(send_, status, payload, extra)
+                decoded = body if isinstance(body, tuple) else self.service.decode(body)
+                refused = None
+                if isinstance(who, Caller) and checker is not None:
+                    # The one place a verified caller is counted: against the review's API
+                    # groups when there is a review, else (a body that is none) as valid.
+                    subject = decoded.subject if isinstance(decoded, Request) else None
+                    groups = (subject.group, subject.api_group) if subject is not None else ()
+                    refused = checker.settle(who, groups, scope["path"])
+                if refused is not None and checker is not None and checker.mode == "enforce":
+                    status, payload = _error(403, f"caller token refused (api-group): "
+                                                  f"{refused.detail}")
+                elif isinstance(decoded, Request):
+                    status, payload = self.service.answer(decoded)
+                else:
+                    status, payload = decoded
+        await send(send_, status, payload, extra)
         if status >= 400 and self.on_malformed is not None:
             self.on_malformed()
 
@@ -179,7 +206,7 @@ class ReviewEndpoint:
 def _content_type(scope: dict[str, Any]) -> bytes:
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower()
+            return value.split(b";", 1)[0].strip().lower()  # type: ignore[no-any-return]
     return b""
 
 
@@ -216,6 +243,68 @@ async def read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, b
             return b"".join(chunks)
 
 
+class Reviews:
+    """One review endpoint's work around its handler: decode the body into a
+    :class:`~app.admission.Request`, and answer it — the handler's response, counted
+    (Prometheus), logged (one JSON line, no object contents) and encoded."""
+
+    def __init__(self, phase: Phase, handler: Handler, metrics: Metrics,
+                 known_kinds: frozenset[str]) -> None:
+        self.phase = phase
+        self.handler = handler
+        self.metrics = metrics
+        self.known_kinds = known_kinds
+
+    def decode(self, body: bytes) -> Request | tuple[int, bytes]:
+        started = time.perf_counter()
+        try:
+            uid, subject = parse_review(body)
+        except TooDeep as exc:
+            return 200, self.handler.too_deep(exc.uid).encode()
+        except BadReview as exc:
+            return _error(400, f"not an AdmissionReview: {exc}")
+        except (RecursionError, ValueError, TypeError) as exc:  # defence in depth: all 400s
+            return _error(400, f"not an AdmissionReview: {type(exc).__name__}")
+        return Request(uid, subject, self.phase, started)
+
+    def answer(self, request: Request) -> tuple[int, bytes]:
+        response = self.handler.handle(request)
+        self._record(request, response, time.perf_counter() - request.received)
+        return 200, response.encode()
+
+    def _record(self, request: Request, response: Response, elapsed: float) -> None:
+        m, phase, subject = self.metrics, self.phase, request.subject
+        decision, evaluation = response.decision, response.evaluation
+        # Bounded label values: whoever reaches the port must not grow our series.
+        kind = subject.kind if subject.kind in self.known_kinds else "other"
+        operation = subject.operation  # parse_review admits four words only
+        m.child(m.requests, phase, kind, operation, decision.word).inc()
+        m.child(m.latency, phase, kind, decision.word).observe(elapsed)
+        if evaluation is not None:
+            for rule_id, result in evaluation.results.items():
+                m.child(m.rule_results, rule_id, result).inc()
+            if decision.patch:
+                m.patches.labels(kind).inc()
+            for rule_id in evaluation.skipped:
+                m.exemptions.labels(rule_id).inc()  # rule ids come from the rule set: bounded
+        if admission_log.enabled:
+            record: dict[str, Any] = {
+                "uid": request.uid, "kind": subject.kind, "namespace": subject.namespace,
+                "name": subject.name, "operation": subject.operation, "endpoint": phase,
+                "dryRun": subject.dry_run, "decision": decision.word,
+                "user": subject.user, "groups": subject.groups,
+                "rules": evaluation.rule_ids if evaluation else [],
+                "durationMs": round(elapsed * 1000, 3),
+            }
+            if evaluation and evaluation.internal_errors:
+                record["internalErrors"] = [str(e) for e in evaluation.internal_errors]
+            if evaluation and evaluation.skipped:
+                record["exempted"] = evaluation.skipped
+            if not decision.allowed:
+                record["message"] = decision.message  # cut by app.logs, like every field
+            admission_log.write(record)
+
+
 def create_app(
     rules: RuleSet,
     policy: Policy,
@@ -228,112 +317,31 @@ def create_app(
     problems (caches not synced, no certificate), empty when ready. ``caller``: check
     KEP-6060 caller tokens on the review paths (``app.callerauth``)."""
     app = FastAPI(title="Envelope", docs_url=None, redoc_url=None, openapi_url=None, **_NO_OTEL)
-    app.state.policy = policy
-    app.state.view = view or StaticView()
-    app.state.metrics = metrics or Metrics()
+    metrics = app.state.metrics = metrics or Metrics()
+    handler = app.state.handler = RuleHandler(rules, policy, view or StaticView())
     checks = ready_checks if ready_checks is not None else {}
-    known_kinds = {kind for _, kind in rules.kinds}
-    checker = caller
-    if checker is not None:
-        m0: Metrics = app.state.metrics
-        counters = {reason: m0.caller_tokens.labels(checker.mode, reason) for reason in REASONS}
-        checker.count = lambda reason: counters[reason].inc()
+    if caller is not None:
+        caller.count = metrics.caller_counter(caller.mode)
+    known_kinds = frozenset(kind for _, kind in rules.kinds)
 
-    async def review(body: bytes, phase: Phase, caller: Caller | None) -> tuple[int, bytes]:
-        started = time.perf_counter()
-        try:
-            uid, subject = parse_review(body)
-        except TooDeep as exc:
-            if caller is not None and checker is not None:
-                checker.count("valid")
-            return 200, review_response(exc.uid, too_deep(app.state.policy.failure_mode))
-        except (BadReview, RecursionError, ValueError, TypeError) as exc:  # all 400s
-            if caller is not None and checker is not None:
-                checker.count("valid")  # a good token, a body that is not a review
-            if isinstance(exc, BadReview):
-                return _error(400, f"not an AdmissionReview: {exc}")
-            return _error(400, f"not an AdmissionReview: {type(exc).__name__}")  # defence in depth
-        if caller is not None and checker is not None:
-            refused = checker.judged(caller, (subject.group, subject.api_group), f"/{phase}")
-            if refused is not None and checker.mode == "enforce":
-                return _error(403, f"caller token refused (api-group): {refused.detail}")
-        policy: Policy = app.state.policy
-        try:
-            evaluation = evaluate(rules, subject, app.state.view, policy, phase)
-            decision = decide(evaluation, policy.failure_mode)
-        except Exception as exc:  # defence in depth: the engine already isolates rules
-            log.exception("evaluation failed", extra={"uid": uid})
-            evaluation = None
-            allowed = policy.failure_mode == "allow"
-            decision = Decision(allowed, f"Envelope internal error: {type(exc).__name__}",
-                                500)
-        elapsed = time.perf_counter() - started
-        m: Metrics = app.state.metrics
-        # Bounded label values: whoever reaches the port must not grow our series.
-        kind = subject.kind if subject.kind in known_kinds else "other"
-        operation = subject.operation  # parse_review admits four words only
-        m.child(m.requests, phase, kind, operation, decision.word).inc()
-        m.child(m.latency, phase, kind, decision.word).observe(elapsed)
-        if evaluation is not None:
-            for rule_id, result in evaluation.results.items():
-                m.child(m.rule_results, rule_id, result).inc()
-            if decision.patch:
-                m.patches.labels(kind).inc()
-        if evaluation is not None:
-            for rule_id in evaluation.skipped:
-                m.exemptions.labels(rule_id).inc()  # rule ids come from the rule set: bounded
-        if admission_log.enabled:
-            record: dict[str, Any] = {
-                "uid": uid, "kind": subject.kind, "namespace": subject.namespace,
-                "name": subject.name, "operation": subject.operation, "endpoint": phase,
-                "dryRun": subject.dry_run, "decision": decision.word,
-                "user": subject.user, "groups": subject.groups,
-                "rules": evaluation.rule_ids if evaluation else [],
-                "durationMs": round(elapsed * 1000, 3),
-            }
-            if evaluation and evaluation.internal_errors:
-                record["internalErrors"] = evaluation.internal_errors
-            if evaluation and evaluation.skipped:
-                record["exempted"] = evaluation.skipped
-            if not decision.allowed:
-                record["message"] = decision.message  # cut by app.logs, like every field
-            admission_log.write(record)
-        try:
-            return 200, review_response(uid, decision)
-        except (TypeError, orjson.JSONEncodeError) as exc:  # e.g. a patch nested past orjson's limit
-            return 200, review_response(uid, Decision(
-                False, f"Envelope cannot encode an answer for this object ({exc}); it nests too "
-                       f"deeply to be a Kubernetes object", 400))
+    async def healthz(request: Request_) -> Response_:
+        return Response_(b"ok", media_type="text/plain")
 
-    async def mutate(body: bytes, caller: Caller | None) -> tuple[int, bytes]:
-        return await review(body, "mutate", caller)
-
-    async def validate(body: bytes, caller: Caller | None) -> tuple[int, bytes]:
-        return await review(body, "validate", caller)
-
-    async def healthz(request: Request) -> Response:
-        return Response(b"ok", media_type="text/plain")
-
-    async def readyz(request: Request) -> Response:
+    async def readyz(request: Request_) -> Response_:
         failing = [f"{name}: {problem}" for name, check in checks.items()
                    for problem in check()]
         if failing:
-            return Response(("not ready: " + "; ".join(failing)).encode(), status_code=503,
-                            media_type="text/plain")
-        return Response(b"ok", media_type="text/plain")
+            return Response_(("not ready: " + "; ".join(failing)).encode(), status_code=503,
+                             media_type="text/plain")
+        return Response_(b"ok", media_type="text/plain")
 
     app.add_route("/healthz", healthz, methods=["GET"])
     app.add_route("/readyz", readyz, methods=["GET"])
-
     # First in the router: a review matches on the first route it is compared with.
-    metrics_ = app.state.metrics
-
-    def malformed(endpoint: str) -> Callable[[], None]:
-        return metrics_.requests.labels(endpoint, "other", "", "malformed").inc
-
     app.router.routes[:0] = [
-        Route("/mutate", ReviewEndpoint(mutate, malformed("mutate"), checker)),
-        Route("/validate", ReviewEndpoint(validate, malformed("validate"), checker))]
+        Route(f"/{phase}", ReviewEndpoint(Reviews(phase, handler, metrics, known_kinds),
+                                          metrics.malformed(phase), caller))
+        for phase in PHASES]
     return app
 
 

@@ -24,6 +24,7 @@ import argparse
 import base64
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.admission import BadReview, Decision, parse_review, review_response
 from app.config import Policy
 from app.ruleset import default_ruleset
-from app.server import Handler, ReviewEndpoint, create_app
+from app.server import ReviewEndpoint, create_app
 
 IDLE_SECONDS = 120
 """Longer than the API server keeps an idle webhook connection (90 s, http.DefaultTransport
@@ -76,22 +77,22 @@ def _uid(body: bytes) -> bytes:
     return found.group(1) if found else b""
 
 
-async def floor(body: bytes, caller: object = None) -> tuple[int, bytes]:
+def floor(body: bytes) -> tuple[int, bytes]:
     return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
                  b'"response":{"uid":"' + _uid(body) + b'","allowed":true}}')
 
 
-async def floor_patch(body: bytes, caller: object = None) -> tuple[int, bytes]:
+def floor_patch(body: bytes) -> tuple[int, bytes]:
     return 200, (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
                  b'"response":{"uid":"' + _uid(body) + b'","allowed":true,'
                  b'"patchType":"JSONPatch","patch":"' + _PATCH + b'"}}')
 
 
-async def floor_envpatch(body: bytes, caller: object = None) -> tuple[int, bytes]:
+def floor_envpatch(body: bytes) -> tuple[int, bytes]:
     return 200, _ENVELOPE_ANSWER[0] + _uid(body) + _ENVELOPE_ANSWER[1]
 
 
-async def floor_decode(body: bytes, caller: object = None) -> tuple[int, bytes]:
+def floor_decode(body: bytes) -> tuple[int, bytes]:
     try:
         uid, _ = parse_review(body)
     except BadReview as exc:
@@ -99,7 +100,21 @@ async def floor_decode(body: bytes, caller: object = None) -> tuple[int, bytes]:
     return 200, review_response(uid, Decision(True))
 
 
-FLOOR_ROUTES: dict[str, Handler] = {"/floor": floor, "/floor-patch": floor_patch,
+class Floor:
+    """A floor as the server's ``Service``: the answer is made from the body as
+    ``decode`` gets it; there is never a request to answer."""
+
+    def __init__(self, make: Callable[[bytes], tuple[int, bytes]]) -> None:
+        self.make = make
+
+    def decode(self, body: bytes) -> tuple[int, bytes]:
+        return self.make(body)
+
+    def answer(self, request: object) -> tuple[int, bytes]:
+        raise AssertionError("a floor decodes no request")
+
+
+FLOOR_ROUTES: dict[str, Callable[[bytes], tuple[int, bytes]]] = {"/floor": floor, "/floor-patch": floor_patch,
                                     "/floor-envpatch": floor_envpatch, "/floor-decode": floor_decode}
 
 
@@ -117,7 +132,7 @@ def floor_app(nodes: int = 0) -> FastAPI:
         view = StaticView(bench_nodes(nodes), rules.indexes)
     app = create_app(rules, Policy(), view)
     for path, handler in FLOOR_ROUTES.items():
-        app.router.routes.append(Route(path, ReviewEndpoint(handler)))
+        app.router.routes.append(Route(path, ReviewEndpoint(Floor(handler))))
     return app
 
 

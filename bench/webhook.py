@@ -5,8 +5,8 @@ wrk). Starts one server — Envelope's app plus the floor routes of ``bench/floo
 and drives it with wrk at concurrency 16 on one
 wrk thread, first /floor (reads the body, answers a canned allow: the cost of
 uvicorn + TLS + HTTP alone), then /floor-decode (the floor plus decoding the review and
-encoding an allow, as every review does before its rules), then /mutate with a
-realistic 3-container Deployment.
+encoding an allow, as every review does before its rules), then /mutate and
+/validate with a realistic 3-container Deployment.
 """
 
 from __future__ import annotations
@@ -211,6 +211,7 @@ def main() -> int:
         floor = wrk(base + "/floor", script, args.seconds, args.connections)
         decode = wrk(base + "/floor-decode", script, args.seconds, args.connections)
         mutate = wrk(base + "/mutate", script, args.seconds, args.connections)
+        validate = wrk(base + "/validate", script, args.seconds, args.connections)
     finally:
         server.terminate()
         server.wait(15)
@@ -218,10 +219,12 @@ def main() -> int:
           f"server log level {args.log_level}")
     print("| route | reviews/s | p50 ms | p99 ms | non-2xx |")
     print("|---|---|---|---|---|")
-    for name, r in (("/floor", floor), ("/floor-decode", decode), ("/mutate", mutate)):
+    for name, r in (("/floor", floor), ("/floor-decode", decode), ("/mutate", mutate),
+                    ("/validate", validate)):
         print(f"| {name} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} |")
     print(f"floor-decode / floor throughput: {decode['rps'] / floor['rps']:.2f}x")
     print(f"mutate / floor throughput: {mutate['rps'] / floor['rps']:.2f}x")
+    print(f"validate / floor throughput: {validate['rps'] / floor['rps']:.2f}x")
     return 0
 
 

@@ -31,7 +31,7 @@ import yaml
 from app.admission import BadReview, Decision, decide, parse_review, review_response
 from app.cluster.view import StaticView
 from app.config import Policy
-from app.engine import evaluate
+from app.engine import InternalError, evaluate
 from tests.conftest import RULES, container, workload
 from tests.test_actors import pool, template
 
@@ -281,7 +281,7 @@ class Answer:
     uid: str | None
     decision: Decision | None
     """None when the body is not a review (a 400)."""
-    internal_errors: list[str]
+    internal_errors: list[InternalError]
     seconds: float
     response: bytes
 

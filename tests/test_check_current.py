@@ -120,3 +120,53 @@ def test_gvisor_templates_use_gvisor_pools(tmp_path: Path, capsys: pytest.Captur
     assert code == 1
     assert findings(entries, "agent") == [
         "error actor-placement: needs 8Gi memory; the largest gvisor WorkerPool in any namespace offers 4Gi"]
+
+
+def _policy(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unreadable_limits_follow_actor_limits_warn_mode(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """What the conversion of a current-format template cannot read is an actor-limits
+    finding given to the engine: in warn mode it is a warning, and check passes."""
+    path = write(tmp_path, template("1Gi", name="bad"), pool("vm", "ns", "microvm", "2Gi"))
+    policy = _policy(tmp_path, "rules: {actor-limits: warn}\n")
+    code = main(["check", "-o", "json", "--config", str(policy), "-f", str(path)])
+    entries = json.loads(capsys.readouterr().out)["objects"]
+    assert findings(entries, "bad") == [
+        "warning actor-limits: spec.resources.limits: expected a list of {name, quantity}, got str"]
+    assert code == 0
+
+
+def test_unreadable_limits_of_an_exempt_template_are_not_reported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    annotated = template("1Gi", name="bad")
+    annotated["metadata"]["annotations"] = {"envelope.io/exempt": "actor-limits"}
+    path = write(tmp_path, annotated, pool("vm", "ns", "microvm", "2Gi"))
+    code, entries = check(capsys, path)
+    entry = next(e for e in entries if e["name"] == "bad")
+    assert entry["findings"] == []
+    assert entry["skipped"] == [{"rule": "actor-limits",
+                                 "reason": "annotation envelope.io/exempt"}]
+    assert code == 0
+
+
+def test_unreadable_limits_follow_policy_exceptions_and_off(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    labelled = template("1Gi", name="bad")
+    labelled["metadata"]["labels"] = {"tier": "experimental"}
+    path = write(tmp_path, labelled, pool("vm", "ns", "microvm", "2Gi"))
+    excepted = _policy(tmp_path, "exceptions:\n- rules: [actor-limits]\n  kinds: [ActorTemplate]\n"
+                                 "  objectSelector: {matchLabels: {tier: experimental}}\n"
+                                 "  reason: trial\n")
+    code = main(["check", "-o", "json", "--config", str(excepted), "-f", str(path)])
+    entry = next(e for e in json.loads(capsys.readouterr().out)["objects"] if e["name"] == "bad")
+    assert (code, entry["findings"]) == (0, [])
+    assert entry["skipped"][0]["rule"] == "actor-limits"
+    off = _policy(tmp_path, "rules: {actor-limits: \"off\"}\n")
+    code = main(["check", "-o", "json", "--config", str(off), "-f", str(path)])
+    entry = next(e for e in json.loads(capsys.readouterr().out)["objects"] if e["name"] == "bad")
+    assert (code, entry["findings"]) == (0, [])

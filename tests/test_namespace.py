@@ -187,7 +187,7 @@ def test_stale_view_is_answered_per_failure_mode() -> None:
 
     obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"memory": "1Gi"})])
     result = run(obj, view=Stale())
-    assert any("pod-fits-node: cluster view not current (Node watch lost 90s ago)" in e
+    assert any("pod-fits-node: cluster view not current (Node watch lost 90s ago)" in str(e)
                for e in result.internal_errors)
 
 

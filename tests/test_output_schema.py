@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from app.audit import AUDIT_SCHEMA
-from app.reports import CHECK_SCHEMA
+from app.render.json import CHECK_SCHEMA
 from tests.test_audit import CPU_LIMIT, GOOD, MEMORY_SPLIT, run
 from tests.test_cli import envelope
 

@@ -13,7 +13,9 @@ from xml.etree import ElementTree as ET
 import jsonschema
 import pytest
 
-from app.reports import NotEvaluated, ObjectResult, Report, not_evaluated, render
+from app.render import render
+from app.reports import NotEvaluated, ObjectResult, Report, not_evaluated
+from app.rules.base import Finding
 from tests.conftest import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,8 +143,8 @@ def test_github_lines_exactly(repo: Path) -> None:
 
 def test_github_escapes_newlines_commas_and_colons() -> None:
     obj = ObjectResult("Pod", "v1", "ns", "a", "dir,x/a:b.yaml", 1, 3,
-                       findings=[{"severity": "error", "rule": "r", "path": "", "line": 4,
-                                  "message": "50% of\nthe quota, now"}])
+                       before=[Finding("error", "r", "spec", "50% of\nthe quota, now")],
+                       line_of=lambda path: 4)
     text = render(Report([obj], []), "github")
     assert text.splitlines()[0] == ("::error file=dir%2Cx/a%3Ab.yaml,line=4,title=envelope[r]::"
                                     "Pod ns/a: 50%25 of%0Athe quota, now")

@@ -15,7 +15,8 @@ import pytest
 
 from app.cli import run_check
 from app.config import Policy
-from app.reports import Report, render
+from app.render import render
+from app.reports import Report
 from app.ruledocs import (
     CPU_LIMIT_RULES,
     docs_url,

@@ -15,7 +15,7 @@ from app.admission import decide
 from app.cluster.live import RESOURCES, resources_for
 from app.cluster.view import ScopedView, StaticView, UndeclaredRead
 from app.config import Mode, Policy
-from app.engine import evaluate
+from app.engine import InternalError, evaluate
 from app.rules.base import Rule, Subject
 from app.ruleset import RuleSet
 from tests.conftest import RULES, container, workload
@@ -210,8 +210,8 @@ def test_an_undeclared_read_is_an_internal_error() -> None:
     obj = workload("Deployment", [container()])
     result = evaluate(rules, Subject("apps", "v1", "Deployment", obj=obj), StaticView(), Policy(),
                       "validate")
-    assert result.internal_errors == [
-        "quantities: UndeclaredRead: rule quantities read Node but declares reads of nothing"]
+    assert result.internal_errors == [InternalError(
+        "quantities", "UndeclaredRead: rule quantities read Node but declares reads of nothing")]
 
 
 # --- a stale view of each kind a rule reads --------------------------------------------
@@ -244,7 +244,8 @@ def test_a_lost_watch_of_what_a_rule_reads_is_answered_per_the_failure_mode(
     for failure_mode in ("deny", "allow"):
         policy = Policy(rules={rule_id: Mode.ENFORCE}, failureMode=failure_mode)
         result = evaluate(alone, subject, view, policy, rule.phase)
-        assert result.internal_errors == [reason]
+        assert [str(e) for e in result.internal_errors] == [reason]
+        assert [e.rule for e in result.internal_errors] == [rule_id]
         decision = decide(result, failure_mode)
         if failure_mode == "deny":
             assert not decision.allowed and decision.code == 500 and reason in decision.message

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from app.config import Policy
-from app.reports import FORMATS
+from app.render import FORMATS
 from app.server import create_app
 from tests.conftest import RULES, container, run, workload
 

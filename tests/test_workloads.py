@@ -212,7 +212,7 @@ def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) ->
     from dataclasses import replace
 
     from app.cluster.view import StaticView
-    from app.engine import evaluate
+    from app.engine import InternalError, evaluate
     from app.rules.workloads import fill_memory_limit
     from app.ruleset import RuleSet
     from tests.conftest import RULES, subject
@@ -226,4 +226,4 @@ def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) ->
     obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"cpu": "2"})])
     result = evaluate(crashing, subject(obj), StaticView(), Policy(), "mutate")
     assert result.patch == [] and result.obj is obj
-    assert result.internal_errors == ["memory-limit: RuntimeError: boom"]
+    assert result.internal_errors == [InternalError("memory-limit", "RuntimeError: boom")]

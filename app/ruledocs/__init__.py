@@ -227,7 +227,7 @@ def run_example(rules: RuleSet, example: Example, which: str) -> Run:
     view = StaticView([*cluster, *stored], rules.indexes)
     policy = Policy.model_validate(example.policy) if example.policy else Policy()
     result = check_object(rules, subject, view, policy)
-    return Run([*result.findings, *result.changes], list(result.internal_errors))
+    return Run([*result.findings, *result.changes], [str(e) for e in result.internal_errors])
 
 
 # --- pages ------------------------------------------------------------------------------

@@ -1,0 +1,42 @@
+"""``check -o github``: GitHub Actions workflow commands, shown as annotations on the
+pull request."""
+
+from __future__ import annotations
+
+import os
+
+from app.reports import FailOn, Report
+
+__all__ = ["render"]
+
+
+def _data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _prop(text: str) -> str:
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _gh_path(path: str) -> str:
+    """Annotations need the path relative to the repository (the working directory)."""
+    try:
+        return os.path.relpath(path) if not path.startswith("<") else path
+    except ValueError:
+        return path
+
+
+def render(report: Report, fail_on: FailOn = "error") -> str:
+    lines = []
+    for o in report.objects:
+        file = _prop(_gh_path(o.file))
+        for f in o.findings:
+            lines.append(f"::{f.severity} file={file},line={f.line or o.line},"
+                         f"title={_prop('envelope[' + f.rule + ']')}::"
+                         f"{_data(o.title + ': ' + f.message)}")
+    for n in report.not_evaluated:
+        lines.append(f"::notice title={_prop('envelope[' + n.rule + ']')}::{_data(n.message)}")
+    if report.skipped:
+        lines.append(f"::notice title=envelope::{_data(report.skipped_summary())}")
+    lines.append(report.summary())
+    return "\n".join(lines) + "\n"

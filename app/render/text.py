@@ -1,0 +1,40 @@
+"""``check -o text`` (alias ``human``): one block per object with something to say,
+then what was not evaluated, the rules' pages and the totals."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from app.reports import FailOn, Report
+
+__all__ = ["explain_line", "render"]
+
+
+def render(report: Report, fail_on: FailOn = "error") -> str:
+    lines = []
+    for o in report.objects:
+        if not o.findings and not o.changes and not o.exempt:
+            continue
+        lines.append(f"{o.title} ({o.file}:{o.line}, document {o.document})")
+        for f in o.findings:
+            at = f" [line {f.line}]" if f.line and f.line != o.line else ""
+            lines.append(f"  {f.severity:<7} {f.rule}: {f.message}{at}")
+        lines.extend(f"  skip    {e['rule']}: exempt ({e['reason']})" for e in o.exempt)
+        lines.extend(f"  change  {c.message}" for c in o.changes)
+    lines.extend(n.message for n in report.not_evaluated)
+    if report.skipped:
+        lines.append(report.skipped_summary())
+    reported = sorted({f.rule for o in report.objects for f in (*o.findings, *o.changes)}
+                      - {"internal"})
+    if reported:
+        lines.append(explain_line(reported))
+    lines.append(report.summary())
+    return "\n".join(lines) + "\n"
+
+
+def explain_line(rule_ids: Collection[str]) -> str:
+    """Where the rules that reported are explained: their pages and ``envelope explain``."""
+    from app.ruledocs import docs_url
+
+    return (f"why and how to fix: envelope explain RULE, or {docs_url()}rules/RULE.md, for "
+            f"{', '.join(rule_ids)}")
