@@ -1,4 +1,4 @@
-"""Canary for the uvicorn and uvloop internals ``app/limits.py`` builds on.
+"""Canary for the uvicorn and uvloop internals ``app/httplimits.py`` builds on.
 
 ``limits.GuardedHttpTools`` is mixed into uvicorn's private ``HttpToolsProtocol`` and
 overrides its parser callbacks; ``limits._tls_layer`` subclasses the event loop's private
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-LIMITS = Path(__file__).resolve().parent.parent / "app" / "limits.py"
+LIMITS = Path(__file__).resolve().parent.parent / "app" / "httplimits.py"
 
 #: The base methods GuardedHttpTools overrides and calls with super().
 OVERRIDDEN = ("__init__", "connection_made", "connection_lost", "data_received", "on_message_begin",
               "on_headers_complete", "on_body", "on_message_complete", "on_response_complete")
-#: Instance attributes of HttpToolsProtocol that app/limits.py reads.
+#: Instance attributes of HttpToolsProtocol that app/httplimits.py reads.
 ATTRIBUTES = ("cycle", "flow", "headers", "loop", "pipeline", "scope", "transport")
 
 
@@ -35,7 +35,7 @@ def _uvicorn() -> type:
 
 def test_the_list_above_is_what_limits_uses() -> None:
     """The canary's lists follow the code: every super() call and every base attribute
-    app/limits.py reads on ``self`` is named above (so a new use cannot slip past)."""
+    app/httplimits.py reads on ``self`` is named above (so a new use cannot slip past)."""
     source = LIMITS.read_text()
     assert set(re.findall(r"super\(\)\.(\w+)", source)) == set(OVERRIDDEN)
     own = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=", source)) | set(re.findall(r"def (\w+)", source))
