@@ -242,7 +242,7 @@ def _line_end(text: str, i: int) -> int:
 def _content_end(text: str, node: Node) -> int:
     """Index just past the node's last character that is not a blank or a line break
     (a block collection's end mark is where the next token starts)."""
-    end = node.end_mark.index
+    end: int = node.end_mark.index
     while end > node.start_mark.index and text[end - 1] in " \t\r\n":
         end -= 1
     return end
@@ -271,7 +271,7 @@ def _indent_step(text: str, mapping: MappingNode) -> int:
     """Indentation of nested block mappings in this document (2 when none is nested)."""
     for _, v in mapping.value:
         if isinstance(v, MappingNode) and not v.flow_style and v.value:
-            step = v.value[0][0].start_mark.column - mapping.value[0][0].start_mark.column
+            step: int = v.value[0][0].start_mark.column - mapping.value[0][0].start_mark.column
             if step > 0:
                 return step
     return 2

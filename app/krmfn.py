@@ -36,8 +36,13 @@ __all__ = ["process", "run_krm_fn"]
 RESOURCE_LIST = ("config.kubernetes.io/v1", "ResourceList")
 
 
+def _meta(obj: dict[str, Any], key: str = "metadata") -> dict[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _ref(obj: dict[str, Any]) -> dict[str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = _meta(obj)
     ref = {"apiVersion": str(obj.get("apiVersion", "")), "kind": str(obj.get("kind", "")),
            "name": str(meta.get("name") or "")}
     if meta.get("namespace"):
@@ -47,8 +52,7 @@ def _ref(obj: dict[str, Any]) -> dict[str, str]:
 
 def _file(obj: dict[str, Any]) -> dict[str, Any] | None:
     """Where kustomize/kpt say the item came from (``internal.config.kubernetes.io/path``)."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    notes = _meta(_meta(obj), "annotations")
     path = notes.get("internal.config.kubernetes.io/path") or notes.get("config.kubernetes.io/path")
     if not isinstance(path, str):
         return None
@@ -149,9 +153,9 @@ def _replace_results(text: str, root: MappingNode, results: list[dict[str, Any]]
 
 
 def _failure(message: str) -> str:
-    return yaml.safe_dump({"apiVersion": RESOURCE_LIST[0], "kind": RESOURCE_LIST[1], "items": [],
+    return str(yaml.safe_dump({"apiVersion": RESOURCE_LIST[0], "kind": RESOURCE_LIST[1], "items": [],
                            "results": [{"message": message, "severity": "error"}]},
-                          sort_keys=False)
+                          sort_keys=False))
 
 
 def run_krm_fn(rules: RuleSet, policy: Policy) -> int:
