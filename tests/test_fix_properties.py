@@ -12,7 +12,7 @@ from typing import Any
 import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, SequenceNode
 
 from app.cluster.static import Loaded, compose, load_text
 from app.cluster.yamlk8s import build
