@@ -406,7 +406,7 @@ def _replace(text: str, at: _Located, value: Any) -> str:
             and at.key is not None:
         colon = _colon_after(text, at.key)
         return _splice(text, colon, colon, " " + rendered)
-    if isinstance(node, ScalarNode) or node.flow_style:
+    if isinstance(node, ScalarNode) or getattr(node, "flow_style", False):
         return _splice(text, node.start_mark.index, node.end_mark.index, rendered)
     raise FixError("replacing a block collection is not supported in place")
 

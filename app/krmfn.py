@@ -119,8 +119,8 @@ def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
         results.extend(_result(obj, "info", f"{c.rule}: {c.message}", c.path)
                        for c in result.changes)
     expected = {**doc, "items": new_items}
-    back = build(compose(text))
-    if back != expected:
+    composed = compose(text)
+    if composed is None or build(composed) != expected:
         return _failure("the rewritten ResourceList does not read back as the items with "
                         "their patches (a bug of envelope krm-fn)"), 1
     if results:
