@@ -184,8 +184,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-o", "--output", choices=FORMATS, default="text",
                        help="text (alias human), json, sarif (SARIF 2.1.0), junit (one testcase "
                             "per object) or github (workflow-command annotations)")
-    check.add_argument("--fail-on", choices=("error", "warning"), default="error",
-                       help="lowest severity that makes the exit status 1 (default: error)")
+    check.add_argument("--fail-on", choices=("error", "warning", "change"), default="error",
+                       help="lowest severity that makes the exit status 1 (default: error); "
+                            "change: also any object the webhook would mutate (the files are "
+                            "not what the cluster stores; `envelope fix` writes the changes)")
     check.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                        help="leave out files and directories whose path (relative to a walked "
                             "directory, or as given) or name matches GLOB; repeatable")

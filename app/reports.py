@@ -30,7 +30,9 @@ __all__ = ["FORMATS", "NEEDS", "NotEvaluated", "ObjectResult", "Report", "RuleIn
            "not_evaluated", "render"]
 
 FORMATS = ("text", "human", "json", "sarif", "junit", "github")
-FailOn = Literal["error", "warning"]
+FailOn = Literal["error", "warning", "change"]
+"""The lowest severity that fails a run; ``change`` (below warning) also fails on any
+object the webhook would mutate."""
 SARIF_SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
                 "sarif-schema-2.1.0.json")
 
@@ -118,7 +120,8 @@ class Report:
         return sum(f["severity"] == severity for o in self.objects for f in o.findings)
 
     def failed(self, fail_on: FailOn = "error") -> bool:
-        return bool(self.count("error") or (fail_on == "warning" and self.count("warning")))
+        return bool(self.count("error") or (fail_on in ("warning", "change") and self.count("warning"))
+                    or (fail_on == "change" and self.mutated))
 
     @property
     def mutated(self) -> int:
@@ -141,15 +144,16 @@ class Report:
 def render(report: Report, fmt: str, fail_on: FailOn = "error") -> str:
     """The report in ``fmt`` (one of :data:`FORMATS`), ending with a newline."""
     if fmt in ("text", "human"):
-        return text(report)
+        return text(report) + change_gate_text(report, fail_on)
     if fmt == "json":
-        return orjson.dumps(as_json(report), option=orjson.OPT_INDENT_2).decode() + "\n"
+        doc = {**as_json(report), "failOn": fail_on, "failed": report.failed(fail_on)}
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
     if fmt == "sarif":
         return orjson.dumps(sarif(report, fail_on), option=orjson.OPT_INDENT_2).decode() + "\n"
     if fmt == "junit":
         return junit(report, fail_on)
     if fmt == "github":
-        return github(report)
+        return github(report, fail_on)
     raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
@@ -256,7 +260,7 @@ def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
         for f in [*o.findings, *({**c, "severity": "change"} for c in o.changes)]:
             result: dict[str, Any] = {
                 "ruleId": f["rule"],
-                "level": _LEVELS[f["severity"]],
+                "level": change_gate_level(f["severity"], fail_on),
                 "message": {"text": f"{o.title}: {f['message']}"},
                 "locations": [{
                     "physicalLocation": {"artifactLocation": artifact,
@@ -291,7 +295,7 @@ def sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
 # --- JUnit XML --------------------------------------------------------------------------
 
 def junit(report: Report, fail_on: FailOn = "error") -> str:
-    failing = ("error", "warning") if fail_on == "warning" else ("error",)
+    failing = ("error", "warning") if fail_on in ("warning", "change") else ("error",)
     suites = ET.Element("testsuites", name="envelope check")
     suite = ET.SubElement(suites, "testsuite", name="envelope check")
     props = ET.SubElement(suite, "properties")
@@ -301,7 +305,7 @@ def junit(report: Report, fail_on: FailOn = "error") -> str:
     for o in report.objects:
         case = ET.SubElement(suite, "testcase", classname=o.file, name=o.title,
                              file=o.file, line=str(o.line))
-        bad = [f for f in o.findings if f["severity"] in failing]
+        bad = [f for f in o.findings if f["severity"] in failing] + change_gate_failures(o, fail_on)
         if bad:
             failures += 1
             node = ET.SubElement(case, "failure", type=bad[0]["rule"],
@@ -310,7 +314,8 @@ def junit(report: Report, fail_on: FailOn = "error") -> str:
                                   f" {f['path']}): {f['message']}" for f in bad)
         rest = [f for f in o.findings if f["severity"] not in failing]
         out = [f"{f['severity']} {f['rule']}: {f['message']}" for f in rest]
-        out += [f"change {c['rule']}: {c['message']}" for c in o.changes]
+        if fail_on != "change":
+            out += [f"change {c['rule']}: {c['message']}" for c in o.changes]
         if out:
             ET.SubElement(case, "system-out").text = "\n".join(out)
     suite.set("tests", str(len(report.objects)))
@@ -346,7 +351,7 @@ def _gh_path(path: str) -> str:
         return path
 
 
-def github(report: Report) -> str:
+def github(report: Report, fail_on: FailOn = "error") -> str:
     lines = []
     for o in report.objects:
         file = _prop(_gh_path(o.file))
@@ -354,9 +359,50 @@ def github(report: Report) -> str:
             lines.append(f"::{f['severity']} file={file},line={f.get('line') or o.line},"
                          f"title={_prop('envelope[' + f['rule'] + ']')}::"
                          f"{_data(o.title + ': ' + f['message'])}")
+        lines.extend(change_gate_github(o, file, fail_on))
     for n in report.not_evaluated:
         lines.append(f"::notice title={_prop('envelope[' + n.rule + ']')}::{_data(n.message)}")
     if report.skipped:
         lines.append(f"::notice title=envelope::{_data(report.skipped_summary())}")
     lines.append(report.summary())
     return "\n".join(lines) + "\n"
+
+
+# --- the mutation gate (check --fail-on change) ------------------------------------------
+
+FIX_HINT = "run `envelope fix` on the file to write the change, so git holds what the cluster stores"
+
+
+def change_gate_level(severity: str, fail_on: FailOn) -> str:
+    """A finding's SARIF level; a change is an error when the run fails on changes."""
+    return "error" if severity == "change" and fail_on == "change" else _LEVELS[severity]
+
+
+def change_gate_text(report: Report, fail_on: FailOn) -> str:
+    if fail_on != "change" or not report.mutated:
+        return ""
+    return (f"fail-on change: {report.mutated} object(s) would be mutated by the webhook, so "
+            f"the cluster would store something other than the files; {FIX_HINT}\n")
+
+
+def change_gate_failures(o: ObjectResult, fail_on: FailOn) -> list[dict[str, Any]]:
+    """JUnit failures for an object's mutations when the run fails on changes."""
+    if fail_on != "change" or not o.patch:
+        return []
+    return [{"severity": "change", "rule": c["rule"], "path": c["path"],
+             "message": f"{c['message']} (would be mutated; {FIX_HINT})", "line": c.get("line")}
+            for c in o.changes]
+
+
+def change_gate_github(o: ObjectResult, file: str, fail_on: FailOn) -> list[str]:
+    """One annotation on the object's line with what the webhook would change and its
+    JSON patch: a notice, or an error when the run fails on changes."""
+    if not o.patch:
+        return []
+    level = "error" if fail_on == "change" else "notice"
+    what = "; ".join(c["message"] for c in o.changes) or "the webhook changes it"
+    patch = orjson.dumps(o.patch).decode()
+    rules = ",".join(dict.fromkeys(c["rule"] for c in o.changes)) or "change"
+    message = f"{o.title}: {what}\npatch: {patch}\n{FIX_HINT}"
+    return [f"::{level} file={file},line={o.line},title={_prop('envelope[' + rules + '] would mutate')}::"
+            f"{_data(message)}"]
