@@ -96,7 +96,8 @@ def test_helm_template_refused_with_how(tmp_path: Path, capsys: pytest.CaptureFi
 def test_a_change_that_cannot_be_written_in_place_is_refused(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "deploy.yaml"
-    text = DEPLOY.replace("            limits:\n", "            limits:\n              <<: {ephemeral-storage: 1Gi}\n")
+    merged = "            limits:\n              <<: {ephemeral-storage: 1Gi}\n"
+    text = DEPLOY.replace("            limits:\n", merged)
     f.write_text(text)
     assert main(["fix", str(f)]) == 2
     err = capsys.readouterr().err
