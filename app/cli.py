@@ -76,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         "Envelope: a Kubernetes admission webhook that strips CPU limits while keeping memory "
         "request = limit, and rejects GPU quota trees and actor sandboxes that cannot hold. "
         "`envelope serve` runs the webhook; `envelope check` runs the same rules over files; "
-        "`envelope audit` judges what a cluster holds; `envelope webhook-config` prints the "
+        "`envelope audit` judges what a cluster holds; `envelope fix` writes the webhook's "
+        "mutations into manifest files (`envelope krm-fn` inside kustomize or kpt); "
+        "`envelope webhook-config` prints the "
         "webhook configuration a policy needs; `envelope rules` and `envelope explain RULE` "
         "are the rule reference."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
