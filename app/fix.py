@@ -57,9 +57,10 @@ from app.substrate import is_current_template
 
 __all__ = ["FileFix", "FixError", "apply_patch", "fix_paths", "fix_text", "patch_text"]
 
-HELM_ADVICE = ("a Helm template (it holds '{{'): fix the chart's values files instead, or fix "
-               "the rendered output (`helm template … | envelope fix -`, or `envelope fix -` "
-               "as a `helm install --post-renderer`)")
+HELM_ADVICE = ("a template (it holds '{{', as a Helm template does): for a Helm chart fix its "
+               "values files instead, or fix the rendered output (`helm template … | envelope "
+               "fix -`, or `envelope fix -` as a `helm install --post-renderer`); render other "
+               "templates first and fix what they produce")
 
 
 class FixError(ValueError):
@@ -489,8 +490,10 @@ def _documents(text: str) -> list[tuple[int, int, str]]:
 
 
 def _loaded(text: str, source: str) -> Loaded:
+    """The file's objects as ``envelope check`` reads them: a file none of whose documents
+    is an API object (a values file, CI configuration) has none, and is left alone."""
     out = Loaded()
-    load_text(text, source, out, skip_non_objects=False)
+    load_text(text, source, out, skip_non_objects=source != "<stdin>")
     return out
 
 

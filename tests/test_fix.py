@@ -134,3 +134,23 @@ def test_files_without_changes_are_left_alone(tmp_path: Path) -> None:
 def test_patch_text_names_what_it_cannot_do() -> None:
     with pytest.raises(FixError, match="block scalar"):
         patch_text("a:\n  b: |\n    x\n", [{"op": "replace", "path": "/a/b", "value": "y"}])
+
+
+def test_as_a_helm_post_renderer(tmp_path: Path) -> None:
+    """What the refusal advises works: the real helm renders the chart and pipes the
+    output through `envelope fix -` (--post-renderer)."""
+    from tests.test_chart import helm
+
+    chart = tmp_path / "web"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: web\nversion: 0.1.0\n")
+    (chart / "values.yaml").write_text("cpu: 500m\n")
+    template = DEPLOY.replace("name: web ", "name: {{ .Release.Name }}-web ").replace(
+        'cpu:    "2"', "cpu:    {{ .Values.cpu }}")
+    (chart / "templates" / "deploy.yaml").write_text(template)
+    envelope = Path(sys.executable).parent / "envelope"
+    out = helm("template", "rel", str(chart), "--post-renderer", str(envelope),
+               "--post-renderer-args", "fix", "--post-renderer-args", "-").stdout
+    assert out.startswith("---\n# Source: web/templates/deploy.yaml\n")
+    assert out.split("\n", 2)[2] == FIXED.replace("name: web ", "name: rel-web ").replace(
+        'cpu: "2"', "cpu: 500m")
