@@ -204,9 +204,34 @@ def _pair_of(mapping: MappingNode, token: str) -> tuple[Node, Node] | None:
     return found
 
 
+def _shared(root: Node) -> set[int]:
+    """The nodes reached more than once: an anchor (``&x``) and its aliases (``*x``)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            shared.add(id(node))
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            todo.extend(n for pair in node.value for n in pair)
+        elif isinstance(node, SequenceNode):
+            todo.extend(node.value)
+    return shared
+
+
+ALIAS = "the value is shared through a YAML anchor (&) and alias (*): changing it here " \
+        "would change every place that refers to it; fix it by hand"
+
+
 def _locate(root: Node, tokens: list[str]) -> _Located:
+    shared = _shared(root)
     node: Node = root
     for token in tokens[:-1]:
+        if id(node) in shared:
+            raise FixError(ALIAS)
         if isinstance(node, MappingNode):
             pair = _pair_of(node, token)
             if pair is None:
@@ -217,8 +242,12 @@ def _locate(root: Node, tokens: list[str]) -> _Located:
         else:
             raise FixError(f"cannot follow {token!r} in the text")
     last = tokens[-1]
+    if id(node) in shared:
+        raise FixError(ALIAS)
     if isinstance(node, MappingNode):
         pair = _pair_of(node, last)
+        if pair is not None and id(pair[1]) in shared:
+            raise FixError(ALIAS)
         return _Located(node, pair[0] if pair else None, pair[1] if pair else None)
     if isinstance(node, SequenceNode):
         if last == "-":
@@ -415,39 +444,114 @@ def _replace(text: str, at: _Located, value: Any) -> str:
 def patch_text(text: str, patch: list[dict[str, Any]], item: int | None = None) -> str:
     """One YAML or JSON document's text with ``patch`` written into it (``item``: the
     object is ``items[item]`` of a List document). Raises :class:`FixError`."""
+    if item is not None:
+        out, failed = patch_items(text, {item: patch})
+        if failed:
+            raise failed[item]
+        return out
     reuse: dict[str, str] = {}
     for op in patch:
         root = compose(text)
         if root is None:
             raise FixError("an empty document")
-        if item is not None:
-            pair = _pair_of(root, "items") if isinstance(root, MappingNode) else None
-            items = pair[1] if pair else None
-            if not isinstance(items, SequenceNode) or item >= len(items.value):
-                raise FixError("the List's items are not where they were")
-            root = items.value[item]
-        tokens = _tokens(op["path"])
-        if not tokens:
-            raise FixError("the patch replaces the whole object")
-        at = _locate(root, tokens)
-        kind = op["op"]
-        if kind == "remove":
-            node = at.node
-            if isinstance(node, ScalarNode) and node.style not in ("|", ">"):
-                built = build(node)
-                reuse.setdefault(json.dumps(built), text[node.start_mark.index:node.end_mark.index])
-            try:
-                text = _remove(text, at)
-            except _EmptyBlock:
-                holder = _locate(root, tokens[:-1]) if len(tokens) > 1 else _Located(root, None, root)
-                text = _remove_only_pair(text, holder, at)
-        elif kind == "add" and at.node is None and isinstance(at.parent, MappingNode):
-            text = _add(text, at, tokens[-1], op["value"], reuse)
-        elif kind in ("replace", "add"):
-            text = _replace(text, at, op["value"])
-        else:
-            raise FixError(f"unsupported patch operation {kind!r}")
+        text = _apply_op(text, root, op, reuse)
     return text
+
+
+def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str]) -> str:
+    tokens = _tokens(op["path"])
+    if not tokens:
+        raise FixError("the patch replaces the whole object")
+    at = _locate(root, tokens)
+    kind = op["op"]
+    if kind == "remove":
+        node = at.node
+        if isinstance(node, ScalarNode) and node.style not in ("|", ">"):
+            built = build(node)
+            reuse.setdefault(json.dumps(built), text[node.start_mark.index:node.end_mark.index])
+        try:
+            return _remove(text, at)
+        except _EmptyBlock:
+            holder = _locate(root, tokens[:-1]) if len(tokens) > 1 else _Located(root, None, root)
+            return _remove_only_pair(text, holder, at)
+    if kind == "add" and at.node is None and isinstance(at.parent, MappingNode):
+        return _add(text, at, tokens[-1], op["value"], reuse)
+    if kind in ("replace", "add"):
+        return _replace(text, at, op["value"])
+    raise FixError(f"unsupported patch operation {kind!r}")
+
+
+_ERRORS = (FixError, yaml.YAMLError, YamlValueError, StopIteration, ValueError, IndexError,
+           KeyError)
+
+
+def _item_text(text: str, node: Node) -> tuple[int, int, int, str] | None:
+    """(start, end, column, text) of one list item written as a document of its own (its
+    lines after the first dedented by its column); None when its lines do not all carry
+    that indentation, so dedenting would not be exact."""
+    start, end, column = node.start_mark.index, _content_end(text, node), node.start_mark.column
+    lines = text[start:end].split("\n")
+    pad = " " * column
+    out = [lines[0]]
+    for line in lines[1:]:
+        if not line:
+            out.append(line)
+        elif line.startswith(pad) and line.strip():
+            out.append(line[column:])
+        else:
+            return None
+    return start, end, column, "\n".join(out)
+
+
+def _patch_item_in_place(text: str, patch: list[dict[str, Any]], item: int) -> str:
+    """``items[item]`` patched within the whole document, composed again for each
+    operation (the slow way, for items that cannot be cut out as documents)."""
+    reuse: dict[str, str] = {}
+    for op in patch:
+        root = compose(text)
+        pair = _pair_of(root, "items") if isinstance(root, MappingNode) else None
+        if pair is None or not isinstance(pair[1], SequenceNode) or item >= len(pair[1].value):
+            raise FixError("the List's items are not where they were")
+        text = _apply_op(text, pair[1].value[item], op, reuse)
+    return text
+
+
+def patch_items(text: str, patches: dict[int, list[dict[str, Any]]]
+                ) -> tuple[str, dict[int, Exception]]:
+    """A document whose ``items`` (a List, a KRM ResourceList) get ``patches[i]`` each:
+    the document is composed once and each item's text is patched as a document of its
+    own, last item first (so the offsets of the others hold). Returns the text and the
+    items that could not be patched (left as they were), with why."""
+    failed: dict[int, Exception] = {}
+    root = compose(text)
+    pair = _pair_of(root, "items") if isinstance(root, MappingNode) else None
+    items = pair[1] if pair else None
+    if not isinstance(items, SequenceNode):
+        return text, {i: FixError("the List's items are not where they were") for i in patches}
+    for i in sorted(patches, reverse=True):
+        if not patches[i]:
+            continue
+        if i >= len(items.value):
+            failed[i] = FixError("the List's items are not where they were")
+            continue
+        node = items.value[i]
+        found = _item_text(text, node) if not items.flow_style else None
+        if found is None:  # a flow list, or lines not indented alike: in the whole document
+            try:
+                text = _patch_item_in_place(text, patches[i], i)
+            except _ERRORS as exc:
+                failed[i] = exc
+            continue
+        start, end, column, item = found
+        try:  # as a document of its own, the item ends with its line
+            new = patch_text(item + "\n", patches[i])
+        except _ERRORS as exc:
+            failed[i] = exc
+            continue
+        lines = new.removesuffix("\n").split("\n")
+        lines[1:] = [" " * column + line if line else line for line in lines[1:]]
+        text = text[:start] + "\n".join(lines) + text[end:]
+    return text, failed
 
 
 # --- files ----------------------------------------------------------------------------
@@ -497,6 +601,12 @@ def _loaded(text: str, source: str) -> Loaded:
     return out
 
 
+def _refusal(source: str, m: Manifest, exc: Exception) -> str:
+    name = (m.obj.get("metadata") or {}).get("name")
+    return (f"{source}:{m.line}: {m.obj.get('kind')} {name}: cannot write the change in place "
+            f"({exc}); nothing written")
+
+
 def fix_text(text: str, source: str, patches: list[list[dict[str, Any]]]) -> FileFix:
     """``text`` with ``patches[i]`` written into the i-th object :func:`load_text` reads
     from it, verified by reading the result back."""
@@ -517,22 +627,29 @@ def fix_text(text: str, source: str, patches: list[list[dict[str, Any]]]) -> Fil
     documents = {first_line: (start, chunk) for start, first_line, chunk in _documents(text)}
     edits: dict[int, str] = {}  # document first line -> its new text
     expected = []
+    lists: dict[int, list[tuple[Manifest, list[dict[str, Any]]]]] = {}
     for m, patch in zip(manifests, patches, strict=True):
         expected.append(apply_patch(m.obj, patch) if patch else m.obj)
         if not patch:
             continue
         assert m._doc is not None
         first_line = m._doc.first_line
-        current = edits.get(first_line, m._doc.text)
+        if m.item is not None:
+            lists.setdefault(first_line, []).append((m, patch))
+            continue
         try:
-            edits[first_line] = patch_text(current, patch, m.item)
-        except (FixError, yaml.YAMLError, YamlValueError, StopIteration, ValueError,
-                IndexError, KeyError) as exc:
-            result.problems.append(f"{source}:{m.line}: {m.obj.get('kind')} "
-                                   f"{(m.obj.get('metadata') or {}).get('name')}: cannot write "
-                                   f"the change in place ({exc}); nothing written")
+            edits[first_line] = patch_text(m._doc.text, patch)
+        except _ERRORS as exc:
+            result.problems.append(_refusal(source, m, exc))
             continue
         result.changed += 1
+    for first_line, entries in lists.items():
+        doc_text = documents[first_line][1]
+        new, failed = patch_items(doc_text, {m.item: p for m, p in entries if m.item is not None})
+        result.problems += [_refusal(source, m, failed[m.item]) for m, _ in entries
+                            if m.item in failed]
+        result.changed += sum(m.item not in failed for m, _ in entries)
+        edits[first_line] = new
     if result.problems:
         return result
     pieces, pos = [], 0

@@ -27,7 +27,7 @@ from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.config import Policy
 from app.engine import check_object
-from app.fix import FixError, _add, _Located, _subject, apply_patch, patch_text
+from app.fix import _add, _Located, _subject, apply_patch, patch_items
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
 
@@ -90,11 +90,10 @@ def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
         return _failure("the ResourceList's items are not a list of objects"), 1
     view = StaticView(items, rules.indexes)
     results: list[dict[str, Any]] = []
-    new_items = []
-    status = 0
+    patches: dict[int, list[dict[str, Any]]] = {}
+    changes: dict[int, list[dict[str, Any]]] = {}
     for i, obj in enumerate(items):
         if is_current_template(obj):
-            new_items.append(obj)
             continue
         result = check_object(rules, _subject(obj), view, policy)
         blocked = result.internal_errors or any(
@@ -105,19 +104,19 @@ def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
         for e in result.internal_errors:
             results.append(_result(obj, "error", f"internal: {e}"))
         if blocked or not result.patch:
-            new_items.append(obj)
             continue
-        try:
-            text = patch_text(text, list(result.patch), i)
-        except (FixError, yaml.YAMLError, YamlValueError, ValueError, IndexError, KeyError,
-                StopIteration) as exc:
-            results.append(_result(obj, "error", f"cannot write Envelope's change in place: {exc}"))
-            status = 1
-            new_items.append(obj)
-            continue
-        new_items.append(apply_patch(obj, result.patch))
-        results.extend(_result(obj, "info", f"{c.rule}: {c.message}", c.path)
-                       for c in result.changes)
+        patches[i] = list(result.patch)
+        changes[i] = [_result(obj, "info", f"{c.rule}: {c.message}", c.path) for c in result.changes]
+    text, failed = patch_items(text, patches)
+    new_items = []
+    for i, obj in enumerate(items):
+        if i in failed:
+            results.append(_result(obj, "error", f"cannot write Envelope's change in place: {failed[i]}"))
+        elif i in patches:
+            results.extend(changes[i])
+            obj = apply_patch(obj, patches[i])
+        new_items.append(obj)
+    status = 1 if failed else 0
     expected = {**doc, "items": new_items}
     composed = compose(text)
     if composed is None or build(composed) != expected:

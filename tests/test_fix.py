@@ -154,3 +154,24 @@ def test_as_a_helm_post_renderer(tmp_path: Path) -> None:
     assert out.startswith("---\n# Source: web/templates/deploy.yaml\n")
     assert out.split("\n", 2)[2] == FIXED.replace("name: web ", "name: rel-web ").replace(
         'cpu: "2"', "cpu: 500m")
+
+
+def test_crlf_and_no_final_newline_are_kept(tmp_path: Path) -> None:
+    f = tmp_path / "deploy.yaml"
+    f.write_bytes(DEPLOY.rstrip("\n").replace("\n", "\r\n").encode())
+    assert main(["fix", str(f)]) == 0
+    assert f.read_bytes() == FIXED.rstrip("\n").replace("\n", "\r\n").encode()
+
+
+def test_an_alias_shared_by_two_containers_is_refused(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Editing an anchored value would change every place that refers to it, which is
+    not what the patch does to each: refused, not half-written."""
+    f = tmp_path / "deploy.yaml"
+    text = DEPLOY.replace("          resources:\n", "          resources: &res\n") + (
+        "        - name: second\n          image: nginx\n          resources: *res\n")
+    f.write_text(text)
+    assert main(["fix", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "anchor (&) and alias (*)" in err and "nothing written" in err
+    assert f.read_text() == text

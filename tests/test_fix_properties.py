@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from random import Random
 from typing import Any
 
 import jsonpatch
@@ -45,10 +46,10 @@ def _reads(snippet: str, expected: Any) -> bool:
         return False
 
 
-def scalar(draw: st.DrawFn, value: Any, flow: bool) -> str:
+def scalar(rnd: Random, value: Any, flow: bool) -> str:
     if not isinstance(value, str):
         return json.dumps(value)
-    style = draw(st.sampled_from(["plain", "single", "double"]))
+    style = rnd.choice(["plain", "single", "double"])
     probe = f"k: {{x: {value}}}" if flow else f"k: {value}"
     if style == "plain" and value and _reads(probe, {"k": {"x": value}} if flow else {"k": value}):
         return value
@@ -57,62 +58,66 @@ def scalar(draw: st.DrawFn, value: Any, flow: bool) -> str:
     return json.dumps(value)
 
 
-def flow(draw: st.DrawFn, value: Any) -> str:
+def flow(rnd: Random, value: Any) -> str:
     if isinstance(value, dict):
-        sep = draw(st.sampled_from([", ", ",  ", ","]))
-        inner = sep.join(f"{k}: {flow(draw, v)}" for k, v in value.items())
-        return "{" + inner + "}" if draw(st.booleans()) or not inner else "{ " + inner + " }"
+        sep = rnd.choice([", ", ",  ", ","])
+        inner = sep.join(f"{k}: {flow(rnd, v)}" for k, v in value.items())
+        return "{" + inner + "}" if rnd.random() < 0.5 or not inner else "{ " + inner + " }"
     if isinstance(value, list):
-        return "[" + ", ".join(flow(draw, v) for v in value) + "]"
-    return scalar(draw, value, True)
+        return "[" + ", ".join(flow(rnd, v) for v in value) + "]"
+    return scalar(rnd, value, True)
 
 
-def comment(draw: st.DrawFn) -> str:
-    return draw(st.sampled_from(["", "", "  # why", "   # aligned: note"]))
+def comment(rnd: Random) -> str:
+    return rnd.choice(["", "", "  # why", "   # aligned: note"])
 
 
-def block_map(draw: st.DrawFn, value: dict[str, Any], indent: int, step: int) -> list[str]:
+def block_map(rnd: Random, value: dict[str, Any], indent: int, step: int) -> list[str]:
     lines = []
     width = max((len(k) for k in value), default=0)
-    align = draw(st.booleans())
+    align = rnd.random() < 0.5
     for key, v in value.items():
         pad = " " * (width - len(key) + 1) if align else " "
-        if draw(st.integers(0, 5)) == 0:
+        if rnd.randint(0, 5) == 0:
             lines.append(" " * indent + "# a comment line")
         head = " " * indent + f"{key}:"
-        if isinstance(v, dict) and v and draw(st.integers(0, 3)):
-            lines.append(head + comment(draw))
-            lines += block_map(draw, v, indent + step, step)
+        if isinstance(v, dict) and v and rnd.randint(0, 3):
+            lines.append(head + comment(rnd))
+            lines += block_map(rnd, v, indent + step, step)
         elif isinstance(v, list) and v and all(isinstance(i, dict) and i for i in v) \
-                and draw(st.integers(0, 3)):
-            lines.append(head + comment(draw))
-            dash = indent + draw(st.sampled_from([0, step]))
+                and rnd.randint(0, 3):
+            lines.append(head + comment(rnd))
+            dash = indent + rnd.choice([0, step])
             for item in v:
-                if draw(st.integers(0, 4)) == 0:
-                    lines.append(" " * dash + "- " + flow(draw, item))
+                if rnd.randint(0, 4) == 0:
+                    lines.append(" " * dash + "- " + flow(rnd, item))
                     continue
-                inner = block_map(draw, item, dash + 2, step)
+                inner = block_map(rnd, item, dash + 2, step)
                 first = next(i for i, line in enumerate(inner) if not line.lstrip().startswith("#"))
                 inner[first] = " " * dash + "- " + inner[first][dash + 2:]
                 lines += inner[first:] if first else inner
         else:
-            lines.append(head + pad + flow(draw, v) if isinstance(v, dict | list)
-                         else head + pad + scalar(draw, v, False) + comment(draw))
+            lines.append(head + pad + flow(rnd, v) if isinstance(v, dict | list)
+                         else head + pad + scalar(rnd, v, False) + comment(rnd))
     return lines
 
 
 @st.composite
 def manifest_files(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]]]:
     objs = draw(st.lists(objects(), min_size=1, max_size=3))
-    if len(objs) == 1 and draw(st.integers(0, 3)) == 0:
-        indent = draw(st.sampled_from([None, 1, 2, 4]))
+    style = draw(st.randoms(use_true_random=False))  # layout choices: cheap, and reproducible
+    if len(objs) == 1 and style.randint(0, 3) == 0:
+        indent = style.choice([None, 1, 2, 4])
         return json.dumps(objs[0], indent=indent) + "\n", objs
-    step = draw(st.sampled_from([2, 4]))
+    step = style.choice([2, 4])
+    if style.randint(0, 4) == 0:  # a List document: the objects are its items
+        lines = block_map(style, {"apiVersion": "v1", "kind": "List", "items": objs}, 0, step)
+        return "\n".join(lines) + "\n", objs
     docs = []
     for obj in objs:
-        lines = block_map(draw, obj, 0, step)
+        lines = block_map(style, obj, 0, step)
         docs.append("\n".join(lines) + "\n")
-    head = draw(st.sampled_from(["", "---\n", "# generated\n---\n"]))
+    head = style.choice(["", "---\n", "# generated\n---\n"])
     return head + "---\n".join(docs), objs
 
 
@@ -124,11 +129,16 @@ def _lines(node: Node) -> set[int]:
     return set(range(node.start_mark.line, end + 1))
 
 
-def touched_lines(doc_text: str, first_line: int, patch: list[dict[str, Any]]) -> set[int]:
+def touched_lines(doc_text: str, first_line: int, patch: list[dict[str, Any]],
+                  item: int | None = None) -> set[int]:
     """Lines of the original file an operation may change: the pair it removes or replaces
     (and the key holding its mapping, which may become ``key: {}``), the flow mapping it
     adds to, or the line a block mapping's new pair follows."""
     root = compose(doc_text)
+    if item is not None:
+        assert isinstance(root, MappingNode)
+        items = next(v for k, v in root.value if k.value == "items")
+        root = items.value[item]
     out: set[int] = set()
     for op in patch:
         tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"][1:].split("/")]
@@ -160,7 +170,7 @@ def _read(text: str) -> Loaded:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(manifest_files())
 def test_fix_writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]]) -> None:
     text, objs = case
@@ -177,7 +187,7 @@ def test_fix_writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]]) ->
     for m, p in zip(loaded.manifests, found, strict=True):
         if p:
             assert m._doc is not None
-            allowed |= touched_lines(m._doc.text, m._doc.first_line, p)
+            allowed |= touched_lines(m._doc.text, m._doc.first_line, p, m.item)
     old, new = text.splitlines(keepends=True), result.fixed.splitlines(keepends=True)
     for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
         if tag in ("replace", "delete"):
