@@ -365,9 +365,8 @@ def _add(text: str, at: _Located, token: str, value: Any, reuse: dict[str, str])
     if isinstance(parent, SequenceNode):
         raise FixError("adding a list item is not supported in place")
     assert isinstance(parent, MappingNode)
-    json_style = _is_json_style(text, parent) if parent.value else parent.flow_style and \
-        text[parent.start_mark.index:parent.end_mark.index].startswith("{") and \
-        _doc_is_json(text)
+    # keys written as JSON ("key") get JSON; an empty {} follows the document's style
+    json_style = _is_json_style(text, parent) if parent.value else _doc_is_json(text)
     if parent.flow_style:
         rendered = _reused(value, reuse, flow=True) or _flow(value, json_style=json_style)
         pair = f"{_key(token, json_style=json_style)}: {rendered}"
@@ -566,7 +565,6 @@ class FileFix:
     """Objects whose patch was written."""
     problems: list[str] = field(default_factory=list)
     """Why the file is refused (nothing is written when there is any)."""
-    encoding_ok: bool = True
 
     @property
     def changes(self) -> bool:
