@@ -55,7 +55,8 @@ from app.rules.base import Subject
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
 
-__all__ = ["FileFix", "FixError", "apply_patch", "fix_paths", "fix_text", "patch_text"]
+__all__ = ["FileFix", "FixError", "apply_patch", "fix_paths", "fix_text", "patch_items", "patch_text",
+           "patches", "run_fix"]
 
 HELM_ADVICE = ("a template (it holds '{{', as a Helm template does): for a Helm chart fix its "
                "values files instead, or fix the rendered output (`helm template … | envelope "
