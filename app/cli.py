@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         "Envelope: a Kubernetes admission webhook that strips CPU limits while keeping memory "
         "request = limit, and rejects GPU quota trees and actor sandboxes that cannot hold. "
         "`envelope serve` runs the webhook; `envelope check` runs the same rules over files; "
-        "`envelope audit` judges what a cluster holds; `envelope webhook-config` prints the "
+        "`envelope audit` judges what a cluster holds; `envelope fix` writes the webhook's "
+        "mutations into manifest files (`envelope krm-fn` inside kustomize or kpt); "
+        "`envelope webhook-config` prints the "
         "webhook configuration a policy needs; `envelope rules` and `envelope explain RULE` "
         "are the rule reference."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -185,8 +187,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-o", "--output", choices=FORMATS, default="text",
                        help="text (alias human), json, sarif (SARIF 2.1.0), junit (one testcase "
                             "per object) or github (workflow-command annotations)")
-    check.add_argument("--fail-on", choices=("error", "warning"), default="error",
-                       help="lowest severity that makes the exit status 1 (default: error)")
+    check.add_argument("--fail-on", choices=("error", "warning", "change"), default="error",
+                       help="lowest severity that makes the exit status 1 (default: error); "
+                            "change: also any object the webhook would mutate (the files are "
+                            "not what the cluster stores; `envelope fix` writes the changes)")
     check.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                        help="leave out files and directories whose path (relative to a walked "
                             "directory, or as given) or name matches GLOB; repeatable")
@@ -207,6 +211,7 @@ def _parser() -> argparse.ArgumentParser:
                             "without the field, ignore (or false) drops it silently; an unknown "
                             "kind of a built-in API group is refused in every mode")
     _audit_parser(sub)
+    _fix_parsers(sub)
     config = sub.add_parser(
         "webhook-config",
         help="print the mutating webhook's matchConditions for a policy",
@@ -243,6 +248,39 @@ def _reference_parsers(sub: Any) -> None:
 
 RULES_SCHEMA_VERSION = 1
 """Version of ``envelope rules -o json``: raised when a field changes meaning or goes."""
+
+
+def _fix_parsers(sub: Any) -> None:
+    """``envelope fix`` and ``envelope krm-fn`` (app/fix.py, app/krmfn.py)."""
+    fix = sub.add_parser(
+        "fix", help="rewrite manifests in place so they are what Envelope would store",
+        description="Write the mutations `envelope check` reports into the manifest files "
+                    "(only the changed values' bytes and the lines removed or added; "
+                    "comments, order, quoting and layout kept), so the files in git are what "
+                    "the cluster stores. Exit 0: written, or nothing to change; 1: with "
+                    "--diff/--check, some file would change; 2: a file refused (Helm "
+                    "template, unreadable, or a change that cannot be written in place).")
+    fix.add_argument("paths", nargs="*", metavar="PATH",
+                     help="file or directory (walked recursively); - reads stdin and writes "
+                          "the fixed stream to stdout")
+    fix.add_argument("-f", "--filename", action="append", default=[], dest="filenames",
+                     metavar="PATH", help="file, directory or -; repeatable")
+    shown = fix.add_mutually_exclusive_group()
+    shown.add_argument("--diff", action="store_true",
+                       help="print a unified diff of what would change; write nothing")
+    shown.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 when some file would change")
+    fix.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                     help="leave out files and directories matching GLOB; repeatable")
+    fix.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                     help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
+    krm = sub.add_parser(
+        "krm-fn", help="a KRM function (kustomize/kpt) applying Envelope's mutations",
+        description="Read a KRM ResourceList on stdin (kustomize exec function, kpt fn), "
+                    "write Envelope's mutations into its items and write the ResourceList, "
+                    "with results, to stdout. Exit 1 when an item cannot be fixed.")
+    krm.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                     help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
 
 
 def run_rules(rules: RuleSet, output: str, family_name: str | None) -> int:
@@ -886,6 +924,22 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _run_fix(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
+    if args.command == "krm-fn":
+        from app.krmfn import run_krm_fn
+
+        return run_krm_fn(rules, policy)
+    from app.fix import run_fix
+
+    paths = [*args.paths, *args.filenames]
+    if not paths:
+        print("envelope fix: give at least one file or directory (PATH, -f PATH, or - for stdin)",
+              file=sys.stderr)
+        return 2
+    mode = "diff" if args.diff else "check" if args.check else "write"
+    return run_fix(paths, rules, policy, mode=mode, exclude=args.exclude)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -920,6 +974,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.command == "audit":
         return run_audit(args, rules, policy)
+    if args.command in ("fix", "krm-fn"):
+        return _run_fix(args, rules, policy)
     if args.command == "webhook-config":
         return run_webhook_config(rules, policy, args.output)
     problem = _serve_problem(args)

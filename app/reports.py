@@ -27,8 +27,9 @@ from app.ruleset import NEEDS
 __all__ = ["NEEDS", "FailOn", "Located", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
            "not_evaluated"]
 
-FailOn = Literal["error", "warning"]
-"""The lowest severity that fails a check (``--fail-on``)."""
+FailOn = Literal["error", "warning", "change"]
+"""The lowest severity that fails a run; ``change`` (below warning) also fails on any
+object the webhook would mutate."""
 
 
 class RuleInfo(Protocol):
@@ -183,7 +184,8 @@ class Report:
         return sum(f.severity == severity for o in self.objects for f in o.findings)
 
     def failed(self, fail_on: FailOn = "error") -> bool:
-        return bool(self.count("error") or (fail_on == "warning" and self.count("warning")))
+        return bool(self.count("error") or (fail_on in ("warning", "change") and self.count("warning"))
+                    or (fail_on == "change" and self.mutated))
 
     @property
     def mutated(self) -> int:

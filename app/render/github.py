@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from app.render.gate import change_gate_github
 from app.reports import FailOn, Report
 
 __all__ = ["render"]
@@ -34,6 +35,7 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
             lines.append(f"::{f.severity} file={file},line={f.line or o.line},"
                          f"title={_prop('envelope[' + f.rule + ']')}::"
                          f"{_data(o.title + ': ' + f.message)}")
+        lines.extend(change_gate_github(o, file, fail_on, _data, _prop))
     for n in report.not_evaluated:
         lines.append(f"::notice title={_prop('envelope[' + n.rule + ']')}::{_data(n.message)}")
     if report.skipped:

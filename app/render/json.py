@@ -34,4 +34,5 @@ def as_json(report: Report) -> dict[str, Any]:
 
 
 def render(report: Report, fail_on: FailOn = "error") -> str:
-    return orjson.dumps(as_json(report), option=orjson.OPT_INDENT_2).decode() + "\n"
+    doc = {**as_json(report), "failOn": fail_on, "failed": report.failed(fail_on)}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"

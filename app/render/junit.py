@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from app.render.gate import change_gate_failures
 from app.reports import FailOn, Report
 
 __all__ = ["render"]
 
 
 def render(report: Report, fail_on: FailOn = "error") -> str:
-    failing = ("error", "warning") if fail_on == "warning" else ("error",)
+    failing = ("error", "warning") if fail_on in ("warning", "change") else ("error",)
     suites = ET.Element("testsuites", name="envelope check")
     suite = ET.SubElement(suites, "testsuite", name="envelope check")
     props = ET.SubElement(suite, "properties")
@@ -21,7 +22,7 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
     for o in report.objects:
         case = ET.SubElement(suite, "testcase", classname=o.file, name=o.title,
                              file=o.file, line=str(o.line))
-        bad = [f for f in o.findings if f.severity in failing]
+        bad = [f for f in o.findings if f.severity in failing] + change_gate_failures(o, fail_on)
         if bad:
             failures += 1
             node = ET.SubElement(case, "failure", type=bad[0].rule,
@@ -30,7 +31,8 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
                                   f" {f.path}): {f.message}" for f in bad)
         rest = [f for f in o.findings if f.severity not in failing]
         out = [f"{f.severity} {f.rule}: {f.message}" for f in rest]
-        out += [f"change {c.rule}: {c.message}" for c in o.changes]
+        if fail_on != "change":
+            out += [f"change {c.rule}: {c.message}" for c in o.changes]
         if out:
             ET.SubElement(case, "system-out").text = "\n".join(out)
     suite.set("tests", str(len(report.objects)))

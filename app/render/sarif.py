@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from app.render.gate import change_gate_level
 from app.reports import FailOn, Report
 
 __all__ = ["SARIF_SCHEMA", "as_sarif", "render"]
@@ -64,7 +65,7 @@ def as_sarif(report: Report, fail_on: FailOn = "error") -> dict[str, Any]:
         for f in [*o.findings, *o.changes]:
             result: dict[str, Any] = {
                 "ruleId": f.rule,
-                "level": _LEVELS[f.severity],
+                "level": change_gate_level(f.severity, fail_on, _LEVELS),
                 "message": {"text": f"{o.title}: {f.message}"},
                 "locations": [{
                     "physicalLocation": {"artifactLocation": artifact,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from app.render.gate import change_gate_text
 from app.reports import FailOn, Report
 
 __all__ = ["explain_line", "render"]
@@ -29,7 +30,7 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
     if reported:
         lines.append(explain_line(reported))
     lines.append(report.summary())
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + change_gate_text(report, fail_on)
 
 
 def explain_line(rule_ids: Collection[str]) -> str:

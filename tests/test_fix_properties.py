@@ -1,0 +1,198 @@
+"""``envelope fix`` over generated manifests written in many styles: the rewritten file
+reads back as the objects with Envelope's patch applied (by the ``jsonpatch`` library,
+not by Envelope), every line outside what the patch touches is byte-identical, and a
+second run changes nothing."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from random import Random
+from typing import Any
+
+import jsonpatch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+from app.cluster.static import Loaded, compose, load_text
+from app.cluster.yamlk8s import build
+from app.config import load_policy
+from app.fix import fix_text, patches
+from app.ruleset import default_ruleset
+from tests.conftest import workload
+from tests.test_properties import KINDS, containers
+
+RULES = default_ruleset()
+POLICY = load_policy(None, None, RULES)
+
+
+@st.composite
+def objects(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from(KINDS))
+    obj = workload(kind, draw(containers("c")), draw(containers("init")) or None)
+    if draw(st.booleans()):
+        obj["metadata"]["labels"] = {"app": "web", "tier": draw(st.sampled_from(["a", "b c"]))}
+    return obj
+
+
+# --- writing YAML in a drawn style --------------------------------------------------------
+
+def _reads(snippet: str, expected: Any) -> bool:
+    try:
+        node = compose(snippet)
+        return node is not None and build(node) == expected
+    except Exception:
+        return False
+
+
+def scalar(rnd: Random, value: Any, flow: bool) -> str:
+    if not isinstance(value, str):
+        return json.dumps(value)
+    style = rnd.choice(["plain", "single", "double"])
+    probe = f"k: {{x: {value}}}" if flow else f"k: {value}"
+    if style == "plain" and value and _reads(probe, {"k": {"x": value}} if flow else {"k": value}):
+        return value
+    if style == "single":
+        return "'" + value.replace("'", "''") + "'"
+    return json.dumps(value)
+
+
+def flow(rnd: Random, value: Any) -> str:
+    if isinstance(value, dict):
+        sep = rnd.choice([", ", ",  ", ","])
+        inner = sep.join(f"{k}: {flow(rnd, v)}" for k, v in value.items())
+        return "{" + inner + "}" if rnd.random() < 0.5 or not inner else "{ " + inner + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(flow(rnd, v) for v in value) + "]"
+    return scalar(rnd, value, True)
+
+
+def comment(rnd: Random) -> str:
+    return rnd.choice(["", "", "  # why", "   # aligned: note"])
+
+
+def block_map(rnd: Random, value: dict[str, Any], indent: int, step: int) -> list[str]:
+    lines = []
+    width = max((len(k) for k in value), default=0)
+    align = rnd.random() < 0.5
+    for key, v in value.items():
+        pad = " " * (width - len(key) + 1) if align else " "
+        if rnd.randint(0, 5) == 0:
+            lines.append(" " * indent + "# a comment line")
+        head = " " * indent + f"{key}:"
+        if isinstance(v, dict) and v and rnd.randint(0, 3):
+            lines.append(head + comment(rnd))
+            lines += block_map(rnd, v, indent + step, step)
+        elif isinstance(v, list) and v and all(isinstance(i, dict) and i for i in v) \
+                and rnd.randint(0, 3):
+            lines.append(head + comment(rnd))
+            dash = indent + rnd.choice([0, step])
+            for item in v:
+                if rnd.randint(0, 4) == 0:
+                    lines.append(" " * dash + "- " + flow(rnd, item))
+                    continue
+                inner = block_map(rnd, item, dash + 2, step)
+                first = next(i for i, line in enumerate(inner) if not line.lstrip().startswith("#"))
+                inner[first] = " " * dash + "- " + inner[first][dash + 2:]
+                lines += inner[first:] if first else inner
+        else:
+            lines.append(head + pad + flow(rnd, v) if isinstance(v, dict | list)
+                         else head + pad + scalar(rnd, v, False) + comment(rnd))
+    return lines
+
+
+@st.composite
+def manifest_files(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]]]:
+    objs = draw(st.lists(objects(), min_size=1, max_size=3))
+    style = draw(st.randoms(use_true_random=False))  # layout choices: cheap, and reproducible
+    if len(objs) == 1 and style.randint(0, 3) == 0:
+        indent = style.choice([None, 1, 2, 4])
+        return json.dumps(objs[0], indent=indent) + "\n", objs
+    step = style.choice([2, 4])
+    if style.randint(0, 4) == 0:  # a List document: the objects are its items
+        lines = block_map(style, {"apiVersion": "v1", "kind": "List", "items": objs}, 0, step)
+        return "\n".join(lines) + "\n", objs
+    docs = []
+    for obj in objs:
+        lines = block_map(style, obj, 0, step)
+        docs.append("\n".join(lines) + "\n")
+    head = style.choice(["", "---\n", "# generated\n---\n"])
+    return head + "---\n".join(docs), objs
+
+
+# --- which lines a patch may touch ----------------------------------------------------------
+
+def _lines(node: Node) -> set[int]:
+    end = node.end_mark.line - (1 if node.end_mark.column == 0 and node.end_mark.line
+                                > node.start_mark.line else 0)
+    return set(range(node.start_mark.line, end + 1))
+
+
+def touched_lines(doc_text: str, first_line: int, patch: list[dict[str, Any]],
+                  item: int | None = None) -> set[int]:
+    """Lines of the original file an operation may change: the pair it removes or replaces
+    (and the key holding its mapping, which may become ``key: {}``), the flow mapping it
+    adds to, or the line a block mapping's new pair follows."""
+    root = compose(doc_text)
+    if item is not None:
+        assert isinstance(root, MappingNode)
+        items = next(v for k, v in root.value if k.value == "items")
+        root = items.value[item]
+    out: set[int] = set()
+    for op in patch:
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"][1:].split("/")]
+        node, holder_key = root, None
+        for token in tokens[:-1]:
+            if isinstance(node, MappingNode):
+                pair = next(((k, v) for k, v in node.value if k.value == token), None)
+                assert pair is not None
+                holder_key, node = pair
+            else:
+                assert isinstance(node, SequenceNode)
+                node = node.value[int(token)]
+        assert isinstance(node, MappingNode)
+        if holder_key is not None:
+            out.add(holder_key.start_mark.line)
+        pair = next(((k, v) for k, v in node.value if k.value == tokens[-1]), None)
+        if node.flow_style:
+            out |= _lines(node)
+        elif pair is not None:
+            out |= _lines(pair[0]) | _lines(pair[1])
+        if pair is None and node.value:
+            out |= _lines(node.value[-1][1])
+    return {first_line + n for n in out}
+
+
+def _read(text: str) -> Loaded:
+    out = Loaded()
+    load_text(text, "gen.yaml", out, skip_non_objects=False)
+    return out
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(manifest_files())
+def test_fix_writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]]) -> None:
+    text, objs = case
+    loaded = _read(text)
+    assert not loaded.errors, loaded.errors
+    assert [m.obj for m in loaded.manifests] == objs  # the generator writes what it means
+    found = patches(loaded.manifests, RULES, POLICY)
+    result = fix_text(text, "gen.yaml", found)
+    assert not result.problems, (result.problems, text)
+    again = _read(result.fixed)
+    assert [m.obj for m in again.manifests] == [
+        jsonpatch.apply_patch(o, p) for o, p in zip(objs, found, strict=True)]
+    allowed: set[int] = set()
+    for m, p in zip(loaded.manifests, found, strict=True):
+        if p:
+            assert m._doc is not None
+            allowed |= touched_lines(m._doc.text, m._doc.first_line, p, m.item)
+    old, new = text.splitlines(keepends=True), result.fixed.splitlines(keepends=True)
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            assert set(range(i1, i2)) <= allowed, (tag, old[i1:i2], text, result.fixed)
+    assert result.changed == sum(bool(p) for p in found)
+    # idempotent: the fixed file needs no change
+    assert not any(patches(again.manifests, RULES, POLICY))
+    assert fix_text(result.fixed, "gen.yaml", [[] for _ in again.manifests]).fixed == result.fixed
