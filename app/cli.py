@@ -21,6 +21,8 @@ from app.engine import Evaluation, check_object
 from app.exemptions import needs_namespaces
 from app.limits import add_arguments as add_limit_arguments
 from app.limits import limits_from_args, uvicorn_options
+from app.quotaview.command import add_parser as quotaview_parser
+from app.quotaview.command import run as run_quotaview
 from app.reports import FORMATS, ObjectResult, Report, not_evaluated, render
 from app.rules.base import Subject
 from app.ruleset import RuleSet, default_ruleset
@@ -206,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
                             "without the field, ignore (or false) drops it silently; an unknown "
                             "kind of a built-in API group is refused in every mode")
     _audit_parser(sub)
+    quotaview_parser(sub)
     config = sub.add_parser(
         "webhook-config",
         help="print the mutating webhook's matchConditions for a policy",
@@ -940,6 +943,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.command == "audit":
         return run_audit(args, rules, policy)
+    if args.command == "quotas":
+        return run_quotaview(args, rules, policy)
     if args.command == "webhook-config":
         return run_webhook_config(rules, policy, args.output)
     problem = _serve_problem(args)
