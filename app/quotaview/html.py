@@ -23,7 +23,7 @@ DEFAULT_COLLAPSE = 200
 
 BAR_W = 1000
 CSS = """
-body{font:14px/1.4 system-ui,-apple-system,"DejaVu Sans",sans-serif;margin:1.5em;color:#1d2330;background:#fff}
+body{font:14px/1.4 system-ui,"DejaVu Sans",sans-serif;margin:1.5em;color:#1d2330;background:#fff}
 h1{font-size:1.4em;margin:0 0 .3em}h2{display:inline;font-size:1.15em}
 .summary{color:#445}.pool{border:1px solid #ccd3e0;border-radius:6px;padding:.4em .8em;margin:1em 0}
 .pool.over{border-color:#c62828;border-width:2px}

@@ -15,7 +15,7 @@ never 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -277,26 +277,32 @@ def build(view: ClusterView, findings: Findings | None = None) -> Tree:
     return Tree(pools, queues, loose)
 
 
-def _queue_trees(view: ClusterView, after: After, keep: Any) -> list[TreeNode]:
+MAX_DEPTH = 100
+"""Queue levels drawn under one root; a deeper queue starts a tree of its own."""
+
+
+def _queue_trees(view: ClusterView, after: After,
+                 keep: Callable[[TreeNode], TreeNode]) -> list[TreeNode]:
     """KAI Queues KRM does not generate, under ``spec.parentQueue``; a queue whose parent
     is missing is a root. KAI walks parents without a cycle check: a cycle is drawn once,
     from its alphabetically first member."""
     queues = {name_of(q): q for q in view.list("Queue") if is_ours("Queue", q) and not krm_owned(q)}
     seen: set[str] = set()
 
-    def grow(name: str) -> TreeNode | None:
+    def grow(name: str, depth: int = 0) -> TreeNode | None:
         mine = slots("Queue", queues[name])
-        if not mine or name in seen:
+        if not mine or name in seen or depth > MAX_DEPTH:
             return None
         seen.add(name)
         kids = sorted(name_of(c) for c in after.by_index(QUEUE_PARENT, name) if name_of(c) in queues)
         child_slots = [s for k in kids for s in slots("Queue", queues[k]) or ()]
         node = keep(_node(mine[0], view, child_slots))
-        node.children = [c for c in (grow(k) for k in kids) if c is not None]
+        node.children = [c for c in (grow(k, depth + 1) for k in kids) if c is not None]
         return node
 
+    queues.pop("", None)  # a Queue without a name is not in the cluster to draw
     roots = sorted(n for n, q in queues.items()
-                   if text_or_empty(raw_spec(q).get("parentQueue")) not in queues)
+                   if (text_or_empty(raw_spec(q).get("parentQueue")) or "") not in queues)
     out = [r for r in (grow(n) for n in roots) if r is not None]
     for name in sorted(set(queues) - seen):  # cycles: nothing leads to them from a root
         node = grow(name)
