@@ -4,6 +4,7 @@ over base files) and its outputs."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -56,6 +57,9 @@ def add_parser(sub: Any) -> None:
     quotas.add_argument("--screenshot", metavar="PNG",
                         help="html: also render the page in headless Chromium and save a "
                              "screenshot (needs chromium; e2e/controlplane/install-chromium.sh)")
+    quotas.add_argument("--no-findings", action="store_true",
+                        help="draw the numbers only, without running the quota rules (about half "
+                             "the time on a 10,000-project tenancy)")
     quotas.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
                         help="policy file (rule modes) for the findings; default $ENVELOPE_CONFIG")
 
@@ -114,13 +118,16 @@ def sources(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> tuple[T
         base = live if base is None else merge(live, base)
     if problems:
         return None, problems
+    gc.freeze()  # the parsed objects live to the end: keep the collector from rescanning them
+    judge_all: list[dict[str, Any]] | None = None if not args.no_findings else []
     if base is None:
-        return tree_of(files, rules, policy), []
+        return tree_of(files, rules, policy, judged=judge_all), []
     if not paths:
-        return tree_of(base, rules, policy), []
+        return tree_of(base, rules, policy, judged=judge_all), []
     merged = merge(base, files)
     before = tree_of(base, rules, policy, judged=[])
-    return compare(before, tree_of(merged, rules, policy, judged=files)), []
+    return compare(before, tree_of(merged, rules, policy,
+                                   judged=files if judge_all is None else [])), []
 
 
 def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
