@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from test_quotas import department, gpu_node, nodepool, project
 
 import harness
 from harness import Cluster
-from test_quotas import department, gpu_node, nodepool, project
 
 ROOT = Path(__file__).resolve().parent.parent
 
