@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 from test_quotas import department, gpu_node, nodepool, project
 
 import harness
@@ -24,7 +24,8 @@ def quotas(*args: str) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "app", "quotas", "-o", "json", *args],
                           capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
 
 
 def generated_queue(name: str, parent: str, owner: str, gpu: float) -> dict[str, Any]:

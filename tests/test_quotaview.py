@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from app.cli import main
 from app.kai import ZERO
@@ -126,7 +126,7 @@ def test_the_picture_agrees_with_check(capsys: pytest.CaptureFixture[str]) -> No
                       for f in o["findings"] if f["rule"].startswith("kai-"))
     _, out, _ = quotas(capsys, str(SMALL), "-o", "json")
     report = json.loads(out)
-    seen = []
+    seen: list[tuple[str, str, str, str]] = []
 
     def walk(node: dict[str, Any]) -> None:
         seen.extend((node["kind"], node["name"], f["rule"], f["message"]) for f in node["findings"])
@@ -267,3 +267,19 @@ def test_kai_queue_trees_and_cycles(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [c["name"] for c in roots[0]["children"]] == ["a", "b"]
     assert [c["name"] for c in roots[1]["children"]] == ["qy"]  # the cycle drawn once
     assert roots[1]["children"][0]["children"] == []
+
+
+def test_a_project_moved_to_another_department(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = [d for d in yaml.safe_load_all(SMALL.read_text()) if d]
+    moved = next(d for d in docs if d["metadata"]["name"] == "eval")
+    moved["spec"]["parent"] = "ops"
+    path = write(tmp_path / "move.yaml", [moved])
+    _, out, _ = quotas(capsys, str(path), "--base", str(SMALL), "-o", "json")
+    report = json.loads(out)
+    validator("quotas-v1.json").validate(report)
+    ml, ops = report["pools"][0]["departments"]
+    assert [c["name"] for c in ml["children"]] == ["train"] and not ml["overCommitted"]
+    (eval_,) = ops["children"]
+    assert (eval_["name"], eval_["change"], eval_["before"]) == ("eval", "moved", None)
+    assert ops["overCommitted"] is False and ops["resources"]["gpu"]["children"] == "3"
+    assert report["removed"] == []

@@ -89,7 +89,8 @@ class TreeNode:
     children: list[TreeNode] = field(default_factory=list)
     findings: list[dict[str, str]] = field(default_factory=list)
     change: str = ""
-    """"" (unchanged or no review), "added" or "changed"."""
+    """"" (unchanged or no review), "added", "changed" (numbers) or "moved" (another
+    parent; ``before`` is set when the numbers changed too)."""
     before: dict[Resource, Numbers] | None = None
 
     @property
@@ -322,10 +323,22 @@ def _same(a: dict[Resource, Numbers], b: dict[Resource, Numbers]) -> bool:
                for r in RESOURCES)
 
 
+def _parents(tree: Tree) -> dict[int, str]:
+    """Each queue's parent (a department, a parent queue; "" at the top), by identity."""
+    out: dict[int, str] = {}
+    for top in (*(n for p in tree.pools for n in (*p.departments, *p.uncapped)), *tree.queues):
+        out[id(top)] = ""
+        for node in top.walk():
+            for child in node.children:
+                out[id(child)] = node.name
+    return out
+
+
 def compare(before: Tree, after: Tree) -> Tree:
-    """Mark in ``after`` what the change under review adds or changes (with the numbers
-    before it), and list the queues it removes."""
+    """Mark in ``after`` what the change under review adds, changes (with the numbers
+    before it) or moves to another parent, and list the queues it removes."""
     old = {_key(n): n for n in before.every_node() if n.numbers}
+    old_parent, new_parent = _parents(before), _parents(after)
     seen = set()
     for node in after.every_node():
         if not node.numbers:
@@ -335,8 +348,11 @@ def compare(before: Tree, after: Tree) -> Tree:
         seen.add(key)
         if prev is None:
             node.change = "added"
-        elif not _same(prev.numbers, node.numbers):
+            continue
+        if not _same(prev.numbers, node.numbers):
             node.change, node.before = "changed", prev.numbers
+        if old_parent.get(id(prev), "") != new_parent.get(id(node), ""):
+            node.change = "moved"
     old_pools = {p.name: p for p in before.pools}
     for pool in after.pools:
         prev_pool = old_pools.get(pool.name)
