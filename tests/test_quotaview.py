@@ -283,3 +283,24 @@ def test_a_project_moved_to_another_department(tmp_path: Path, capsys: pytest.Ca
     assert (eval_["name"], eval_["change"], eval_["before"]) == ("eval", "moved", None)
     assert ops["overCommitted"] is False and ops["resources"]["gpu"]["children"] == "3"
     assert report["removed"] == []
+
+
+@pytest.mark.parametrize("output", ["text", "html", "json"])
+def test_malformed_objects_are_drawn_never_an_error(output: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """spec: null, queues that are not a list, a parent that is a number, an unlimited
+    child under a finite department, a queue that is its own parent, 1e308 cards, an
+    allocated list that is not quantities, a NodePool label key that is a number."""
+    code, out, err = quotas(capsys, str(Path(__file__).parent / "data" / "quotaview-malformed.yaml"),
+                            "-o", output)
+    assert code == 0 and "internal" not in out and not err
+    if output == "text":
+        assert "department d3: deserved 2 cards, limit 4 cards, projects unlimited - OVER-COMMITTED " \
+               "by unlimited" in out
+        assert "Department d2" in out and "Project p1" in out  # not in the tree, with why
+    if output == "json":
+        report = json.loads(out)
+        validator("quotas-v1.json").validate(report)
+        (q,) = report["queues"]
+        assert q["children"] == [] and q["resources"]["gpu"]["children"] is None
+        assert q["resources"]["gpu"]["allocated"] is None  # [1] is no quantity: not reported

@@ -12,7 +12,7 @@ from __future__ import annotations
 from decimal import Decimal
 from html import escape
 
-from app.kai import RESOURCES, UNLIMITED, ZERO, Resource, describe
+from app.kai import RESOURCES, UNLIMITED, ZERO, Resource, describe, shortfall
 from app.quotaview.model import Numbers, Pool, Tree, TreeNode
 from app.util import plain_number
 
@@ -176,8 +176,8 @@ def _pool(pool: Pool, collapsed: bool) -> str:
     g = pool.guaranteed["gpu"]
     capacity = (f"{pool.nodes} node{'s' if pool.nodes != 1 else ''}, {describe('gpu', pool.cards)}"
                 if pool.cards > 0 else "capacity unknown (no GPU nodes in view)")
-    over = (f' <span class="badge over">over-committed by {escape(describe("gpu", g - pool.cards))}</span>'
-            if pool.over else "")
+    gap = describe("gpu", shortfall(g, pool.cards))
+    over = f' <span class="badge over">over-committed by {escape(gap)}</span>' if pool.over else ""
     was = (f' <span class="was">(before: {escape(describe("gpu", pool.before[0]))}, guaranteed '
            f'{escape(describe("gpu", pool.before[1]))})</span>' if pool.before else "")
     change = f' <span class="badge {pool.change}">{pool.change}</span>' if pool.change else ""

@@ -295,7 +295,8 @@ def _queue_trees(view: ClusterView, after: After,
         if not mine or name in seen or depth > MAX_DEPTH:
             return None
         seen.add(name)
-        kids = sorted(name_of(c) for c in after.by_index(QUEUE_PARENT, name) if name_of(c) in queues)
+        kids = sorted(name_of(c) for c in after.by_index(QUEUE_PARENT, name)
+                      if name_of(c) in queues and name_of(c) != name)  # its own parent: no child
         child_slots = [s for k in kids for s in slots("Queue", queues[k]) or ()]
         node = keep(_node(mine[0], view, child_slots))
         node.children = [c for c in (grow(k, depth + 1) for k in kids) if c is not None]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from app.kai import UNLIMITED, ZERO, Resource, describe
+from app.kai import UNLIMITED, ZERO, Resource, describe, shortfall
 from app.quotaview.model import Numbers, Pool, Tree, TreeNode
 from app.util import plain_number
 
@@ -132,7 +132,7 @@ class _Writer:
         if node.change:
             text += f" [{node.change}]"
         if n.over and n.held is not None:
-            text += f" - OVER-COMMITTED by {describe(self.r, n.held - n.guarantee)}"
+            text += f" - OVER-COMMITTED by {describe(self.r, shortfall(n.held, n.guarantee))}"
         self.say(text, indent, "over" if n.over else ("changed" if node.change else ""))
         if node.children:
             self.draw([c.numbers[self.r].guarantee for c in node.children], n.guarantee, indent)
@@ -164,7 +164,7 @@ class _Writer:
             text += " [added]"
         over = r == "gpu" and pool.over
         if over:
-            text += f" - OVER-COMMITTED by {describe(r, pool.guaranteed[r] - pool.cards)}"
+            text += f" - OVER-COMMITTED by {describe(r, shortfall(pool.guaranteed[r], pool.cards))}"
         self.say(text, 0, "over" if over else "head")
         if pool.departments:
             cap = pool.cards if r == "gpu" and pool.cards > 0 else None
