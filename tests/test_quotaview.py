@@ -193,6 +193,7 @@ def test_before_and_after_for_a_change_over_base_files(tmp_path: Path,
     assert [c["name"] for c in ml["children"]] == ["train"] and ml["overCommitted"] is False
     _, text, _ = quotas(capsys, str(path), "--base", str(SMALL), "--width", "100")
     assert "department ml: deserved 6 cards -> 7 cards, limit 8 cards, projects 4 cards [changed]" in text
+    assert text.startswith("pool a100: 2 nodes, 8 cards; departments guaranteed 9 cards -> 10 cards")
     assert "removed by this change\n  project eval queue eval-a100 (pool a100)\n" in text
     _, page, _ = quotas(capsys, str(path), "--base", str(SMALL), "-o", "html")
     assert 'data-kind="Department" data-name="ml" data-over="false" data-change="changed"' in page

@@ -178,8 +178,10 @@ def _pool(pool: Pool, collapsed: bool) -> str:
                 if pool.cards > 0 else "capacity unknown (no GPU nodes in view)")
     gap = describe("gpu", shortfall(g, pool.cards))
     over = f' <span class="badge over">over-committed by {escape(gap)}</span>' if pool.over else ""
-    was = (f' <span class="was">(before: {escape(describe("gpu", pool.before[0]))}, guaranteed '
-           f'{escape(describe("gpu", pool.before[1]))})</span>' if pool.before else "")
+    was = ""
+    if pool.before:
+        was = (f' <span class="was">(before: {escape(describe("gpu", pool.before[0]))}, guaranteed '
+               f'{escape(describe("gpu", pool.before[1]))})</span>')
     change = f' <span class="badge {pool.change}">{pool.change}</span>' if pool.change else ""
     bar = _bar([(d.name, d.numbers["gpu"].guarantee) for d in pool.departments],
                pool.cards if pool.cards > 0 else None, "departments' gpu guarantees against the pool's cards")
@@ -197,6 +199,10 @@ def _pool(pool: Pool, collapsed: bool) -> str:
             f'{bar}{_findings(pool.findings)}{departments}{uncapped}</details></section>')
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _summary(tree: Tree) -> str:
     nodes = list(tree.every_node())
     departments = sum(1 for n in nodes if n.kind == "Department")
@@ -206,11 +212,13 @@ def _summary(tree: Tree) -> str:
     found = [f for n in nodes for f in n.findings] + [f for p in tree.pools for f in p.findings]
     errors = sum(1 for f in found if f["severity"] == "error")
     changed = sum(1 for n in nodes if n.change)
-    text = (f"{len(tree.pools)} pools, {departments} department queues, {projects} projects, "
-            f"{queues} KAI queues; <strong>{over} over-committed</strong>; {errors} errors and "
-            f"{len(found) - errors} warnings from the quota rules")
+    text = (f"{_count(len(tree.pools), 'pool')}, {_count(departments, 'department queue')}, "
+            f"{_count(projects, 'project')}, {_count(queues, 'KAI queue')}; <strong>{over} "
+            f"over-committed</strong>; {_count(errors, 'error')} and "
+            f"{_count(len(found) - errors, 'warning')} from the quota rules")
     if tree.reviewing:
-        text += f"; this change adds or changes {changed} queues and removes {len(tree.removed)}"
+        text += (f"; this change adds, changes or moves {_count(changed, 'queue')} and removes "
+                 f"{len(tree.removed)}")
     return f'<p class="summary">{text}.</p>'
 
 

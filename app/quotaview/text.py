@@ -154,10 +154,12 @@ class _Writer:
             capacity = (f"{pool.nodes} node{'s' if pool.nodes != 1 else ''}, "
                         f"{describe('gpu', pool.cards)}") if pool.cards > 0 else \
                 "capacity unknown (no GPU nodes in view)"
-            text += f": {capacity}; departments guaranteed {describe(r, pool.guaranteed[r])}"
-            if pool.before:
-                text += (f" (before: {describe('gpu', pool.before[0])}, guaranteed "
-                         f"{describe('gpu', pool.before[1])})")
+            if pool.before and pool.before[0] != pool.cards:
+                capacity += f" (was {describe('gpu', pool.before[0])})"
+            guaranteed = describe(r, pool.guaranteed[r])
+            if pool.before and pool.before[1] != pool.guaranteed[r]:
+                guaranteed = f"{describe(r, pool.before[1])} -> {guaranteed}"
+            text += f": {capacity}; departments guaranteed {guaranteed}"
         else:
             text += f": departments guaranteed {describe(r, pool.guaranteed[r])}"
         if pool.change == "added":
