@@ -74,7 +74,7 @@ def main() -> int:
         print(f"chromium --dump-dom: {time.monotonic() - started:.1f} s wall, "
               f"{after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime:.1f} s CPU, "
               f"{projects} projects in the DOM, "
-              f"{dom.count('<details open>')} of {dom.count('<details')} details open")
+              f"{dom.count('<details open')} of {dom.count('<details')} details open")
         started = time.monotonic()
         screenshot(page, Path(tmp) / "quotas.png")
         print(f"chromium screenshot: {time.monotonic() - started:.1f} s wall")
