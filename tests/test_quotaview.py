@@ -305,3 +305,16 @@ def test_malformed_objects_are_drawn_never_an_error(output: str,
         (q,) = report["queues"]
         assert q["children"] == [] and q["resources"]["gpu"]["children"] is None
         assert q["resources"]["gpu"]["allocated"] is None  # [1] is no quantity: not reported
+
+
+def test_a_volcano_queue_of_the_same_name_is_not_read(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    docs = [d for d in yaml.safe_load_all(SMALL.read_text()) if d]
+    docs.append({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+                 "metadata": {"name": "eval-a100"}, "spec": {"weight": 1},
+                 "status": {"allocated": {"nvidia.com/gpu": "2"}}})
+    _, out, _ = quotas(capsys, str(write(tmp_path / "t.yaml", docs)), "-o", "json")
+    ml = json.loads(out)["pools"][0]["departments"][0]
+    allocated_gpu = {c["name"]: c["resources"]["gpu"]["allocated"] for c in ml["children"]}
+    assert allocated_gpu == {"eval": None, "train": "5"}
+    assert json.loads(out)["queues"] == []

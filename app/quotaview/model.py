@@ -209,8 +209,8 @@ def _attach(nodes: list[TreeNode], found: list[dict[str, str]]) -> list[dict[str
 
 # --- the tree -------------------------------------------------------------------------
 
-def _node(slot: Slot, queues: ClusterView, children: list[Slot]) -> TreeNode:
-    status = allocated(queues.get("Queue", slot.queue))
+def _node(slot: Slot, after: After, children: list[Slot]) -> TreeNode:
+    status = allocated(after.get("Queue", slot.queue))  # a KAI Queue only, not Volcano's
     numbers = {}
     for r in RESOURCES:
         amounts = slot.amounts[r]
@@ -238,12 +238,10 @@ def build(view: ClusterView, findings: Findings | None = None) -> Tree:
     after = After(view, Subject("", "", ""), None)
     found = dict(findings or {})
     pools: list[Pool] = []
-    placed: set[tuple[str, str]] = set()
     nodes_of: dict[tuple[str, str], list[TreeNode]] = {}
 
     def keep(node: TreeNode) -> TreeNode:
         nodes_of.setdefault((node.kind, node.name), []).append(node)
-        placed.add((node.kind, node.name))
         return node
 
     for name in _pool_names(view, after):
@@ -259,13 +257,13 @@ def build(view: ClusterView, findings: Findings | None = None) -> Tree:
         for slot in departments:
             projects = sorted((s for s in all_slots("Project", after.by_index(PROJECT_PARENT, slot.owner))
                                if s.pool == name), key=lambda s: s.owner)
-            node = keep(_node(slot, view, projects))
-            node.children = [keep(_node(p, view, [])) for p in projects]
+            node = keep(_node(slot, after, projects))
+            node.children = [keep(_node(p, after, [])) for p in projects]
             capped.update(p.owner for p in projects)
             pool.departments.append(node)
         for slot in sorted((s for s in all_slots("Project", after.by_index(POOL["Project"], name))
                             if s.pool == name and s.owner not in capped), key=lambda s: s.owner):
-            pool.uncapped.append(keep(_node(slot, view, [])))
+            pool.uncapped.append(keep(_node(slot, after, [])))
         pool.findings = found.pop(("NodePool", name), [])
         if pool.declared or pool.nodes or pool.departments or pool.uncapped or pool.findings:
             pools.append(pool)
@@ -298,7 +296,7 @@ def _queue_trees(view: ClusterView, after: After,
         kids = sorted(name_of(c) for c in after.by_index(QUEUE_PARENT, name)
                       if name_of(c) in queues and name_of(c) != name)  # its own parent: no child
         child_slots = [s for k in kids for s in slots("Queue", queues[k]) or ()]
-        node = keep(_node(mine[0], view, child_slots))
+        node = keep(_node(mine[0], after, child_slots))
         node.children = [c for c in (grow(k, depth + 1) for k in kids) if c is not None]
         return node
 
