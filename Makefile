@@ -32,7 +32,8 @@ UNIT_TESTS = $(PY) -m pytest tests -m "not e2e"
 # build scripts' locks. Cold, that takes ~7 of the ~35 minutes off `make test`.
 TOKEN_KUBERNETES_VERSION := $(shell sed -n 's/^TOKEN_KUBERNETES_VERSION=//p' e2e/controlplane/versions.env)
 PREBUILD = ( ENVELOPE_CONTROLPLANE_APISERVER_ONLY=$(TOKEN_KUBERNETES_VERSION) bash e2e/controlplane/build.sh \
-	&& bash e2e/controlplane/build-promtool.sh && bash e2e/controlplane/build-kustomize.sh ) \
+	&& bash e2e/controlplane/build-promtool.sh && bash e2e/controlplane/build-kustomize.sh \
+	&& bash e2e/controlplane/install-chromium.sh ) \
 	>$(ENVELOPE_CONTROLPLANE_DIR)/prebuild.log 2>&1
 
 # Everything: the unit tests run with helm, so the offline chart tests never skip.

@@ -21,6 +21,8 @@ from app.engine import check_object
 from app.exemptions import needs_namespaces
 from app.httplimits import add_arguments as add_limit_arguments
 from app.httplimits import limits_from_args, uvicorn_options
+from app.quotaview.command import add_parser as quotaview_parser
+from app.quotaview.command import run as run_quotaview
 from app.render import FORMATS, render
 from app.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
@@ -212,6 +214,7 @@ def _parser() -> argparse.ArgumentParser:
                             "kind of a built-in API group is refused in every mode")
     _audit_parser(sub)
     _fix_parsers(sub)
+    quotaview_parser(sub)
     config = sub.add_parser(
         "webhook-config",
         help="print the mutating webhook's matchConditions for a policy",
@@ -976,6 +979,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_audit(args, rules, policy)
     if args.command in ("fix", "krm-fn"):
         return _run_fix(args, rules, policy)
+    if args.command == "quotas":
+        return run_quotaview(args, rules, policy)
     if args.command == "webhook-config":
         return run_webhook_config(rules, policy, args.output)
     problem = _serve_problem(args)
