@@ -285,7 +285,7 @@ def _queue_trees(view: ClusterView, after: After,
     """KAI Queues KRM does not generate, under ``spec.parentQueue``; a queue whose parent
     is missing is a root. KAI walks parents without a cycle check: a cycle is drawn once,
     from its alphabetically first member."""
-    queues = {name_of(q): q for q in view.list("Queue") if is_ours("Queue", q) and not krm_owned(q)}
+    queues = {name_of(q): q for q in view.list("Queue") if is_ours("Queue", q) and not krm_owned(q, view)}
     seen: set[str] = set()
 
     def grow(name: str, depth: int = 0) -> TreeNode | None:
