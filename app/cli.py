@@ -23,7 +23,7 @@ from app.httplimits import add_arguments as add_limit_arguments
 from app.httplimits import limits_from_args, uvicorn_options
 from app.quotaview.command import add_parser as quotaview_parser
 from app.quotaview.command import run as run_quotaview
-from app.render import FORMATS, render
+from app.render import FORMATS, render, render_input_errors
 from app.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
 from app.ruleset import RuleSet, default_ruleset
@@ -560,11 +560,10 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               kubeconfig: str | None = None, validate: str = "strict") -> int:
     loaded = load(paths, exclude or ())
     if loaded.errors:
-        for error in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line)):
+        errors = sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))
+        for error in errors:
             print(f"envelope check: {error}", file=sys.stderr)
-            if output == "github":
-                print(f"::error file={error.source},line={error.line or 1},"
-                      f"title=envelope[parse]::{error.problem}")
+        sys.stdout.write(render_input_errors(output, errors))
         print(f"envelope check: {len(loaded.errors)} input problem(s); nothing was checked",
               file=sys.stderr)
         return 2

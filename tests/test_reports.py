@@ -189,3 +189,14 @@ def test_real_rules_report_not_evaluated_for_a_lone_department(tmp_path: Path) -
     out = envelope("check", str(tmp_path), "-o", "json")
     report = json.loads(out.stdout)
     assert "kai-pool-capacity" in {n["rule"] for n in report["notEvaluated"]}
+
+
+def test_github_annotates_unreadable_input_through_the_registry(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: [\n")
+    out = envelope("check", "bad.yaml", "-o", "github", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("::error file=bad.yaml,line=")
+    assert "title=envelope[parse]::" in lines[0]
+    assert "input problem(s); nothing was checked" in out.stderr
+    assert envelope("check", "bad.yaml", "-o", "json", cwd=tmp_path).stdout == ""

@@ -11,12 +11,13 @@ reports mutations has them. A new format is a module here and a line in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from app.cluster.static import LoadError
 from app.render import github, json, junit, sarif, text
 from app.reports import FailOn, Report
 
-__all__ = ["FORMATS", "RENDERERS", "Renderer", "render"]
+__all__ = ["FORMATS", "INPUT_ERRORS", "RENDERERS", "Renderer", "render", "render_input_errors"]
 
 Renderer = Callable[[Report, FailOn], str]
 
@@ -32,6 +33,10 @@ RENDERERS: dict[str, Renderer] = {
 
 FORMATS = tuple(RENDERERS)
 
+INPUT_ERRORS: dict[str, Callable[[Iterable[LoadError]], str]] = {"github": github.input_errors}
+"""Formats that also say, on stdout, which input could not be read (every format says
+it on stderr, and nothing is checked)."""
+
 
 def render(report: Report, fmt: str, fail_on: FailOn = "error") -> str:
     """The report in ``fmt`` (one of :data:`FORMATS`), ending with a newline."""
@@ -39,3 +44,9 @@ def render(report: Report, fmt: str, fail_on: FailOn = "error") -> str:
     if renderer is None:
         raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return renderer(report, fail_on)
+
+
+def render_input_errors(fmt: str, errors: Iterable[LoadError]) -> str:
+    """What ``fmt`` writes to stdout about unreadable input ("" for most formats)."""
+    renderer = INPUT_ERRORS.get(fmt)
+    return renderer(errors) if renderer is not None else ""

@@ -4,11 +4,13 @@ pull request."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
+from app.cluster.static import LoadError
 from app.render.gate import change_gate_github
 from app.reports import FailOn, Report
 
-__all__ = ["render"]
+__all__ = ["input_errors", "render"]
 
 
 def _data(text: str) -> str:
@@ -42,3 +44,10 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
         lines.append(f"::notice title=envelope::{_data(report.skipped_summary())}")
     lines.append(report.summary())
     return "\n".join(lines) + "\n"
+
+
+def input_errors(errors: Iterable[LoadError]) -> str:
+    """An error annotation per file or document that could not be read (nothing was
+    checked then), on the line it names (else line 1)."""
+    return "".join(f"::error file={_prop(e.source)},line={e.line or 1},"
+                   f"title=envelope[parse]::{_data(e.problem)}\n" for e in errors)
