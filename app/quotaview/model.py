@@ -188,7 +188,7 @@ def judge(objects: Iterable[dict[str, Any]], view: ClusterView, rules: RuleSet,
         subject = Subject(group, version, kind, "CREATE", "", name_of(obj), obj)
         result = check_object(rules, subject, view, policy)
         found = [f.as_dict() for f in result.findings if f.rule.startswith("kai-")]
-        found += [{"severity": "error", "rule": "internal", "path": "", "message": e}
+        found += [{"severity": "error", "rule": "internal", "path": "", "message": str(e)}
                   for e in result.internal_errors]
         if found:
             out.setdefault((kind, name_of(obj)), []).extend(found)
