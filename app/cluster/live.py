@@ -159,8 +159,9 @@ def trim_workload(kind: str) -> Trim:
     return trim
 
 
-def trim_whole(kind: str) -> Trim:
-    """Small objects (LimitRanges, quotas, CRDs): keep all but managedFields and status."""
+def trim_whole(kind: str, status: tuple[str, ...] = ()) -> Trim:
+    """Small objects (LimitRanges, quotas, CRDs): keep all but managedFields and status
+    (but for the ``status`` fields named: a KAI Queue's usage, app/rules/quotas/usage.py)."""
 
     def trim(obj: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in obj.items() if k != "status"}
@@ -168,6 +169,9 @@ def trim_whole(kind: str) -> Trim:
         meta = dict(out.get("metadata") or {})
         meta.pop("managedFields", None)
         out["metadata"] = meta
+        found = obj.get("status")
+        if status and isinstance(found, dict):
+            out["status"] = {k: found[k] for k in status if k in found}
         return out
 
     return trim
@@ -215,7 +219,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("Department", "/apis/kai.resources/v1alpha1/departments", trim_whole("Department"),
              True),
     Resource("Project", "/apis/kai.resources/v1alpha1/projects", trim_whole("Project"), True),
-    Resource("Queue", "/apis/scheduling.run.ai/v2/queues", trim_whole("Queue"), True),
+    Resource("Queue", "/apis/scheduling.run.ai/v2/queues",
+             trim_whole("Queue", ("allocated", "allocatedNonPreemptible", "requested")), True),
     Resource("WorkerPool", "/apis/ate.dev/v1alpha1/workerpools", trim_whole("WorkerPool"), True),
     Resource("ActorTemplate", "/apis/ate.dev/v1alpha1/actortemplates",
              trim_whole("ActorTemplate"), True),
