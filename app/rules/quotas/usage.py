@@ -74,7 +74,8 @@ MILLI = Decimal(1000)
 MEGA = Decimal(10) ** 6
 CONSEQUENCE = "nothing is evicted; the new {what} applies as workloads finish"
 SHORT_CONSEQUENCE = "nothing evicted, applies as jobs finish"
-"""The warning-header form (under 120 characters with the numbers)."""
+"""The warning-header form (under 120 characters with the numbers): the queue by its name
+alone (cluster-wide unique), the pool in the full message."""
 
 
 Usage = dict[Resource, Decimal]
@@ -192,7 +193,7 @@ def _not_evaluated(slot: Slot, r: Resource, limit: bool, old: Decimal, new: Deci
                    why: str) -> Finding:
     field = "limit" if limit else slot.guarantee_field
     return warning(slot.field_path(r, field), brief(
-        f"{slot.where}: {r} {field} cut to {describe(r, new)} (was {describe(r, old)}), usage "
+        f"{slot.queue}: {r} {field} cut to {describe(r, new)} (was {describe(r, old)}), usage "
         f"not evaluated: {why}"))
 
 
@@ -223,7 +224,10 @@ def _own_usage(subject: Subject, obj: dict[str, Any], view: ClusterView, limit: 
             cap = slot.limit(r) if limit else slot.guarantee(r)
             old = _was(prev, r, limit)
             if seen.usage is None or r not in seen.usage:
-                if old is not None and seen.usage is None and seen.exists:
+                if old is not None and seen.usage is None and seen.exists and \
+                        not _children_reported(after, subject, slot, field):
+                    # a parent without a status of its own: kai-usage-children sums its
+                    # children's statuses instead
                     findings.append(_not_evaluated(slot, r, limit, old, cap, seen.why))
                 continue
             held = seen.usage[r]
@@ -240,7 +244,7 @@ def _usage_finding(slot: Slot, r: Resource, limit: bool, cap: Decimal, held: Dec
     holders = "the queue has allocated" if limit else "non-preemptible workloads hold"
     source = "status.allocated" if limit else "status.allocatedNonPreemptible"
     was = f" (was {describe(r, old)})" if old is not None else ""
-    short = (f"{slot.where}: {r} {field} {describe(r, cap)} < {describe(r, held)} "
+    short = (f"{slot.queue}: {r} {field} {describe(r, cap)} < {describe(r, held)} "
              f"{'allocated' if limit else 'non-preemptible'}; {SHORT_CONSEQUENCE}")
     after_text = ("until then the queue gets no more " + r) if limit else \
         "until then other queues cannot reclaim what it holds above it"
@@ -253,7 +257,7 @@ def _usage_finding(slot: Slot, r: Resource, limit: bool, cap: Decimal, held: Dec
 
 @rule("kai-usage-limit", "validate", TREES, Mode.WARN,
       "a queue's limit is not cut below what it has allocated now (KAI Queue status)",
-      reads={"Queue"}, judges=spec)
+      reads={"Queue", "Project"}, judges=spec)
 def check_usage_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """A limit below the queue's ``status.allocated``: nothing is evicted, the new limit
@@ -265,7 +269,7 @@ def check_usage_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 @rule("kai-usage-guarantee", "validate", TREES, Mode.WARN,
       "a guarantee is not cut below what non-preemptible workloads hold now",
-      reads={"Queue"}, judges=spec)
+      reads={"Queue", "Project"}, judges=spec)
 def check_usage_guarantee(subject: Subject, obj: dict[str, Any], view: ClusterView,
                           policy: Policy) -> list[Finding]:
     """A guarantee (``deserved``, ``quota``) below the queue's
@@ -273,6 +277,14 @@ def check_usage_guarantee(subject: Subject, obj: dict[str, Any], view: ClusterVi
     if generated_queue(subject, obj):
         return []
     return _own_usage(subject, obj, view, limit=False)
+
+
+def _children_reported(after: After, subject: Subject, slot: Slot, field: str) -> bool:
+    """Some child of this parent has a status: kai-usage-children judges from theirs."""
+    if subject.kind == "Project":
+        return False
+    return any(queue_usage(after, c, field).usage is not None
+               for c in _children(after, subject, slot)[1])
 
 
 def _children(after: After, subject: Subject, slot: Slot) -> tuple[str, list[str]]:
@@ -337,8 +349,8 @@ def _children_finding(slot: Slot, r: Resource, limit: bool, cap: Decimal, held: 
     top = names_list([f"{q} {describe(r, v)}" for v, q in ranked if v > 0])
     more = (f"; {plural(len(unknown), 'child')} not evaluated (no status: "
             f"{names_list(unknown)}), so they hold at least this") if unknown else ""
-    short = (f"{slot.where}: {r} {field} {describe(r, cap)} < {describe(r, held)} its {label} "
-             f"{'have allocated' if limit else 'hold non-preemptible'}; {SHORT_CONSEQUENCE}")
+    short = (f"{slot.queue}: {r} {field} {describe(r, cap)} < {describe(r, held)} held "
+             f"{'' if limit else 'non-preemptible '}by {label}; {SHORT_CONSEQUENCE}")
     text = (f"{slot.where}: {_cap_text(slot, r, limit, cap)} is below the {describe(r, held)} its "
             f"{label} {hold} now ({top}){more} - {describe(r, held - effective(cap))} over. "
             f"{CONSEQUENCE.format(what=what).capitalize()}")
