@@ -62,7 +62,7 @@ from app.rules.quotas.objects import (
     spec,
 )
 from app.rules.quotas.tree import Slot, by_pool, old_slots, slots
-from app.util import brief
+from app.util import Memo, brief
 
 __all__ = ["FIELDS", "Usage", "check_usage_children", "check_usage_guarantee",
            "check_usage_limit", "queue_usage", "read_usage"]
@@ -92,11 +92,26 @@ def _convert(key: str, quantity: Decimal) -> tuple[Resource, Decimal] | None:
     return None
 
 
+_READ: Memo[tuple[int, str], tuple[Any, Usage | None]] = Memo(50_000)
+"""Usage by the identity of a status object (kept in the value, so the id stays its own):
+the view's statuses are read by many requests, and a new status is a new object."""
+
+
 def read_usage(status: Any, field: str) -> Usage | None:
     """One usage list of a Queue status in cards, mCPU and MB; None when it is absent
-    (not reconciled, or idle: KAI cannot tell them apart for us)."""
+    (not reconciled, or idle: KAI cannot tell them apart for us). Never raises."""
     if not isinstance(status, dict):
         return None
+    key = (id(status), field)
+    found: tuple[Any, Usage | None] | None = _READ.get(key)
+    if found is not None and found[0] is status:
+        return found[1]
+    usage = _read(status, field)
+    _READ.put(key, (status, usage))
+    return usage
+
+
+def _read(status: dict[str, Any], field: str) -> Usage | None:
     found = status.get(field)
     if not isinstance(found, dict):
         # KAI rewrites all three lists on every reconcile and omits the empty ones: when
@@ -313,6 +328,7 @@ def check_usage_children(subject: Subject, obj: dict[str, Any], view: ClusterVie
     after = After(view, subject, obj)
     findings: list[Finding] = []
     for slot, prev in _targets(subject, obj):
+        family: tuple[str, list[str]] | None = None
         for limit in (True, False):
             field = "allocated" if limit else "allocatedNonPreemptible"
             changed = [r for r in RESOURCES
@@ -321,7 +337,8 @@ def check_usage_children(subject: Subject, obj: dict[str, Any], view: ClusterVie
                        and (slot.limit(r) if limit else slot.guarantee(r)) != UNLIMITED]
             if not changed:
                 continue
-            label, children = _children(after, subject, slot)
+            family = family or _children(after, subject, slot)
+            label, children = family
             if not children:
                 continue
             seen = [queue_usage(after, c, field) for c in children]
