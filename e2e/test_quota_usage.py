@@ -5,16 +5,18 @@ and the webhook's warnings carry the numbers (app/rules/quotas/usage.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 import harness
-from harness import Cluster, Webhook
+from harness import REPO_ROOT, Cluster, Webhook, free_port, install_crds, start_process, wait_until
 
 KRM = "kai.resources/v1alpha1"
 KAI = "scheduling.run.ai/v2"
@@ -143,3 +145,52 @@ def test_a_department_cut_below_its_krm_queue(cluster: Cluster, webhook: Webhook
     messages = [f["message"] for o in report["objects"] for f in o["findings"]
                 if f["rule"] == "kai-usage-limit"]
     assert messages and "7.5 cards" in messages[0], done.stdout + done.stderr
+
+
+def test_the_audit_exports_the_tree_with_what_it_holds(cluster: Cluster, webhook: Webhook,
+                                                       tmp_path: Path) -> None:
+    """`envelope audit --watch` (the chart's audit Deployment): the quota gauges follow a
+    Queue status written through /status, with no spec change."""
+    install_crds(cluster, REPO_ROOT / "charts" / "envelope" / "files" / "crds")
+    tag = harness.unique_name("qm", max_length=12)
+    pool, dept = f"{tag}-a100", f"{tag}-nlp"
+    cluster.apply({"apiVersion": KRM, "kind": "NodePool", "metadata": {"name": pool},
+                   "spec": {"labelKey": "envelope.test/kai-pool", "labelValue": tag}})
+    department = {"apiVersion": KRM, "kind": "Department", "metadata": {"name": dept},
+                  "spec": {"queues": [{"name": f"{dept}-q", "nodepool": pool, "resources": {
+                      "gpu": {"deserved": 0, "limit": 6, "overQuotaWeight": 1}}}]}}
+    deadline = time.monotonic() + 15
+    while cluster.apply(department, check=False).returncode != 0:  # the pool reaches the watch
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    uid = cluster.kubectl_json("get", "departments.kai.resources", dept)["metadata"]["uid"]
+    cluster.apply(kai_queue(f"{dept}-q", 0, 6, owner={
+        "apiVersion": KRM, "kind": "Department", "name": dept, "uid": uid}))  # as KRM does
+    write_status(cluster, f"{dept}-q", gpus("1.5"))
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = start_process([sys.executable, "-m", "app", "audit", "--watch",
+                          "--kubeconfig", str(cluster.kubeconfig), "--interval", "600",
+                          "--debounce", "1", "--metrics-host", "127.0.0.1",
+                          "--metrics-port", str(port)],
+                         tmp_path / "audit.log", name="audit", env=env, cwd=REPO_ROOT)
+
+    def metric() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    labels = f'department="{dept}",pool="{pool}",project="",resource="gpu"'
+    try:
+        wait_until("the allocated gauge", lambda: f"envelope_quota_allocated{{{labels}}} 1.5"
+                   in metric(), proc, 60, interval=0.5)
+        text = metric()
+        assert f"envelope_quota_limit{{{labels}}} 6.0" in text
+        assert f'envelope_quota_pool_capacity{{pool="{pool}",resource="gpu"}} 0.0' in text
+        # KAI's next reconcile: only the status moves, and the gauge follows
+        write_status(cluster, f"{dept}-q", gpus("4"))
+        wait_until("the gauge to follow the status",
+                   lambda: f"envelope_quota_allocated{{{labels}}} 4.0" in metric(), proc, 60,
+                   interval=0.5)
+    finally:
+        proc.stop(timeout=10)
