@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -50,7 +50,7 @@ from app.kai import (
 from app.rules.base import Subject
 from app.rules.quotas.objects import After, is_ours, name_of, typed_spec
 from app.rules.quotas.tree import Slot, pool_capacity, slots
-from app.rules.quotas.usage import read_usage
+from app.rules.quotas.usage import EXACT, read_usage
 
 __all__ = ["QUEUE_LABELS", "QuotaMetrics", "Rows", "rows"]
 
@@ -109,7 +109,8 @@ def _queue(view: Any, slot: Slot, department: str, project: str, out: Rows) -> N
         out.guaranteed[key] = base_units(r, effective(slot.guarantee(r)))
         out.limit[key] = base_units(r, slot.limit(r))
         if used is not None and r in used:
-            out.allocated[key] = float(used[r] * _BASE[r])
+            with localcontext(EXACT):  # a status quantity may be 1e2000000000: +Inf, no error
+                out.allocated[key] = float(used[r] * _BASE[r])
 
 
 def rows(view: Any) -> Rows:

@@ -307,3 +307,24 @@ def test_a_list_beside_another_is_empty_not_unknown() -> None:
     old = kai_queue("q", gpu=(4, 8), status=status)
     new = kai_queue("q", gpu=(1, 8), status=status)
     assert usage(judge(new, old, [])) == []
+
+
+@pytest.mark.parametrize("quantity", ["1e2000000000", "9" * 3000 + ".5", "1E-2000000000", "-5",
+                                      "+.", 1e308, 2**70])
+def test_extreme_quantities_never_crash_and_stay_exact(quantity: Any) -> None:
+    status = {"allocated": {"cpu": quantity, "memory": quantity, "nvidia.com/gpu": quantity}}
+    result = judge(platform((4, 5)), platform((4, 8)), tenancy(status))
+    assert not result.internal_errors  # judge() asserts it too
+    if quantity == "1E-2000000000":  # below one nano: the API server's 1n
+        assert read_usage(status, "allocated") == {"gpu": Decimal("1E-9"),
+                                                   "cpu": Decimal("1E-6"),
+                                                   "memory": Decimal("1E-15")}
+    exact_ = read_usage({"allocated": {"cpu": "123456789012345678901234567890.123m"}}, "allocated")
+    assert exact_ is not None and exact_["cpu"] == Decimal("123456789012345678901234567890.123")
+
+
+def test_a_huge_quantity_is_shown_briefly() -> None:
+    status = {"allocated": {"nvidia.com/gpu": "1e2000000000"}}
+    [(_, _, message)] = usage(judge(platform((4, 5)), platform((4, 8)), tenancy(status)))
+    assert message == ("platform-rtx: gpu limit 5 cards < 1.000000E+2000000000 cards allocated; "
+                       "nothing evicted, applies as jobs finish")

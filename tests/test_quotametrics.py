@@ -163,3 +163,11 @@ def test_dashboard_row_reads_the_gauges() -> None:
     assert used == {"envelope_quota_pool_guaranteed", "envelope_quota_pool_capacity",
                     "envelope_quota_allocated", "envelope_quota_guaranteed", "envelope_quota_limit",
                     "envelope_quota_overcommit"}
+
+
+def test_a_huge_status_quantity_is_infinite_not_an_error() -> None:
+    objs = tenancy()
+    objs[7]["status"] = {"allocated": {"nvidia.com/gpu": "1e2000000000", "memory": "junk"}}
+    found = rows(StaticView(objs, RULES.indexes))
+    assert found.allocated[("rtx", "platform", "workspace", "gpu")] == float("inf")
+    assert ("rtx", "platform", "workspace", "memory") not in found.allocated  # not a quantity

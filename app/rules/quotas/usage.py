@@ -36,7 +36,7 @@ unchanged number already under the usage is not repeated on every write); on CRE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from typing import Any
 
 from app.cluster.view import ClusterView
@@ -70,8 +70,11 @@ __all__ = ["FIELDS", "Usage", "check_usage_children", "check_usage_guarantee",
 FIELDS = ("allocated", "allocatedNonPreemptible", "requested")
 """The usage lists of a KAI Queue's status."""
 
-MILLI = Decimal(1000)
-MEGA = Decimal(10) ** 6
+EXACT = Context(prec=60, Emax=MAX_EMAX, Emin=MIN_EMIN)
+"""Usage arithmetic: 60 significant digits (exact for any quantity a scheduler writes:
+0.1 + 0.2 is 0.3) and no overflow, since a status quantity may carry an exponent of 2^31
+(the API server stores what it parses). Not unbounded precision: 1e2000000000 - 5 exactly
+would be two billion digits."""
 CONSEQUENCE = "nothing is evicted; the new {what} applies as workloads finish"
 SHORT_CONSEQUENCE = "nothing evicted, applies as jobs finish"
 """The warning-header form (under 120 characters with the numbers): the queue by its name
@@ -83,10 +86,11 @@ Usage = dict[Resource, Decimal]
 
 
 def _convert(key: str, quantity: Decimal) -> tuple[Resource, Decimal] | None:
+    """A status quantity in the spec's unit, exactly (a shift of the decimal point)."""
     if key == "cpu":
-        return "cpu", quantity * MILLI
+        return "cpu", quantity.scaleb(3, EXACT)  # cores -> mCPU
     if key == "memory":
-        return "memory", quantity / MEGA
+        return "memory", quantity.scaleb(-6, EXACT)  # bytes -> MB of 10^6 bytes
     if key.endswith("/gpu"):
         return "gpu", quantity
     return None
@@ -106,7 +110,8 @@ def read_usage(status: Any, field: str) -> Usage | None:
     found: tuple[Any, Usage | None] | None = _READ.get(key)
     if found is not None and found[0] is status:
         return found[1]
-    usage = _read(status, field)
+    with localcontext(EXACT):
+        usage = _read(status, field)
     _READ.put(key, (status, usage))
     return usage
 
@@ -176,6 +181,19 @@ def queue_usage(after: After, queue: str, field: str, subject: Subject | None = 
     if stored is None and not (subject is not None and subject.operation == "UPDATE"):
         return Seen(queue, None, "", exists=False)
     return Seen(queue, None, f"no status.{field} from KAI")
+
+
+DIGITS = 24
+"""Usage with more integer or fraction digits than this is shown in scientific form: a
+status quantity of 1e2000000000 must not become a message of two billion digits."""
+
+
+def amount(resource: Resource, value: Decimal) -> str:
+    """A usage amount in the resource's units, bounded in length."""
+    if value.is_finite() and value != 0 and abs(value.adjusted()) > DIGITS:
+        unit = {"gpu": "cards", "cpu": "mCPU", "memory": "MB"}[resource]
+        return f"{value:.6E} {unit}"
+    return describe(resource, value)
 
 
 def _was(prev: Slot | None, resource: Resource, limit: bool) -> Decimal | None:
@@ -259,13 +277,13 @@ def _usage_finding(slot: Slot, r: Resource, limit: bool, cap: Decimal, held: Dec
     holders = "the queue has allocated" if limit else "non-preemptible workloads hold"
     source = "status.allocated" if limit else "status.allocatedNonPreemptible"
     was = f" (was {describe(r, old)})" if old is not None else ""
-    short = (f"{slot.queue}: {r} {field} {describe(r, cap)} < {describe(r, held)} "
+    short = (f"{slot.queue}: {r} {field} {describe(r, cap)} < {amount(r, held)} "
              f"{'allocated' if limit else 'non-preemptible'}; {SHORT_CONSEQUENCE}")
     after_text = ("until then the queue gets no more " + r) if limit else \
         "until then other queues cannot reclaim what it holds above it"
     text = (f"{slot.where}: {_cap_text(slot, r, limit, cap)}{was} is below the "
-            f"{describe(r, held)} {holders} now ({source} of queue {slot.queue}) - "
-            f"{describe(r, held - effective(cap))} over. {CONSEQUENCE.format(what=what).capitalize()}, "
+            f"{amount(r, held)} {holders} now ({source} of queue {slot.queue}) - "
+            f"{amount(r, held - effective(cap))} over. {CONSEQUENCE.format(what=what).capitalize()}, "
             f"{after_text}. To avoid the wait, lower the {what} in steps as usage falls")
     return Finding("error", "", slot.field_path(r, field), text, brief(short))
 
@@ -279,7 +297,8 @@ def check_usage_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
     applies as workloads finish."""
     if generated_queue(subject, obj):
         return []
-    return _own_usage(subject, obj, view, limit=True)
+    with localcontext(EXACT):
+        return _own_usage(subject, obj, view, limit=True)
 
 
 @rule("kai-usage-guarantee", "validate", TREES, Mode.WARN,
@@ -291,7 +310,8 @@ def check_usage_guarantee(subject: Subject, obj: dict[str, Any], view: ClusterVi
     ``status.allocatedNonPreemptible``: those workloads cannot be reclaimed."""
     if generated_queue(subject, obj):
         return []
-    return _own_usage(subject, obj, view, limit=False)
+    with localcontext(EXACT):
+        return _own_usage(subject, obj, view, limit=False)
 
 
 def _children_reported(after: After, subject: Subject, slot: Slot, field: str) -> bool:
@@ -325,6 +345,11 @@ def check_usage_children(subject: Subject, obj: dict[str, Any], view: ClusterVie
     is enough to warn, never to say "fits"."""
     if generated_queue(subject, obj):
         return []
+    with localcontext(EXACT):
+        return _children_usage(subject, obj, view)
+
+
+def _children_usage(subject: Subject, obj: dict[str, Any], view: ClusterView) -> list[Finding]:
     after = After(view, subject, obj)
     findings: list[Finding] = []
     for slot, prev in _targets(subject, obj):
@@ -363,12 +388,12 @@ def _children_finding(slot: Slot, r: Resource, limit: bool, cap: Decimal, held: 
     field = "limit" if limit else slot.guarantee_field
     hold = "have allocated" if limit else "hold non-preemptible"
     ranked = sorted(((s.usage.get(r, ZERO), s.queue) for s in seen if s.usage), reverse=True)
-    top = names_list([f"{q} {describe(r, v)}" for v, q in ranked if v > 0])
+    top = names_list([f"{q} {amount(r, v)}" for v, q in ranked if v > 0])
     more = (f"; {plural(len(unknown), 'child')} not evaluated (no status: "
             f"{names_list(unknown)}), so they hold at least this") if unknown else ""
-    short = (f"{slot.queue}: {r} {field} {describe(r, cap)} < {describe(r, held)} held "
+    short = (f"{slot.queue}: {r} {field} {describe(r, cap)} < {amount(r, held)} held "
              f"{'' if limit else 'non-preemptible '}by {label}; {SHORT_CONSEQUENCE}")
-    text = (f"{slot.where}: {_cap_text(slot, r, limit, cap)} is below the {describe(r, held)} its "
-            f"{label} {hold} now ({top}){more} - {describe(r, held - effective(cap))} over. "
+    text = (f"{slot.where}: {_cap_text(slot, r, limit, cap)} is below the {amount(r, held)} its "
+            f"{label} {hold} now ({top}){more} - {amount(r, held - effective(cap))} over. "
             f"{CONSEQUENCE.format(what=what).capitalize()}")
     return Finding("error", "", slot.field_path(r, field), text, brief(short))
