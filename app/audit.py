@@ -512,6 +512,9 @@ class AuditMetrics:
                               "Audits that failed since the last success",
                               registry=self.registry)
         self._series: set[tuple[str, str, str]] = set()
+        from app.quotametrics import QuotaMetrics  # the quota-tree gauges (app/quotametrics.py)
+
+        self.quotas = QuotaMetrics(self.registry)
 
     def observe(self, found: Audit) -> None:
         now = {k: n for k, n in found.counts().items() if k[2] != "pass"}
@@ -587,6 +590,7 @@ class Auditor:
                 "error": f"{type(exc).__name__}: {exc}"[:300]}})
             raise
         self.metrics.observe(found)
+        self.metrics.quotas.observe(self.view)
         self.last = found
         log.info("audit done", extra={"fields": {
             "objects": found.objects, "results": len(found.results), "reports": applied,

@@ -24,6 +24,7 @@ docs/architecture.md "Adding a kind".
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -56,6 +57,9 @@ class Kind:
     """A CRD that may not be installed: a 404 lists nothing (synced and empty)."""
     subresources: tuple[str, ...] = ()
     """Subresources whose writes the webhooks judge (``resource/sub`` in webhook rules)."""
+    status: tuple[str, ...] = ()
+    """``status`` fields the live view keeps (a ``whole`` trim drops status otherwise): a
+    KAI Queue's usage, read by app/rules/quotas/usage.py."""
     alias: str = field(default="", compare=False)
     """The view name when the kind's name is taken by an earlier entry (set by the
     table: ``Kind.group``)."""
@@ -93,8 +97,7 @@ def _table(*kinds: Kind) -> tuple[Kind, ...]:
     out = []
     for k in kinds:
         if k.kind in seen:
-            k = Kind(k.group, k.versions, k.kind, k.resource, k.namespaced, k.trim, k.optional,
-                     k.subresources, f"{k.kind}.{k.group}")
+            k = dataclasses.replace(k, alias=f"{k.kind}.{k.group}")
         seen.add(k.kind)
         out.append(k)
     return tuple(out)
@@ -116,7 +119,8 @@ KINDS: tuple[Kind, ...] = _table(
     Kind("kai.resources", ("v1alpha1",), "NodePool", "nodepools", False, "whole", True),
     Kind("kai.resources", ("v1alpha1",), "Department", "departments", False, "whole", True),
     Kind("kai.resources", ("v1alpha1",), "Project", "projects", False, "whole", True),
-    Kind("scheduling.run.ai", ("v2",), "Queue", "queues", False, "whole", True),
+    Kind("scheduling.run.ai", ("v2",), "Queue", "queues", False, "whole", True,
+         status=("allocated", "allocatedNonPreemptible", "requested")),
     # Karpenter's NodePool: named NodePool.karpenter.sh (KAI's came first).
     Kind("karpenter.sh", ("v1",), "NodePool", "nodepools", False, "karpenter-nodepool", True),
     Kind("ate.dev", ("v1alpha1",), "WorkerPool", "workerpools", True, "whole", True),

@@ -19,6 +19,7 @@ from app.rules import actors, namespace, workloads
 from app.rules.base import Phase, Rule, Subject, rules_of
 from app.rules.quotas import objects as quota_objects
 from app.rules.quotas import rules as quotas
+from app.rules.quotas import usage as quota_usage
 
 __all__ = ["NEEDS", "Copier", "RuleSet", "default_ruleset"]
 
@@ -32,6 +33,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "namespace-memory-composition": ("ResourceQuota",),
     "kai-pool-capacity": ("NodePool", "Node"),
     "actor-placement": ("WorkerPool",),
+    "kai-usage-limit": ("Queue",),
+    "kai-usage-guarantee": ("Queue",),
+    "kai-usage-children": ("Queue",),
 }
 """Kinds without which a rule has nothing to judge against and passes silently, so the
 result would be a silent "fine" (``envelope check`` says "not evaluated"; the rule pages
@@ -140,4 +144,4 @@ class RuleSet(Mapping[str, Rule]):
 def default_ruleset() -> RuleSet:
     """Every rule Envelope ships: workloads, namespace-aware workload rules, KAI quota
     trees, actor sandboxes."""
-    return RuleSet.from_modules(workloads, namespace, quota_objects, quotas, actors)
+    return RuleSet.from_modules(workloads, namespace, quota_objects, quotas, quota_usage, actors)

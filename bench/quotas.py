@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from app.cluster.view import StaticView  # noqa: E402
 from app.config import Policy  # noqa: E402
 from app.engine import evaluate  # noqa: E402
-from app.rules import Subject  # noqa: E402
+from app.rules.base import Subject  # noqa: E402
 from app.ruleset import default_ruleset  # noqa: E402
 
 RULES = default_ruleset()
@@ -56,9 +56,12 @@ def _generator() -> ModuleType:
 TENANCY = _generator()
 
 
-def cluster(departments: int, pools: int) -> list[dict[str, Any]]:
+def cluster(departments: int, pools: int, usage: bool = True) -> list[dict[str, Any]]:
     """The generated tenancy, plus 4 unlabelled 8-card nodes (the default pool) and a
-    department "shared" guaranteed 20 of their 32 cards."""
+    department "shared" guaranteed 20 of their 32 cards. With ``usage``, the KAI Queue KRM
+    generates for every queue entry, with a status (``status.allocated``, 4.5 cards per
+    project queue, the sum on a department's), so the kai-usage-* rules run their full
+    path (app/rules/quotas/usage.py)."""
     files = TENANCY.scaled(departments, projects_per_department=10, pools=pools, nodes_per_department=5)
     objects = [obj for text in files.values() for obj in TENANCY.load(text)]
     objects += [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"shared-{i}", "labels": {}},
@@ -67,7 +70,35 @@ def cluster(departments: int, pools: int) -> list[dict[str, Any]]:
                     "metadata": {"name": "shared"},
                     "spec": {"queues": [{"name": "shared", "nodepool": "default",
                                          "resources": {"gpu": {"deserved": 20, "limit": -1}}}]}})
+    if usage:
+        objects += _queues(objects)
     return objects
+
+
+def _queues(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """KRM's generated Queues with KAI's status, for every Department and Project entry."""
+    from app.kai import queue_name
+
+    out = []
+    held: dict[tuple[str, str], float] = {}
+    for kind in ("Project", "Department"):
+        for obj in (o for o in objects if o["kind"] == kind):
+            name = obj["metadata"]["name"]
+            for entry in obj["spec"].get("queues") or []:
+                queue = queue_name(entry.get("name") or "", name, entry["nodepool"])
+                if kind == "Project":
+                    cards = 4.5
+                    key = (obj["spec"].get("parent") or "", entry["nodepool"])
+                    held[key] = held.get(key, 0.0) + cards
+                else:
+                    cards = held.get((name, entry["nodepool"]), 0.0)
+                owner = {"apiVersion": "kai.resources/v1alpha1", "kind": kind, "name": name, "uid": name}
+                out.append({"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
+                            "metadata": {"name": queue, "ownerReferences": [owner]},
+                            "spec": {"resources": {}},
+                            "status": {"allocated": {"nvidia.com/gpu": str(cards), "cpu": "4"},
+                                       "requested": {"nvidia.com/gpu": str(cards), "cpu": "4"}}})
+    return out
 
 
 def _named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -84,6 +115,21 @@ def _update(old: dict[str, Any], gpu: float) -> Callable[[int], Subject]:
         resources["cpu"] = {"deserved": 0, "limit": 1000 + i, "overQuotaWeight": 1}
         return Subject("kai.resources", "v1alpha1", old["kind"], "UPDATE", "",
                        old["metadata"]["name"], new, old)
+
+    return make
+
+
+def _cut(old: dict[str, Any], limit: float) -> Callable[[int], Subject]:
+    """UPDATEs that cut the first queue's gpu limit below what its projects hold (the
+    kai-usage-* rules warn; nothing is refused), cpu different each time."""
+    make_update = _update(old, old["spec"]["queues"][0]["resources"]["gpu"]["deserved"])
+
+    def make(i: int) -> Subject:
+        subject = make_update(i)
+        assert subject.obj is not None
+        gpu = subject.obj["spec"]["queues"][0]["resources"]["gpu"]
+        gpu["limit"] = max(limit, gpu["deserved"])
+        return subject
 
     return make
 
@@ -112,13 +158,14 @@ def admission(n: int, rounds: int) -> dict[str, dict[str, float]]:
     for label, departments, pools in (("small", 1, 2), ("large", 1000, 50)):
         objects = cluster(departments, pools)
         counts = {k: sum(o["kind"] == k for o in objects)
-                  for k in ("Project", "Department", "NodePool", "Node")}
+                  for k in ("Project", "Department", "NodePool", "Node", "Queue")}
         print(f"{label} view: {counts}")
         project = _named(objects, "Project", "dept-0000-p09")  # 3 of the department's 39 cards
         department = _named(objects, "Department", "dept-0000")
         views[label] = (StaticView(objects, RULES.indexes), {
             "project": _update(project, 4), "department": _update(department, 40),
-            "default-pool": _update(_named(objects, "Department", "shared"), 21)})
+            "default-pool": _update(_named(objects, "Department", "shared"), 21),
+            "department-cut": _cut(department, 40)})
     gc.collect()
     gc.freeze()
     seen: dict[str, list[float]] = {}
@@ -142,30 +189,47 @@ _LOAD = ("import time; from app.cluster.static import load_manifests; t = time.p
          "print(time.perf_counter() - t, time.process_time() - c)")
 
 
-def _timed(code: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+def _timed(code: str, env: dict[str, str] | None = None
+           ) -> tuple[float, float, subprocess.CompletedProcess[str]]:
     """Wall and CPU (user + system, from the child's rusage) seconds of a fresh process."""
     before = os.times()
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
     wall = time.perf_counter() - start
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return wall, cpu, done
 
 
-def check_wall_time(departments: int) -> dict[str, float]:
+USAGE_OFF = {f"ENVELOPE_RULE_KAI_USAGE_{r}": "off" for r in ("LIMIT", "GUARANTEE", "CHILDREN")}
+
+
+def check_wall_time(departments: int, usage: bool = False) -> dict[str, float]:
     """``envelope check`` as a fresh process (wall and CPU seconds), then the YAML loading
-    alone (libyaml's parser, go-yaml v2 scalar resolution, node marks)."""
+    alone (libyaml's parser, go-yaml v2 scalar resolution, node marks). With ``usage``,
+    the generated KAI Queues with status are written too (``queues.yaml``), and the check
+    runs again with the kai-usage-* rules off: the difference is their cost."""
     with tempfile.TemporaryDirectory() as tmp:
         target = str(Path(tmp) / "tenancy")
-        TENANCY.write(TENANCY.scaled(departments), Path(target))
+        files = TENANCY.scaled(departments)
+        if usage:
+            import yaml
+
+            generated = [o for text in files.values() for o in TENANCY.load(text)]
+            files["queues.yaml"] = yaml.safe_dump_all(_queues(generated))
+        TENANCY.write(files, Path(target))
         wall, cpu, done = _timed(_CHECK.format(dir=target))
         summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
         print(f"envelope check: exit {done.returncode}; {summary}")
         _, _, loaded = _timed(_LOAD.format(dir=target))
         load_wall, load_cpu = (float(x) for x in (loaded.stdout.split() or ["nan", "nan"]))
-        return {"wall": wall, "cpu": cpu, "load": load_wall, "load_cpu": load_cpu,
-                "exit": done.returncode}
+        out = {"wall": wall, "cpu": cpu, "load": load_wall, "load_cpu": load_cpu,
+               "exit": done.returncode}
+        if usage:
+            off_wall, off_cpu, _ = _timed(_CHECK.format(dir=target), USAGE_OFF)
+            out.update(off_wall=off_wall, off_cpu=off_cpu)
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,14 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=1000, help="requests per case and round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--skip-admission", action="store_true")
     args = parser.parse_args(argv)
 
-    results = admission(args.n, args.rounds)
-    print(f"\n{'case':<22}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
+    results = admission(args.n, args.rounds) if not args.skip_admission else {}
+    print(f"\n{'case':<26}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
     for case, r in results.items():
-        print(f"{case:<22}{r['p50']:>9.3f}{r['p99']:>9.3f}{r['mean']:>9.3f}")
+        print(f"{case:<26}{r['p50']:>9.3f}{r['p99']:>9.3f}{r['mean']:>9.3f}")
     ok = True
-    for what in ("project", "department", "default-pool"):
+    for what in ("project", "department", "default-pool", "department-cut") if results else ():
         ratio = results[f"{what}/large"]["p99"] / results[f"{what}/small"]["p99"]
         p99 = results[f"{what}/large"]["p99"]
         print(f"{what + ' update:':<21} p99 large/small = {ratio:.2f}x (target <= 1.5x), "
@@ -192,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{check['cpu']:.2f} s CPU; loading the YAML alone {check['load']:.2f} s wall, "
               f"{check['load_cpu']:.2f} s CPU")
         ok = ok and check["wall"] < 5 and check["exit"] == 0
+        usage = check_wall_time(1000, usage=True)
+        print(f"envelope check over 10,000 projects and their 11,001 KAI Queues with status: "
+              f"{usage['wall']:.2f} s wall, {usage['cpu']:.2f} s CPU; with the kai-usage-* rules "
+              f"off {usage['off_wall']:.2f} s wall, {usage['off_cpu']:.2f} s CPU; loading the YAML "
+              f"alone {usage['load_cpu']:.2f} s CPU")
     return 0 if ok else 1
 
 

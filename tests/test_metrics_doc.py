@@ -60,7 +60,9 @@ def exercised_metrics() -> str:
 
 
 def test_every_metric_is_documented_and_every_documented_metric_exists() -> None:
-    text = exercised_metrics()
+    from tests.test_quotametrics import exercised_quota_metrics  # the audit's quota gauges
+
+    text = exercised_metrics() + exercised_quota_metrics()
     assert exported(text) == documented()
     assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
 

@@ -100,7 +100,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 # --- declarations -------------------------------------------------------------------------
 
 def test_every_rule_is_declared_once_with_what_the_engine_needs() -> None:
-    assert len(RULES) == 31
+    assert len(RULES) == 34
     for rule_id, rule in RULES.items():
         assert rule.id == rule_id and rule.summary and rule.kinds
         assert rule.fn.rule is rule  # type: ignore[attr-defined]
@@ -264,7 +264,8 @@ def test_every_rule_that_reads_the_view_has_a_stale_view_case() -> None:
     assert readers == {rule_id for rule_id, _ in READS}
     assert {r for r in readers if r.startswith("kai-")} == {
         "kai-structure", "kai-guarantee-sum", "kai-pool-capacity", "kai-queue-name-unique",
-        "kai-namespace-unique", "kai-tree-warnings", "kai-shrink", "kai-delete-in-use"}
+        "kai-namespace-unique", "kai-tree-warnings", "kai-shrink", "kai-delete-in-use",
+        "kai-usage-limit", "kai-usage-guarantee", "kai-usage-children"}
     assert {r for r in readers if r.startswith("actor-")} == {
         "actor-placement", "actor-microvm-cpu-share", "actor-microvm-memory-headroom",
         "actor-pool-shrink"}

@@ -160,8 +160,9 @@ def trim_workload(kind: str) -> Trim:
     return trim
 
 
-def trim_whole(kind: str) -> Trim:
-    """Small objects (LimitRanges, quotas, CRDs): keep all but managedFields and status."""
+def trim_whole(kind: str, status: tuple[str, ...] = ()) -> Trim:
+    """Small objects (LimitRanges, quotas, CRDs): keep all but managedFields and status
+    (but for the ``status`` fields named: a KAI Queue's usage, app/rules/quotas/usage.py)."""
 
     def trim(obj: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in obj.items() if k != "status"}
@@ -169,6 +170,9 @@ def trim_whole(kind: str) -> Trim:
         meta = dict(out.get("metadata") or {})
         meta.pop("managedFields", None)
         out["metadata"] = meta
+        found = obj.get("status")
+        if status and isinstance(found, dict):
+            out["status"] = {k: found[k] for k in status if k in found}
         return out
 
     return trim
@@ -214,7 +218,8 @@ class Resource:
     def of(cls, kind: Kind) -> Resource:
         if kind.trim is None:
             raise ValueError(f"{kind.name} has no trim in app/kinds.py: the view cannot keep it")
-        return cls(kind.name, kind.path, TRIMS[kind.trim](kind.kind), kind.optional)
+        trim = trim_whole(kind.kind, kind.status) if kind.trim == "whole" else TRIMS[kind.trim](kind.kind)
+        return cls(kind.name, kind.path, trim, kind.optional)
 
 
 #: Every kind the live view can keep (``app.kinds.KINDS`` with a trim), in table order.

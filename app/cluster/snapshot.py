@@ -17,7 +17,7 @@ from typing import Any
 
 from app.cluster.kube import ApiError, KubeClient, pages
 from app.cluster.live import Resource
-from app.kinds import Kind, read_kinds, ref_of
+from app.kinds import KINDS, Kind, read_kinds, ref_of
 
 __all__ = ["Snapshot", "context_kinds", "merge", "snapshot"]
 
@@ -78,4 +78,21 @@ def merge(cluster: Iterable[dict[str, Any]], manifests: Iterable[dict[str, Any]]
     objects of the same (group, kind), namespace and name."""
     files = list(manifests)
     replaced = {_key(obj) for obj in files}
-    return [*(obj for obj in cluster if _key(obj) not in replaced), *files]
+    kept: list[dict[str, Any]] = []
+    observed: dict[tuple[str, str, str], Any] = {}
+    for obj in cluster:
+        key = _key(obj)
+        if key not in replaced:
+            kept.append(obj)
+        elif key[0] in OBSERVED_STATUS and obj.get("status"):
+            observed[key] = obj["status"]
+    # A file never holds what a controller observed: a KAI Queue written without a status
+    # keeps the cluster's (its usage, app/rules/quotas/usage.py).
+    files = [{**obj, "status": observed[_key(obj)]}
+             if _key(obj) in observed and not obj.get("status") else obj for obj in files]
+    return [*kept, *files]
+
+
+OBSERVED_STATUS = frozenset(k.ref for k in KINDS if k.status)
+"""Kinds (group, kind) whose status ``merge`` keeps from the cluster for a file that has
+none: those whose status the live view keeps (``app.kinds.Kind.status``)."""

@@ -26,5 +26,7 @@ everything, once per object involved.
 Modules, in the order a reader needs them: ``objects`` (raw fields, indexes,
 ``After``), ``tree`` (queues as numbers, pool capacity), ``messages`` (wording),
 ``shape`` (one object alone), ``sums`` (parents and children), ``names``
-(cluster-wide names), ``limits`` (tree warnings) and ``rules`` (the declarations).
+(cluster-wide names), ``limits`` (tree warnings) and ``rules`` (the declarations);
+``usage`` declares its own rules: quota changes against KAI Queue status (what the
+queues hold right now).
 """
