@@ -12,11 +12,12 @@ and the rule declarations (``Rule.kinds``, ``Rule.operations``, ``Rule.reads``):
 - the chart's webhook ``rules`` and RBAC (``app/chartkinds.py`` writes
   ``charts/envelope/files/kinds.yaml``; ``tests/test_chart_kinds.py`` renders the chart).
 
-Same-named kinds of different groups are told apart one way: the store keys objects by
-:func:`ref_of` (``(group, kind)``); a rule names a kind by :attr:`Kind.name`, which is
-the kind for the first-registered kind of that name (``NodePool`` is KAI's) and
-``Kind.group`` for the others (``NodePool.karpenter.sh``), as kubectl names resources;
-:func:`ref` turns a name back into ``(group, kind)``.
+Same-named kinds of different groups are told apart one way: by ``(group, kind)``
+(:func:`ref_of` of an object), named one to one by :func:`name_of` — the kind for the
+first-registered kind of that name (``NodePool`` is KAI's), ``Kind.group`` for the
+others (``NodePool.karpenter.sh``, and ``Queue.scheduling.volcano.sh`` for a kind not
+registered), as kubectl names resources. Rules read and the store files objects by that
+name; :func:`ref` turns it back into ``(group, kind)``.
 
 Adding a kind is one entry here (plus the rules that judge or read it); see
 docs/architecture.md "Adding a kind".

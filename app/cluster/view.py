@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Protocol
 
-from app.kinds import Ref, ref, ref_of
+from app.kinds import name_of, ref_of
 
 __all__ = ["NODE_LABEL", "ClusterView", "Index", "ScopedView", "StaticView", "Store",
            "UndeclaredRead"]
@@ -92,9 +92,13 @@ class ClusterView(Protocol):
         ...
 
 
-def kind_key(obj: dict[str, Any]) -> Ref:
-    """Where the store files ``obj``: its (group, kind) (``app.kinds.ref_of``)."""
-    return ref_of(obj)
+def kind_key(obj: dict[str, Any]) -> str:
+    """Where the store files ``obj``: the view name of its (group, kind)
+    (``app.kinds.name_of``), one to one with (group, kind) — ``NodePool`` is KAI's,
+    ``NodePool.karpenter.sh`` Karpenter's, ``Queue.scheduling.volcano.sh`` not KAI's
+    Queue. Keyed by that name rather than the pair, so a read (``view.list("Node")``)
+    costs no lookup."""
+    return name_of(*ref_of(obj))
 
 
 def _key(obj: dict[str, Any]) -> Key:
@@ -107,7 +111,9 @@ def _key(obj: dict[str, Any]) -> Key:
 
 
 class Store:
-    """Objects by kind and key, with indexes kept up to date on every change.
+    """Objects by kind and key, with indexes kept up to date on every change. A kind is
+    its view name (``app.kinds``: one name per (group, kind)); an object added without
+    one is filed by its apiVersion and kind (:func:`kind_key`).
 
     Safe for one writer thread per kind (a watch) and many readers: writes take a lock,
     reads return new lists, and a re-list swaps the whole kind at once.
@@ -115,12 +121,11 @@ class Store:
 
     def __init__(self, objects: Iterable[dict[str, Any]] = (), indexes: Iterable[Index] = ()) -> None:
         self._lock = threading.Lock()
-        # Keyed by (group, kind); the methods take a kind's view name (``app.kinds``).
-        self._by_kind: dict[Ref, dict[Key, dict[str, Any]]] = {}
-        self._by_ns: dict[Ref, dict[str, dict[Key, dict[str, Any]]]] = {}
-        self._index_of: dict[Ref, tuple[Index, ...]] = {}
+        self._by_kind: dict[str, dict[Key, dict[str, Any]]] = {}
+        self._by_ns: dict[str, dict[str, dict[Key, dict[str, Any]]]] = {}
+        self._index_of: dict[str, tuple[Index, ...]] = {}
         self._indexes: dict[Index, dict[str, dict[Key, dict[str, Any]]]] = {}
-        self._versions: dict[Ref, int] = {}
+        self._versions: dict[str, int] = {}
         self._counts: dict[Index, tuple[int, dict[str, int]]] = {}
         for index in indexes:
             self._build(index)
@@ -131,12 +136,11 @@ class Store:
         with self._lock:
             table = self._indexes.get(index)
             if table is None:
-                kind = ref(index.kind)
-                table = self._indexes[index] = _table(index, self._by_kind.get(kind, {}))
-                self._index_of[kind] = (*self._index_of.get(kind, ()), index)
+                table = self._indexes[index] = _table(index, self._by_kind.get(index.kind, {}))
+                self._index_of[index.kind] = (*self._index_of.get(index.kind, ()), index)
             return table
 
-    def _unlink(self, kind: Ref, key: Key, obj: dict[str, Any]) -> None:
+    def _unlink(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
         self._by_ns.get(kind, {}).get(key[0], {}).pop(key, None)
         for index in self._index_of.get(kind, ()):
             table = self._indexes[index]
@@ -147,16 +151,15 @@ class Store:
                     if not members:
                         del table[value]  # a value nothing yields any more is not kept
 
-    def _link(self, kind: Ref, key: Key, obj: dict[str, Any]) -> None:
+    def _link(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
         self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
         for index in self._index_of.get(kind, ()):
             table = self._indexes[index]
             for value in index.values(obj):
                 table.setdefault(value, {})[key] = obj
 
-    def add(self, obj: dict[str, Any], name: str | None = None) -> None:
-        """File ``obj`` under the kind ``name`` (default: its own apiVersion and kind)."""
-        kind = ref(name) if name else ref_of(obj)
+    def add(self, obj: dict[str, Any], kind: str | None = None) -> None:
+        kind = kind or kind_key(obj)
         key = _key(obj)
         with self._lock:
             old = self._by_kind.get(kind, {}).get(key)
@@ -168,8 +171,7 @@ class Store:
             self._by_kind.setdefault(kind, {})[key] = obj
             self._link(kind, key, obj)
 
-    def remove(self, kind_name: str, name: str, namespace: str | None = None) -> None:
-        kind = ref(kind_name)
+    def remove(self, kind: str, name: str, namespace: str | None = None) -> None:
         key = (namespace or "", name)
         with self._lock:
             old = self._by_kind.get(kind, {}).pop(key, None)
@@ -177,11 +179,10 @@ class Store:
                 self._unlink(kind, key, old)
                 self._versions[kind] = next(_CHANGES)
 
-    def replace(self, name: str, objects: Iterable[dict[str, Any]]) -> None:
-        """Swap every object of the kind ``name`` at once (after a re-list): the new
-        tables are built aside and swapped under the lock, so a reader sees the old set
-        or the new one, never a half."""
-        kind = ref(name)
+    def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
+        """Swap every object of ``kind`` at once (after a re-list): the new tables are
+        built aside and swapped under the lock, so a reader sees the old set or the new
+        one, never a half."""
         by_key: dict[Key, dict[str, Any]] = {}
         by_ns: dict[str, dict[Key, dict[str, Any]]] = {}
         for obj in objects:
@@ -200,27 +201,26 @@ class Store:
             self._versions[kind] = next(_CHANGES)
 
     def version(self, kind: str) -> int:
-        return self._versions.get(ref(kind), 0)
+        return self._versions.get(kind, 0)
 
     def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
         return []
 
     def count(self, kind: str) -> int:
-        return len(self._by_kind.get(ref(kind), {}))
+        return len(self._by_kind.get(kind, {}))
 
     def index_counts(self, index: Index) -> dict[str, int]:
         """Read-only: the same dict is handed to every caller until ``index.kind`` changes
         (copied once per change, not once per review)."""
         cached = self._counts.get(index)
-        kind = ref(index.kind)
-        version = self._versions.get(kind, 0)
+        version = self._versions.get(index.kind, 0)
         if cached is not None and cached[0] == version:
             return cached[1]
         if index not in self._indexes:
             self._build(index)
         with self._lock:  # a watch thread may be changing it (or swapping it, on a re-list)
             table = self._indexes[index]
-            version = self._versions.get(kind, 0)
+            version = self._versions.get(index.kind, 0)
             counts = dict(zip(table.keys(), map(len, table.values()), strict=True))
         self._counts[index] = (version, counts)
         return counts
@@ -233,11 +233,11 @@ class Store:
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
         if namespace is None:
-            return list(self._by_kind.get(ref(kind), {}).values())
-        return list(self._by_ns.get(ref(kind), {}).get(namespace, {}).values())
+            return list(self._by_kind.get(kind, {}).values())
+        return list(self._by_ns.get(kind, {}).get(namespace, {}).values())
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        return self._by_kind.get(ref(kind), {}).get((namespace or "", name))
+        return self._by_kind.get(kind, {}).get((namespace or "", name))
 
     def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
         table = self._indexes.get(index)
