@@ -290,12 +290,12 @@ def _usage_finding(slot: Slot, r: Resource, limit: bool, cap: Decimal, held: Dec
 
 @rule("kai-usage-limit", "validate", TREES, Mode.WARN,
       "a queue's limit is not cut below what it has allocated now (KAI Queue status)",
-      reads={"Queue", "Project"}, judges=spec)
+      reads={"Queue", "Department", "Project"}, judges=spec)
 def check_usage_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """A limit below the queue's ``status.allocated``: nothing is evicted, the new limit
     applies as workloads finish."""
-    if generated_queue(subject, obj):
+    if generated_queue(subject, obj, view):
         return []
     with localcontext(EXACT):
         return _own_usage(subject, obj, view, limit=True)
@@ -303,12 +303,12 @@ def check_usage_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 @rule("kai-usage-guarantee", "validate", TREES, Mode.WARN,
       "a guarantee is not cut below what non-preemptible workloads hold now",
-      reads={"Queue", "Project"}, judges=spec)
+      reads={"Queue", "Department", "Project"}, judges=spec)
 def check_usage_guarantee(subject: Subject, obj: dict[str, Any], view: ClusterView,
                           policy: Policy) -> list[Finding]:
     """A guarantee (``deserved``, ``quota``) below the queue's
     ``status.allocatedNonPreemptible``: those workloads cannot be reclaimed."""
-    if generated_queue(subject, obj):
+    if generated_queue(subject, obj, view):
         return []
     with localcontext(EXACT):
         return _own_usage(subject, obj, view, limit=False)
@@ -334,7 +334,7 @@ def _children(after: After, subject: Subject, slot: Slot) -> tuple[str, list[str
 
 @rule("kai-usage-children", "validate", {(g, k) for g, k in TREES if k != "Project"}, Mode.WARN,
       "a parent is not cut below what its children hold now (KAI Queue status)",
-      reads={"Queue", "Project"}, judges=spec)
+      reads={"Queue", "Department", "Project"}, judges=spec)
 def check_usage_children(subject: Subject, obj: dict[str, Any], view: ClusterView,
                          policy: Policy) -> list[Finding]:
     """A department queue or parent Queue whose limit is below what its children have
@@ -343,7 +343,7 @@ def check_usage_children(subject: Subject, obj: dict[str, Any], view: ClusterVie
     ``kai-usage-limit`` / ``kai-usage-guarantee`` say it and this rule does not repeat it.
     A child without a status counts as unknown: the known ones are a lower bound, which
     is enough to warn, never to say "fits"."""
-    if generated_queue(subject, obj):
+    if generated_queue(subject, obj, view):
         return []
     with localcontext(EXACT):
         return _children_usage(subject, obj, view)
