@@ -184,7 +184,10 @@ def test_kai_queue_limit_cut_reads_its_own_status() -> None:
 def test_krm_generated_queues_are_not_judged() -> None:
     old = kai_queue("workspace-rtx", gpu=(3, 8), status=used(gpu="6"), owner="Project/workspace")
     new = kai_queue("workspace-rtx", gpu=(3, 1), status=used(gpu="6"), owner="Project/workspace")
-    assert usage(judge(new, old, [])) == []
+    owner = project("workspace", "platform", entry("workspace-rtx", (3, 8)))
+    assert usage(judge(new, old, [platform(), owner])) == []
+    # The ownerReference is a claim: with no such Project the Queue is judged like any other.
+    assert [rule for _, rule, _ in usage(judge(new, old, []))] == ["kai-usage-limit"]
 
 
 # --- kai-usage-guarantee --------------------------------------------------------------

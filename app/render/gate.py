@@ -8,11 +8,15 @@ from collections.abc import Callable
 import orjson
 
 from app.reports import FailOn, Located, ObjectResult, Report
+from app.util import cut
 
 __all__ = ["FIX_HINT", "change_gate_failures", "change_gate_github", "change_gate_level",
            "change_gate_text"]
 
 FIX_HINT = "run `envelope fix` on the file to write the change, so git holds what the cluster stores"
+PATCH_SHOWN = 2048
+"""Characters of the JSON patch an annotation shows (a patch carries the object's values:
+a megabyte env value must not make a megabyte annotation; ``-o json`` has it whole)."""
 
 
 def change_gate_level(severity: str, fail_on: FailOn, levels: dict[str, str]) -> str:
@@ -43,8 +47,8 @@ def change_gate_github(o: ObjectResult, file: str, fail_on: FailOn, data: Callab
     if not o.patch:
         return []
     level = "error" if fail_on == "change" else "notice"
-    what = "; ".join(c.message for c in o.changes) or "the webhook changes it"
-    patch = orjson.dumps(o.patch).decode()
+    what = cut("; ".join(c.message for c in o.changes) or "the webhook changes it", PATCH_SHOWN)
+    patch = cut(orjson.dumps(o.patch).decode(), PATCH_SHOWN)
     rules = ",".join(dict.fromkeys(c.rule for c in o.changes)) or "change"
     message = f"{o.title}: {what}\npatch: {patch}\n{FIX_HINT}"
     return [f"::{level} file={file},line={o.line},title={prop('envelope[' + rules + '] would mutate')}::"
