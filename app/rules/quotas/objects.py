@@ -156,7 +156,7 @@ class After:
         return found if is_ours(kind, found) else None
 
     def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
-        found = self.view.by_index(index, value)  # our indexes hold only our group
+        found: list[dict[str, Any]] = self.view.by_index(index, value)  # only our group
         kind = index.kind
         if kind != self.kind:
             return found
