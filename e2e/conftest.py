@@ -1,6 +1,6 @@
 """pytest fixtures for end-to-end tests against a real kube-apiserver.
 
-Fixtures (see e2e/harness.py for the objects they return):
+Fixtures (see e2e/harness/ for the objects they return):
 
 - ``controlplane_bin_dir`` (session) -> Path: etcd, kube-apiserver, kubectl, helm.
 - ``cluster`` (session) -> harness.Cluster: etcd + kube-apiserver running.

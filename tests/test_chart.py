@@ -6,7 +6,7 @@ schemas bundled in the ``kubernetes-validate`` package (no network), then checke
 the properties users rely on (webhook settings, least-privilege RBAC, a hardened pod,
 our own resource rule, availability, the caBundle behaviour).
 
-Real part (marked ``e2e``): a kube-apiserver + etcd from ``e2e/harness.py`` accepts
+Real part (marked ``e2e``): a kube-apiserver + etcd from ``e2e/harness/`` accepts
 ``kubectl apply -f manifests/install.yaml``, and a ``helm install`` in URL mode runs the
 real server with exactly the rendered arguments under the chart's own ServiceAccount
 token, so the RBAC rules, the caBundle injection, ``helm upgrade`` carrying the caBundle
@@ -156,7 +156,7 @@ CASES = {**MODES, **FEATURES}
 
 
 def _locate_bin_dir() -> Path:
-    """As e2e/harness.py: $ENVELOPE_CONTROLPLANE_BIN, else build.sh's last line."""
+    """As e2e/harness/: $ENVELOPE_CONTROLPLANE_BIN, else build.sh's last line."""
     override = os.environ.get(BIN_ENV)
     if override:
         bin_dir = Path(override).expanduser()
@@ -1059,7 +1059,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[Any]:
-    """A fresh etcd + kube-apiserver from e2e/harness.py (fails, never skips)."""
+    """A fresh etcd + kube-apiserver from e2e/harness/ (fails, never skips)."""
     sys.path.insert(0, str(REPO / "e2e"))
     import harness
 
