@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 from harness import Cluster, HarnessError, Webhook
 
+pytest.register_assert_rewrite("builders")  # the scenarios' shared objects and waits
+
 E2E_DIR = Path(__file__).resolve().parent
 T = TypeVar("T")
 

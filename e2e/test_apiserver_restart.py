@@ -12,8 +12,8 @@ import time
 import pytest
 
 import harness
+from builders import SEED, container, deployment
 from harness import Cluster, Webhook
-from test_workloads import SEED, container, deployment
 
 pytestmark = pytest.mark.last  # it takes the session's API server away (e2e/conftest.py)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builders import container, deployment
 from harness import Cluster
-from test_workloads import container, deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "e2e-check-kubeconfig"

@@ -33,7 +33,7 @@ from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import evaluate
 from tests.conftest import RULES, container, workload
-from tests.test_actors import pool, template
+from tests.helpers.actors import pool, template
 
 ROUNDS = max(1, int(os.environ.get("ENVELOPE_FUZZ_ROUNDS", "1")))
 DIGITS = int(os.environ.get("ENVELOPE_FUZZ_DIGITS", "20000"))

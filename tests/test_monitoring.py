@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from app.server import Metrics
-from tests.test_chart import CHART, render
+from tests.helpers.chart import CHART, render
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "e2e" / "controlplane" / "build-promtool.sh"
