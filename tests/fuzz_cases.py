@@ -1,4 +1,4 @@
-"""What the fuzz suites share (tests/test_fuzz.py judges in-process, tests/test_http_fuzz.py
+"""What the fuzz suites share (tests/test_fuzz.py judges in-process, tests/test_fuzz_http.py
 through the real server): a populated cluster view, valid objects of every kind the
 rules judge, and the ways to take them apart — every path, a wrong type or null there,
 nesting as deep as the JSON parser reads, quantity strings of many digits.
