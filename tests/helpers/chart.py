@@ -130,11 +130,13 @@ class Rendered:
     def container(self) -> dict[str, Any]:
         containers = self.one("Deployment")["spec"]["template"]["spec"]["containers"]
         assert [c["name"] for c in containers] == ["envelope"]
-        return containers[0]
+        container: dict[str, Any] = containers[0]
+        return container
 
     @property
     def pod_spec(self) -> dict[str, Any]:
-        return self.one("Deployment")["spec"]["template"]["spec"]
+        spec: dict[str, Any] = self.one("Deployment")["spec"]["template"]["spec"]
+        return spec
 
     def arg(self, flag: str) -> str | None:
         values = self.args(flag)
@@ -184,7 +186,8 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def chart_values() -> dict[str, Any]:
-    return yaml.safe_load((CHART / "values.yaml").read_text())
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return values
 
 
 def _ca_bundles(cluster: Any, name: str) -> dict[str, str]:
