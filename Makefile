@@ -57,8 +57,10 @@ e2e: $(STAMP) controlplane
 controlplane:
 	@bash e2e/controlplane/build.sh >/dev/null
 
+# ruff on everything, then mypy strict on app/ (pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app tests e2e bench
+	$(VENV)/bin/mypy
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix app tests e2e bench

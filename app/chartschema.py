@@ -29,7 +29,7 @@ SCHEMA = Path(__file__).resolve().parent.parent / "charts" / "envelope" / "value
 
 def with_rules(schema: dict[str, Any], rules: RuleSet) -> dict[str, Any]:
     """``schema`` with ``policy.rules`` naming exactly the ids of ``rules`` and the modes."""
-    out = json.loads(json.dumps(schema))
+    out: dict[str, Any] = json.loads(json.dumps(schema))
     section = out["properties"]["policy"]["properties"]["rules"]
     section["propertyNames"] = {"enum": sorted(rules)}
     value = section.setdefault("additionalProperties", {"type": "string"})
@@ -45,7 +45,7 @@ def render(schema: dict[str, Any]) -> str:
 def stale(text: str, rules: RuleSet) -> bool:
     """Whether the file's rule ids or modes differ from ``rules`` (compared as data, so
     formatting is free)."""
-    current = json.loads(text)
+    current: dict[str, Any] = json.loads(text)
     return current != with_rules(current, rules)
 
 

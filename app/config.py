@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import yaml
 from pydantic import (
@@ -32,10 +32,19 @@ from pydantic import (
 from app.quantity import parse_quantity
 from app.selectors import StrictLabelSelector
 
-if TYPE_CHECKING:
-    from app.ruleset import RuleSet
+__all__ = ["ConfigError", "KnownRules", "Mode", "Policy", "capped", "load_policy"]
 
-__all__ = ["ConfigError", "Mode", "Policy", "capped", "load_policy"]
+
+class KnownRules(Protocol):
+    """What the policy is checked against: the rule ids and their environment variables.
+    :class:`app.ruleset.RuleSet` is one; it sits above this module in the layers
+    (docs/architecture.md), so it is named here by what is asked of it."""
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def unknown(self, rule_ids: Iterable[str]) -> list[str]: ...
+
+    def env_names(self) -> dict[str, str]: ...
 
 
 class Mode(StrEnum):
@@ -191,7 +200,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]:
+def _env_overrides(environ: Mapping[str, str], rules: KnownRules) -> dict[str, Any]:
     """The ``ENVELOPE_FAILURE_MODE`` and ``ENVELOPE_RULE_*`` overrides, each value checked
     here so that an error names the variable that holds it (not the file, not "defaults")."""
     by_env = rules.env_names()
@@ -219,7 +228,7 @@ def _env_overrides(environ: Mapping[str, str], rules: RuleSet) -> dict[str, Any]
     return data
 
 
-def _unknown_rules(where: str, unknown: list[str], rules: RuleSet) -> ConfigError:
+def _unknown_rules(where: str, unknown: list[str], rules: KnownRules) -> ConfigError:
     named = ", ".join(f"{rid!r}{did_you_mean(rid, rules)}" for rid in unknown)
     return ConfigError(f"{where}: unknown rule id(s) {named}; known: {sorted(rules)}")
 
@@ -232,7 +241,7 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rules: RuleSet) -> Policy:
+def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rules: KnownRules) -> Policy:
     """Read the policy file (if any), then apply environment overrides; every rule id
     must be one of ``rules``."""
     data: dict[str, Any] = {}

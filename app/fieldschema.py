@@ -210,7 +210,7 @@ class FieldSchema:
 def prune(obj: dict[str, Any], problems: list[FieldProblem]) -> dict[str, Any]:
     """``obj`` without its unknown fields: what the API server stores when asked to warn
     or ignore (``--validate=warn|false``)."""
-    out = orjson.loads(orjson.dumps(obj))
+    out: dict[str, Any] = orjson.loads(orjson.dumps(obj))
     for problem in problems:
         if not problem.unknown_field:
             continue

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -220,11 +220,12 @@ def parse(model: type[M], spec: Any) -> tuple[M | None, tuple[SchemaError, ...]]
     try:
         key = (model, orjson.dumps(spec))
     except TypeError:  # not JSON (e.g. YAML dates): validate without remembering
-        return _validate(model, spec)  # type: ignore[return-value]
+        return _validate(model, spec)
     found = _parsed.get(key)
     if found is None:
         found = _parsed.put(key, _validate(model, spec))
-    return found  # type: ignore[return-value]
+    # The key holds the model, so what it remembers was validated by ``model``.
+    return cast(tuple[M | None, tuple[SchemaError, ...]], found)
 
 
 def unknown_fields(model: _Model, path: str = "spec") -> Iterator[str]:
@@ -241,7 +242,7 @@ def unknown_fields(model: _Model, path: str = "spec") -> Iterator[str]:
                     yield from unknown_fields(item, f"{where}[{i}]")
 
 
-def _validate(model: type[_Model], spec: Any) -> Parsed:
+def _validate(model: type[M], spec: Any) -> tuple[M | None, tuple[SchemaError, ...]]:
     try:
         return model.model_validate(spec), ()
     except ValidationError as exc:

@@ -116,6 +116,12 @@ _DIGIT_RUN = re.compile(r"[0-9]*")
 _SUFFIX_RUN = re.compile(r"[eEinumkKMGTP]*")
 
 
+def _end(run: re.Pattern[str], text: str, pos: int) -> int:
+    """Where ``run`` (a starred class: it always matches, perhaps empty) stops from ``pos``."""
+    found = run.match(text, pos)
+    return found.end() if found is not None else pos
+
+
 def _split(text: str) -> tuple[bool, str, str, str, str]:
     """quantity.go parseQuantityString: (positive, value, num, denom, suffix). Each run
     of characters is one regular-expression match, so the scan is linear in the length
@@ -124,27 +130,27 @@ def _split(text: str) -> tuple[bool, str, str, str, str]:
     if end and text[0] in "+-":
         positive = text[0] == "+"
         pos = 1
-    i = _ZEROS.match(text, pos).end()  # type: ignore[union-attr]  # "*" always matches
+    i = _end(_ZEROS, text, pos)
     if i >= end:
         return positive, "0", "0", "", ""
     pos = i
-    i = _DIGIT_RUN.match(text, pos).end()  # type: ignore[union-attr]
+    i = _end(_DIGIT_RUN, text, pos)
     if i >= end:
         return positive, text, text[pos:], "", ""
     num, pos = text[pos:i] or "0", i
     denom = ""
     if text[pos] == ".":
         pos += 1
-        i = _DIGIT_RUN.match(text, pos).end()  # type: ignore[union-attr]
+        i = _end(_DIGIT_RUN, text, pos)
         if i >= end:
             return positive, text, num, text[pos:], ""
         denom, pos = text[pos:i], i
     value, start = text[:pos], pos
-    i = _SUFFIX_RUN.match(text, pos).end()  # type: ignore[union-attr]
+    i = _end(_SUFFIX_RUN, text, pos)
     if i >= end:
         return positive, value, num, denom, text[start:]
     pos = i + 1 if text[i] in "+-" else i
-    i = _DIGIT_RUN.match(text, pos).end()  # type: ignore[union-attr]
+    i = _end(_DIGIT_RUN, text, pos)
     if i >= end:
         return positive, value, num, denom, text[start:]
     raise _bad(text, "it must be a number with an optional suffix")

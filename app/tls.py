@@ -17,7 +17,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["CertPaths", "FileWatcher", "KeyPair", "TlsState", "client_ca_problem",
@@ -84,6 +84,9 @@ def issue_serving(ca: KeyPair, names: list[str], days: int = 365) -> KeyPair:
     """A serving certificate with SANs for every name/IP (a CN-only cert is refused)."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise ValueError(f"the CA key is a {type(ca_key).__name__}; Envelope signs with an EC or "
+                         "RSA CA key (SHA-256)")
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (
@@ -95,7 +98,7 @@ def issue_serving(ca: KeyPair, names: list[str], days: int = 365) -> KeyPair:
         .add_extension(_san(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        .sign(ca_key, hashes.SHA256())
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
 

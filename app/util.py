@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from decimal import Decimal
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 __all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "cut_middle", "deep_copy", "dig", "dotted",
            "plain_number", "same", "shown",
@@ -149,6 +149,7 @@ def plain_number(value: Decimal) -> str:
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+D = TypeVar("D")
 _ABSENT = object()
 
 
@@ -168,9 +169,15 @@ class Memo(Generic[K, V]):
         self._budget = budget
         self._weight = 0
 
+    @overload
+    def get(self, key: K) -> V | None: ...
+
+    @overload
+    def get(self, key: K, default: D) -> V | D: ...
+
     def get(self, key: K, default: Any = None) -> Any:
         """The value, or ``default`` when absent (a stored None is a value)."""
-        found = self._items.get(key, _ABSENT)  # atomic under the GIL; only writers lock
+        found: Any = self._items.get(key, _ABSENT)  # atomic under the GIL; only writers lock
         if found is _ABSENT:
             return default
         try:  # noqa: SIM105 (contextlib.suppress costs a context manager per hit)

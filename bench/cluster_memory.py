@@ -1,7 +1,7 @@
 """Envelope's memory with a big cluster behind a real API server, previous code vs current.
 
 Run by hand (``.venv/bin/python bench/cluster_memory.py``), not in the test suite.
-Starts etcd + kube-apiserver (``e2e/harness.py``), fills them with direct concurrent
+Starts etcd + kube-apiserver (``e2e/harness/``), fills them with direct concurrent
 HTTPS POSTs as the admin user — namespaces, each with a ResourceQuota and a
 LimitRange; Nodes with a kubelet-sized status (labels, 40 images, conditions);
 Deployments with a ``kubectl apply`` annotation and one ReplicaSet each, owned by it

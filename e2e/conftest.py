@@ -1,6 +1,6 @@
 """pytest fixtures for end-to-end tests against a real kube-apiserver.
 
-Fixtures (see e2e/harness.py for the objects they return):
+Fixtures (see e2e/harness/ for the objects they return):
 
 - ``controlplane_bin_dir`` (session) -> Path: etcd, kube-apiserver, kubectl, helm.
 - ``cluster`` (session) -> harness.Cluster: etcd + kube-apiserver running.
@@ -15,15 +15,20 @@ Fixtures (see e2e/harness.py for the objects they return):
 
 A control plane that cannot be built or started fails the tests; it is never
 skipped.
+
+Order: a test marked ``@pytest.mark.last`` (or a module with ``pytestmark =
+pytest.mark.last``) runs after every other test of the session, in collection order
+among themselves: ``test_apiserver_restart.py`` takes the shared API server away, and
+``test_caller_token.py`` waits on a kube-apiserver built in the background.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableSequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -31,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness
 from harness import Cluster, HarnessError, Webhook
+
+pytest.register_assert_rewrite("builders")  # the scenarios' shared objects and waits
 
 E2E_DIR = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -59,12 +66,30 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "e2e: end-to-end test against a real etcd + kube-apiserver (built by e2e/controlplane/build.sh)",
     )
+    config.addinivalue_line(
+        "markers",
+        "last: runs after every other test of the session (it disturbs the shared control plane, "
+        "or needs a tool built in the background meanwhile)",
+    )
+
+
+class _Marked(Protocol):
+    def get_closest_marker(self, name: str) -> object | None: ...
+
+
+M = TypeVar("M", bound=_Marked)
+
+
+def run_last(items: MutableSequence[M]) -> None:
+    """Move the items marked ``last`` to the end, keeping the order within each part."""
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("last") is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+    run_last(items)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from app.cluster.live import LiveView, resources_for
 from app.config import Policy
 from app.engine import check_object
 from app.ruleset import default_ruleset
+from builders import container, deployment
 from harness import Cluster
-from test_workloads import container, deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "e2e-check-kubeconfig"

@@ -3,8 +3,8 @@ ResourceQuotas, LimitRanges, Nodes and workloads through watches."""
 
 from __future__ import annotations
 
+from builders import SEED, container, deployment, eventually
 from harness import Cluster, Webhook
-from test_workloads import SEED, container, deployment, eventually
 
 
 def dry_run_stderr(cluster: Cluster, manifest: dict) -> str:

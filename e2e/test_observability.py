@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 import urllib.request
 
+from builders import container, deployment
 from harness import Cluster, Webhook
-from test_workloads import container, deployment
 
 
 def scrape(webhook: Webhook) -> str:

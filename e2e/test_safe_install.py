@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import harness
+from builders import container, deployment
 from harness import Cluster
-from test_workloads import container, deployment
 
 RELEASE = "safe-e2e"
 NAME = f"{RELEASE}-envelope"  # the chart's configuration name for that release

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,7 @@ from app.engine import Evaluation, check_object, evaluate
 from app.podspec import POD_SPEC_PATHS
 from app.rules.base import Subject
 from app.ruleset import default_ruleset
+from tests.helpers.chart import REPO, bin_dir
 
 API = {("", "Pod"): "v1", ("", "ReplicationController"): "v1"}
 
@@ -102,3 +106,20 @@ def resources_of(obj: dict[str, Any], index: int = 0, field: str = "containers")
 @pytest.fixture
 def policy() -> Policy:
     return Policy()
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[Any]:
+    """A fresh etcd + kube-apiserver from e2e/harness/ for this one test (fails, never skips):
+    the chart tests install into it. (e2e/conftest.py's ``cluster`` is one per session.)"""
+    sys.path.insert(0, str(REPO / "e2e"))
+    import harness
+
+    try:
+        running = harness.start_control_plane(tmp_path / "controlplane", bin_dir())
+    except harness.HarnessError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield running
+    finally:
+        running.stop()

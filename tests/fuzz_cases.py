@@ -1,4 +1,4 @@
-"""What the fuzz suites share (tests/test_fuzz.py judges in-process, tests/test_http_fuzz.py
+"""What the fuzz suites share (tests/test_fuzz.py judges in-process, tests/test_fuzz_http.py
 through the real server): a populated cluster view, valid objects of every kind the
 rules judge, and the ways to take them apart — every path, a wrong type or null there,
 nesting as deep as the JSON parser reads, quantity strings of many digits.
@@ -33,7 +33,7 @@ from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import InternalError, evaluate
 from tests.conftest import RULES, container, workload
-from tests.test_actors import pool, template
+from tests.helpers.actors import pool, template
 
 ROUNDS = max(1, int(os.environ.get("ENVELOPE_FUZZ_ROUNDS", "1")))
 DIGITS = int(os.environ.get("ENVELOPE_FUZZ_DIGITS", "20000"))

@@ -1,4 +1,4 @@
-"""``envelope serve`` with a populated cluster view, for tests/test_http_fuzz.py:
+"""``envelope serve`` with a populated cluster view, for tests/test_fuzz_http.py:
 ``python tests/fuzz_serve.py VIEW.json serve --host ... --cluster-view none``.
 
 Everything is the real command (``app.cli.main``: flags, TLS, limits, uvicorn, the

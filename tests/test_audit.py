@@ -16,15 +16,11 @@ import yaml
 from prometheus_client import generate_latest
 
 from app import audit as audit_mod
-from app.audit import JUDGED, Audit, AuditMetrics, judge, judged_for, policy_of, policy_reports, summary_text
+from app.audit import Audit, AuditMetrics, judge, judged_for, policy_of, policy_reports, summary_text
 from app.cluster.view import StaticView
-from app.config import load_policy
-from app.ruleset import default_ruleset
+from tests.helpers.audit import CPU_LIMIT, DEPLOYMENT, GOOD, MEMORY_SPLIT, RULES, deployment, run
 
 CRDS = Path(__file__).resolve().parent.parent / "charts" / "envelope" / "files" / "crds"
-RULES = default_ruleset()
-DEPLOYMENT = next(j for j in JUDGED if j.kind == "Deployment")
-QUEUE = next(j for j in JUDGED if j.kind == "Queue")
 
 
 def schema(kind: str) -> dict[str, Any]:
@@ -41,31 +37,6 @@ def schema(kind: str) -> dict[str, Any]:
 def validate(report: dict[str, Any]) -> None:
     jsonschema.Draft7Validator(schema(report["kind"])).validate(
         orjson.loads(orjson.dumps(report)))  # what goes on the wire
-
-
-def deployment(name: str, resources: dict[str, Any], namespace: str = "team-a",
-               **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", **meta},
-            "spec": {"replicas": 2, "template": {"spec": {"containers": [
-                {"name": "app", "image": "registry.example/app:1", "resources": resources}]}}}}
-
-
-CPU_LIMIT = deployment("cpu", {"requests": {"cpu": "1", "memory": "1Gi"},
-                               "limits": {"cpu": "2", "memory": "1Gi"}})
-MEMORY_SPLIT = deployment("mem", {"requests": {"cpu": "1", "memory": "1Gi"},
-                                  "limits": {"memory": "2Gi"}})
-GOOD = deployment("ok", {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}})
-
-
-def run(objs: list[dict[str, Any]], policy_env: dict[str, str] | None = None) -> Audit:
-    policy = load_policy(None, policy_env or {}, RULES)
-    view = StaticView(objs, RULES.indexes)
-    out = Audit(started=1_700_000_000.25)
-    for obj in objs:
-        judged = QUEUE if obj["kind"] == "Queue" else DEPLOYMENT
-        judge(RULES, view, policy, obj, judged, out)
-    return out
 
 
 def test_every_judged_kind_has_a_list_path() -> None:

@@ -14,7 +14,7 @@ from app.cluster.live import trim_karpenter_nodepool
 from app.cluster.view import StaticView
 from app.config import ConfigError, Policy, load_policy
 from tests.conftest import RULES, container, run, workload
-from tests.test_namespace import node
+from tests.helpers.namespace import node
 
 
 def pod(cpu: str, memory: str = "1Gi", **spec: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """KEP-6060 caller tokens (app/callerauth.py): the checks on tokens signed by keys made
 here, shaped as kube-apiserver v1.37.2 issues them (pkg/serviceaccount/claims.go). The
-same checks on tokens the real API server mints are in e2e/test_zz_caller_token.py."""
+same checks on tokens the real API server mints are in e2e/test_caller_token.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ schemas bundled in the ``kubernetes-validate`` package (no network), then checke
 the properties users rely on (webhook settings, least-privilege RBAC, a hardened pod,
 our own resource rule, availability, the caBundle behaviour).
 
-Real part (marked ``e2e``): a kube-apiserver + etcd from ``e2e/harness.py`` accepts
+Real part (marked ``e2e``): a kube-apiserver + etcd from ``e2e/harness/`` accepts
 ``kubectl apply -f manifests/install.yaml``, and a ``helm install`` in URL mode runs the
 real server with exactly the rendered arguments under the chart's own ServiceAccount
 token, so the RBAC rules, the caBundle injection, ``helm upgrade`` carrying the caBundle
@@ -31,13 +31,10 @@ import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +43,25 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv_utils
 
-REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "charts" / "envelope"
-MANIFEST = REPO / "manifests" / "install.yaml"
-BUILD_SCRIPT = REPO / "e2e" / "controlplane" / "build.sh"
-BIN_ENV = "ENVELOPE_CONTROLPLANE_BIN"
-
-RELEASE = "envelope"
-NAMESPACE = "envelope-system"
-KUBE_VERSION = "1.34"
-"""Schemas used for offline validation: the control plane's minor version."""
+from tests.helpers.chart import (
+    CHART,
+    KUBE_VERSION,
+    MANIFEST,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    STANDARD_LABELS,
+    Rendered,
+    _ca_bundles,
+    _sa_kubeconfig,
+    _values_file,
+    _wait,
+    chart_values,
+    deep_merge,
+    helm,
+    render,
+    render_error,
+)
 
 # Kinds from CRDs: kubernetes-validate has no schema for them (checked by hand below).
 CRD_GROUPS = {"cert-manager.io", "monitoring.coreos.com"}
@@ -63,11 +69,6 @@ CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding",
     "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
 }  # fmt: skip
-STANDARD_LABELS = (
-    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
-    "app.kubernetes.io/component", "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by",
-    "helm.sh/chart",
-)  # fmt: skip
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate"}
 READ_VERBS = {"get", "list", "watch"}
 
@@ -153,151 +154,6 @@ CASES = {**MODES, **FEATURES}
 
 
 # ---------------------------------------------------------------------------- tools
-
-
-def _locate_bin_dir() -> Path:
-    """As e2e/harness.py: $ENVELOPE_CONTROLPLANE_BIN, else build.sh's last line."""
-    override = os.environ.get(BIN_ENV)
-    if override:
-        bin_dir = Path(override).expanduser()
-    else:
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, cwd=REPO,
-                              check=False)
-        if proc.returncode == 3 and os.environ.get("ENVELOPE_CONTROLPLANE_CACHED_ONLY") == "1":
-            pytest.skip("helm is not built yet and `make unit` builds nothing: run `make controlplane` "
-                        "(or `make test`, which builds it and runs these tests)")
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            pytest.fail(
-                f"helm is needed to test the chart: {BUILD_SCRIPT.relative_to(REPO)} failed (exit "
-                f"{proc.returncode}); set ${BIN_ENV} to a directory with helm and kubectl, or install "
-                f"Go so the script can build them.\n{proc.stderr[-3000:]}", pytrace=False)
-        bin_dir = Path(lines[-1])
-    for tool in ("helm", "kubectl"):
-        if not os.access(bin_dir / tool, os.X_OK):
-            pytest.fail(f"{bin_dir / tool} is missing or not executable (from ${BIN_ENV} or "
-                        f"{BUILD_SCRIPT.relative_to(REPO)})", pytrace=False)
-    return bin_dir
-
-
-@cache
-def bin_dir() -> Path:
-    return _locate_bin_dir()
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    home = Path(tempfile.gettempdir()) / "envelope-test-helm-home"
-    for var, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"),
-                     ("HELM_DATA_HOME", "data")):
-        env[var] = str(home / sub)
-    proc = subprocess.run([str(bin_dir() / "helm"), *args], capture_output=True, text=True, env=env,
-                          check=False, timeout=120)
-    if check and proc.returncode != 0:
-        pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}",
-                    pytrace=False)
-    return proc
-
-
-#: Under every rendering here: no node pulls the image (there is no kubelet), and a bare
-#: repository is refused unless the nodes hold it (test_a_bare_image_name_is_refused).
-LOCAL_IMAGE: dict[str, Any] = {"image": {"local": True}}
-
-
-def _values_file(values: dict[str, Any]) -> str:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="envelope-values-", delete=False) as f:
-        yaml.safe_dump(deep_merge(LOCAL_IMAGE, values), f)
-    return f.name
-
-
-def _template(values_json: str, namespace: str, release: str,
-              tests: bool = False) -> subprocess.CompletedProcess[str]:
-    """``helm template``; the ``helm test`` hook (templates/tests/) only with ``tests``
-    (the release's objects are what every other test here checks)."""
-    path = _values_file(json.loads(values_json))
-    skip = [] if tests else ["--skip-tests"]
-    try:
-        return helm("template", release, str(CHART), "--namespace", namespace, "-f", path, *skip,
-                    check=False)
-    finally:
-        os.unlink(path)
-
-
-class Rendered:
-    """The objects ``helm template`` produced."""
-
-    def __init__(self, docs: list[dict[str, Any]], namespace: str, release: str) -> None:
-        self.docs = docs
-        self.namespace = namespace
-        self.release = release
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [d for d in self.docs if d["kind"] == kind]
-
-    def one(self, kind: str) -> dict[str, Any]:
-        found = self.of(kind)
-        assert len(found) == 1, f"expected one {kind}, got {[d['metadata']['name'] for d in found]}"
-        return found[0]
-
-    @property
-    def container(self) -> dict[str, Any]:
-        containers = self.one("Deployment")["spec"]["template"]["spec"]["containers"]
-        assert [c["name"] for c in containers] == ["envelope"]
-        return containers[0]
-
-    @property
-    def pod_spec(self) -> dict[str, Any]:
-        return self.one("Deployment")["spec"]["template"]["spec"]
-
-    def arg(self, flag: str) -> str | None:
-        values = self.args(flag)
-        assert len(values) <= 1, f"{flag} given {len(values)} times"
-        return values[0] if values else None
-
-    def args(self, flag: str) -> list[str]:
-        return [a.split("=", 1)[1] for a in self.container["args"] if a.startswith(flag + "=")]
-
-    def webhooks(self) -> dict[str, dict[str, Any]]:
-        out = {}
-        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-            for hook in self.one(kind)["webhooks"]:
-                annotations = self.one(kind)["metadata"].get("annotations") or {}
-                out[hook["name"]] = {**hook, "_kind": kind, "_annotations": annotations}
-        return out
-
-
-@cache
-def _render_cached(values_json: str, namespace: str, release: str, tests: bool = False) -> Rendered:
-    proc = _template(values_json, namespace, release, tests)
-    if proc.returncode != 0:
-        pytest.fail(f"helm template failed:\n{proc.stderr}", pytrace=False)
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    return Rendered(docs, namespace, release)
-
-
-def render(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE,
-           release: str = RELEASE, tests: bool = False) -> Rendered:
-    return _render_cached(json.dumps(values or {}, sort_keys=True), namespace, release, tests)
-
-
-def render_error(values: dict[str, Any]) -> str:
-    proc = _template(json.dumps(values), NAMESPACE, RELEASE)
-    assert proc.returncode != 0, "helm template should have refused these values"
-    return proc.stderr
-
-
-def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def chart_values() -> dict[str, Any]:
-    return yaml.safe_load((CHART / "values.yaml").read_text())
 
 
 def chart_schema() -> dict[str, Any]:
@@ -1082,20 +938,6 @@ def test_dockerignore_keeps_the_context_small() -> None:
 # ---------------------------------------------------------------- real API server
 
 
-@pytest.fixture()
-def cluster(tmp_path: Path) -> Iterator[Any]:
-    """A fresh etcd + kube-apiserver from e2e/harness.py (fails, never skips)."""
-    sys.path.insert(0, str(REPO / "e2e"))
-    import harness
-
-    try:
-        running = harness.start_control_plane(tmp_path / "controlplane", bin_dir())
-    except harness.HarnessError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def _bad_deployment(name: str = "envelope-verify") -> dict[str, Any]:
@@ -1124,15 +966,6 @@ def _pod_from_template(deployment: dict[str, Any], namespace: str) -> dict[str, 
             "metadata": {"name": "envelope-template-check", "namespace": namespace,
                          "labels": template["metadata"]["labels"]},
             "spec": template["spec"]}
-
-
-def _ca_bundles(cluster: Any, name: str) -> dict[str, str]:
-    out = {}
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        config = cluster.kubectl_json("get", kind, name)
-        for hook in config.get("webhooks") or []:
-            out[hook["name"]] = hook["clientConfig"].get("caBundle", "")
-    return out
 
 
 @pytest.mark.e2e
@@ -1175,36 +1008,12 @@ def test_plain_manifests_apply_and_pass_pod_security_restricted(cluster: Any) ->
     cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "envelope")
 
 
-def _sa_kubeconfig(cluster: Any, namespace: str, sa: str, path: Path) -> Path:
-    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": cluster.api_url,
-                                               "certificate-authority": str(cluster.pki.serving_ca)}}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": sa, "context": {"cluster": "c", "user": sa, "namespace": namespace}}],
-        "current-context": sa,
-    }))
-    path.chmod(0o600)
-    return path
-
-
 def _notes_manifest(notes: str) -> str:
     """The Deployment that NOTES.txt pipes into `kubectl apply --dry-run=server`."""
     match = re.search(r"cat <<'YAML' \| kubectl apply --dry-run=server -n (\S+) -f -\n(.*?)\n\s*YAML\n",
                       notes, re.S)
     assert match, notes
     return textwrap.dedent(match.group(2))
-
-
-def _wait(what: str, check: Any, proc: Any, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if not proc.alive():
-            pytest.fail(f"the webhook exited while waiting for {what}:\n{proc.log_tail(60)}", pytrace=False)
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}; webhook log:\n{proc.log_tail(60)}", pytrace=False)
-        time.sleep(0.5)
 
 
 @pytest.mark.e2e

@@ -30,15 +30,13 @@ from app.audit import judged_for
 from app.cli import _parser
 from app.cluster.live import resources_for
 from app.ruleset import default_ruleset
-from tests.test_chart import (  # noqa: F401 (cluster is a fixture)
+from tests.helpers.chart import (
     CHART,
     KUBE_VERSION,
     NAMESPACE,
     RELEASE,
     STANDARD_LABELS,
     _sa_kubeconfig,
-    cluster,
-    helm,
     render,
     render_error,
 )
@@ -157,7 +155,7 @@ def _crds(running: Any) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.e2e
-def test_install_audit_upgrade_uninstall(cluster: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_install_audit_upgrade_uninstall(cluster: Any, tmp_path: Path) -> None:
     cluster.create_namespace(NAMESPACE)
     values = ["--set", "audit.enabled=true", *NO_WEBHOOKS]
     cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "image.local=true",
@@ -210,7 +208,7 @@ def test_install_audit_upgrade_uninstall(cluster: Any, tmp_path: Path) -> None: 
 
 
 @pytest.mark.e2e
-def test_crds_of_another_tool_are_left_alone(cluster: Any) -> None:  # noqa: F811
+def test_crds_of_another_tool_are_left_alone(cluster: Any) -> None:
     files = [str(CRD_FILES / f) for f in sorted(os.listdir(CRD_FILES))]
     cluster.kubectl("apply", *(a for f in files for a in ("-f", f)))
     before = {n: c["metadata"]["uid"] for n, c in _crds(cluster).items()}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_chart import render, render_error
+from tests.helpers.chart import render, render_error
 
 
 def _sources(values: dict[str, Any]) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.test_chart import (
+from tests.helpers.chart import (
     CHART,
     KUBE_VERSION,
     MANIFEST,
@@ -44,7 +44,6 @@ from tests.test_chart import (
     _wait,
     render,
 )
-from tests.test_chart import cluster as _fresh_cluster  # noqa: F401 (a fixture, by this name)
 
 SCRIPT = CHART / "files" / "helm-test.py"
 HOOK = "helm.sh/hook"
@@ -244,7 +243,7 @@ class Installed:
 @pytest.fixture()
 def installed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Installed]:
     # test_chart's fresh etcd + kube-apiserver, imported below under its own name
-    chart = Installed(request.getfixturevalue("_fresh_cluster"), tmp_path)
+    chart = Installed(request.getfixturevalue("cluster"), tmp_path)
     try:
         yield chart
     finally:

@@ -9,7 +9,7 @@ from app.chartschema import SCHEMA, stale, with_rules
 from app.config import Mode
 from app.rules.base import rule
 from app.ruleset import RuleSet, default_ruleset
-from tests.test_chart import CHART, helm
+from tests.helpers.chart import CHART, helm
 
 
 def test_schema_file_is_generated_from_the_rule_set() -> None:

@@ -124,7 +124,7 @@ def test_chart_links_work_from_the_packaged_chart() -> None:
 def test_helm_package_holds_what_the_chart_needs(tmp_path: Path) -> None:
     import tarfile
 
-    from tests.test_chart import helm
+    from tests.helpers.chart import helm
 
     helm("package", str(CHART), "--destination", str(tmp_path))
     [package] = tmp_path.glob("envelope-*.tgz")
@@ -142,7 +142,7 @@ def test_helm_package_holds_what_the_chart_needs(tmp_path: Path) -> None:
 
 
 def test_artifacthub_images_name_the_default_image() -> None:
-    from tests.test_chart import render
+    from tests.helpers.chart import render
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     images = yaml.safe_load(chart["annotations"]["artifacthub.io/images"])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from app.cli import main
 from app.config import ConfigError, Mode, load_policy
 from tests.conftest import RULES
+from tests.helpers.cli import envelope
 
 GOOD = """\
 apiVersion: apps/v1
@@ -43,11 +42,6 @@ spec:
       requests: {memory: 1Gi}
       limits: {memory: 2Gi}
 """
-
-
-def envelope(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], input=stdin, text=True,
-                          capture_output=True, timeout=60)
 
 
 def test_clean_files_exit_0_and_json_shows_the_patch(tmp_path: Path) -> None:

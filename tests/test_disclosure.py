@@ -15,7 +15,7 @@ from app.config import Policy
 from app.disclosure import node_shape
 from app.scheduling import Node
 from tests.conftest import container, run, workload
-from tests.test_namespace import node, quota
+from tests.helpers.namespace import node, quota
 
 NAMED = Policy.model_validate({"nodes": {"nameInMessages": True}})
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.fieldschema import FieldSchema, compact, default_schema, prune
-from tests.test_cli import envelope
+from tests.helpers.cli import envelope
 
 OPENAPI = {"apis/demo.k8s.io/v1": {"components": {"schemas": {
     "io.demo.Widget": {"type": "object", "x-kubernetes-group-version-kind": [

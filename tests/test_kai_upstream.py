@@ -39,7 +39,7 @@ from app.engine import check_object
 from app.kai import UNLIMITED, exact, exceeds, total
 from app.rules.base import Subject
 from tests.conftest import RULES
-from tests.test_quotas import department, entry, judge, node, nodepool
+from tests.helpers.quotas import department, entry, judge, node, nodepool
 
 KAI = "scheduling.run.ai/v2"
 RESOURCES = ("CPU", "GPU", "Memory")

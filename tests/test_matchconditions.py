@@ -132,7 +132,7 @@ CHART_POLICIES = [
 
 @pytest.mark.parametrize("changes", CHART_POLICIES, ids=range(len(CHART_POLICIES)))
 def test_the_chart_renders_the_same_expression(changes: dict) -> None:  # type: ignore[type-arg]
-    from tests.test_chart import chart_values, deep_merge, render
+    from tests.helpers.chart import chart_values, deep_merge, render
 
     policy_values = deep_merge(chart_values()["policy"], changes)
     hook = render({"policy": policy_values}).webhooks()[MUTATING_WEBHOOK]
@@ -141,7 +141,7 @@ def test_the_chart_renders_the_same_expression(changes: dict) -> None:  # type: 
 
 
 def test_the_chart_leaves_them_out_when_asked_or_too_old() -> None:
-    from tests.test_chart import CHART, helm, render
+    from tests.helpers.chart import CHART, helm, render
 
     off = render({"webhooks": {"workloads": {"mutate": {"skipCompliant": False}}}})
     assert "matchConditions" not in off.webhooks()[MUTATING_WEBHOOK]

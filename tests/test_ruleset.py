@@ -19,8 +19,8 @@ from app.engine import InternalError, evaluate
 from app.rules.base import Rule, Subject
 from app.ruleset import RuleSet
 from tests.conftest import RULES, container, workload
-from tests.test_actors import pool, template
-from tests.test_quotas import base
+from tests.helpers.actors import pool, template
+from tests.helpers.quotas import base
 
 APP = Path(__file__).resolve().parent.parent / "app"
 

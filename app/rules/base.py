@@ -179,7 +179,7 @@ def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode,
         declared = Rule(id, phase, frozenset(kinds), default, fn, summary, frozenset(operations),
                         mutates, order, frozenset(reads), judges, ratchet, frozenset(holds_back),
                         requires)
-        fn.rule = declared  # type: ignore[attr-defined]
+        vars(fn)["rule"] = declared  # a function's attributes are its __dict__
         return fn
 
     return declare

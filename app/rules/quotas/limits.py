@@ -76,7 +76,7 @@ def queue_tree(after: After, obj: dict[str, Any]) -> list[Finding]:
     mine = slots("Queue", obj)
     if not isinstance(spec, KaiQueueSpec) or not mine:
         return []
-    findings = []
+    findings: list[Finding] = []
     parent = slots("Queue", after.get("Queue", spec.parent_queue)) if spec.parent_queue else None
     if parent:
         findings.extend(limits_above(mine[0], parent[0], "parent queue"))

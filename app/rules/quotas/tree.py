@@ -80,9 +80,9 @@ def slots(kind: str, obj: dict[str, Any] | None) -> tuple[Slot, ...] | None:
     except TypeError:
         return build_slots(kind, owner, typed_spec(kind, obj))
     found = SLOTS_MEMO.get(key, MISSING)
-    if found is MISSING:
-        found = SLOTS_MEMO.put(key, build_slots(kind, owner, typed_spec(kind, obj)))
-    return found
+    if found is None or isinstance(found, tuple):  # remembered (None too: no slots)
+        return found
+    return SLOTS_MEMO.put(key, build_slots(kind, owner, typed_spec(kind, obj)))
 
 
 def build_slots(kind: str, owner: str, spec: Any) -> tuple[Slot, ...] | None:

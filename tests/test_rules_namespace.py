@@ -12,26 +12,12 @@ from app.config import Mode, Policy
 from app.envelope import pod_amount
 from app.quantity import parse_quantity
 from tests.conftest import container, resources_of, run, workload
-
-
-def quota(hard: dict[str, str], name: str = "compute", ns: str = "team-a") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}
+from tests.helpers.namespace import node, quota
 
 
 def limitrange(item: dict[str, Any], name: str = "defaults", ns: str = "team-a") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": name, "namespace": ns},
             "spec": {"limits": [{"type": "Container", **item}]}}
-
-
-def node(name: str, cpu: str, memory: str, labels: dict[str, str] | None = None,
-         unschedulable: bool = False) -> dict[str, Any]:
-    n: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
-                         "metadata": {"name": name, "labels": labels or {}},
-                         "status": {"allocatable": {"cpu": cpu, "memory": memory}}}
-    if unschedulable:
-        n["spec"] = {"unschedulable": True}
-    return n
 
 
 CPU7 = [container(limits={"cpu": "7", "memory": "29Gi"}, requests={"cpu": "7", "memory": "29Gi"})]

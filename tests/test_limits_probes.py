@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_limits import REVIEW, Serve, closed_after, start_serve
+from tests.helpers.serve import REVIEW, Serve, closed_after, start_serve
 
 PROBE_TIMEOUT = 2.0
 """The chart's probes' timeoutSeconds (values.yaml probes.*.timeoutSeconds)."""

@@ -20,8 +20,8 @@ from app.cluster.view import StaticView
 from app.config import Policy
 from app.server import create_app
 from tests.conftest import RULES
-from tests.test_actors import ROOMY, pool, template
-from tests.test_quotas import entry, project, queue
+from tests.helpers.actors import ROOMY, pool, template
+from tests.helpers.quotas import entry, project, queue
 
 DIGITS = 300_000
 LONG = "1" * DIGITS
@@ -285,7 +285,7 @@ def test_a_department_with_thousands_of_queue_entries_is_judged_in_linear_time()
     from app.engine import evaluate
     from app.rules.base import Subject
     from app.ruleset import RuleSet
-    from tests.test_quotas import department, nodepool
+    from tests.helpers.quotas import department, nodepool
 
     rule = RULES["kai-queue-name-unique"]
     one = RuleSet([rule], RULES.copiers, RULES.indexes)

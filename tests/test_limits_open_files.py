@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_limits import REVIEW, Serve, closed_after, start_serve
+from tests.helpers.serve import REVIEW, Serve, closed_after, start_serve
 
 SILENT = 1200
 BOUND = 10.0

@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests import fuzz_cases
-from tests.test_fuzz import objects
+from tests.helpers.fuzz import objects
 
 pytestmark = pytest.mark.e2e
 

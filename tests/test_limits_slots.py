@@ -1,5 +1,5 @@
 """Connection slots (app/httplimits.py ``Slots``): who is evicted when a listener is full.
-The listeners' own tests (test_probes.py, test_metrics_server.py) show it on sockets."""
+The listeners' own tests (test_httplimits_probes.py, test_metrics_server.py) show it on sockets."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from app.cluster.view import StaticView
 from app.rules.actors import POOLS_BY_CLASS
-from tests.test_actors import NS, by_rule, pool, run, template
+from tests.helpers.actors import NS, by_rule, pool, run, template
 
 
 def current(limits: dict[str, Any] | None = None, cls: str = "microvm", name: str = "workers",

@@ -258,7 +258,7 @@ def _differential(tmp_path: Path, kubectl: Path, documents: list[str]) -> None:
 
 @pytest.mark.e2e
 def test_scalars_and_keys_agree_with_kubectl(tmp_path: Path) -> None:
-    from tests.test_chart import bin_dir
+    from tests.helpers.chart import bin_dir
 
     kubectl = bin_dir() / "kubectl"
     scalars = generated_scalars(seed=12, n=400)
@@ -272,7 +272,7 @@ def test_scalars_and_keys_agree_with_kubectl(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_encodings_agree_with_kubectl(tmp_path: Path) -> None:
-    from tests.test_chart import bin_dir
+    from tests.helpers.chart import bin_dir
 
     kubectl = bin_dir() / "kubectl"
     text = THING + "spec: {v: café, n: 64e3}\n"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from app.httplimits import ETCD_MAX_REQUEST_BYTES, MAX_BODY
-from tests.test_limits import Serve, closed_after, start_serve
+from tests.helpers.serve import Serve, closed_after, start_serve
 
 
 def _pod(value_bytes: int, env_vars: int = 0) -> dict[str, Any]:

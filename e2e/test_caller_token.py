@@ -13,6 +13,9 @@ the token bound to its own configuration.
 Envelope runs ``--caller-token enforce`` and reads the issuer, the JWKS and its two
 configurations from the same API server. What passes and what is refused is decided by
 the real issuer's tokens; nothing here signs a token itself.
+
+Marked to run last (e2e/conftest.py), so ``make test`` has built that kube-apiserver in
+the background by then.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ BUILD = ROOT / "e2e" / "controlplane" / "build.sh"
 LABEL = "envelope.test/caller-token"
 CONFIG = "envelope-token-e2e"
 CALLER = "webhook-caller"  # the service account the tokens are issued to
+
+pytestmark = pytest.mark.last
 
 
 def _token_version() -> str:

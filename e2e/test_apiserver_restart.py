@@ -1,7 +1,7 @@
 """Restart kube-apiserver under a running webhook: the webhook does not crash, its
 readiness reports the lost watches, and recovers when the API server is back.
 
-Named to run last: it takes the API server away from every other test."""
+Marked to run last (e2e/conftest.py): it takes the API server away from every other test."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import json
 import ssl
 import time
 
+import pytest
+
 import harness
+from builders import SEED, container, deployment
 from harness import Cluster, Webhook
-from test_workloads import SEED, container, deployment
+
+pytestmark = pytest.mark.last  # it takes the session's API server away (e2e/conftest.py)
 
 
 def readyz(webhook: Webhook) -> tuple[int, str]:

@@ -17,8 +17,8 @@ import pytest
 
 from app.audit import AUDIT_SCHEMA
 from app.render.json import CHECK_SCHEMA
-from tests.test_audit import CPU_LIMIT, GOOD, MEMORY_SPLIT, run
-from tests.test_cli import envelope
+from tests.helpers.audit import CPU_LIMIT, GOOD, MEMORY_SPLIT, run
+from tests.helpers.cli import envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "docs" / "schemas"

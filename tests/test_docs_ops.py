@@ -170,7 +170,7 @@ def test_the_api_server_prints_what_troubleshooting_quotes(tmp_path: Path) -> No
     import sys
     import time
 
-    from tests.test_chart import bin_dir
+    from tests.helpers.chart import bin_dir
 
     sys.path.insert(0, str(ROOT / "e2e"))
     import harness

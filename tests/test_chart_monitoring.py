@@ -15,7 +15,7 @@ import yaml
 
 from app.audit import AuditMetrics
 from app.server import Metrics
-from tests.test_chart import CHART, render
+from tests.helpers.chart import CHART, render
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "e2e" / "controlplane" / "build-promtool.sh"

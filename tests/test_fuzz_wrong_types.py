@@ -19,8 +19,8 @@ from app.config import Policy
 from app.engine import check_object
 from app.rules.base import Subject
 from tests.conftest import RULES, container, workload
-from tests.test_actors import pool, template
-from tests.test_quotas import base
+from tests.helpers.actors import pool, template
+from tests.helpers.quotas import base
 
 ENV = [{"name": "RESOURCE_LIMITS", "value": "cpu=2,memory=1Gi"},
        {"name": "RESOURCE_REQUESTS", "value": "cpu=1,memory=1Gi"}]
