@@ -3,49 +3,12 @@ tenancy applies; over-promising is refused at apply and at --dry-run=server."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import harness
+from builders import KAI, department, gpu_node, nodepool, project, resources  # noqa: F401
 from harness import Cluster, Webhook
-
-KAI = "kai.resources/v1alpha1"
-
-
-def resources(gpu: tuple[float, float]) -> dict[str, Any]:
-    return {"gpu": {"deserved": gpu[0], "limit": gpu[1], "overQuotaWeight": 1},
-            "cpu": {"deserved": 0, "limit": -1, "overQuotaWeight": 1},
-            "memory": {"deserved": 0, "limit": -1, "overQuotaWeight": 1}}
-
-
-def nodepool(name: str, label: str) -> dict[str, Any]:
-    return {"apiVersion": KAI, "kind": "NodePool", "metadata": {"name": name},
-            "spec": {"labelKey": "envelope.test/kai-pool", "labelValue": label}}
-
-
-def department(name: str, pool: str, gpu: float) -> dict[str, Any]:
-    return {"apiVersion": KAI, "kind": "Department", "metadata": {"name": name},
-            "spec": {"queues": [{"name": f"{name}-{pool}", "nodepool": pool,
-                                 "resources": resources((gpu, -1))}]}}
-
-
-def project(name: str, parent: str, pool: str, gpu: float) -> dict[str, Any]:
-    return {"apiVersion": KAI, "kind": "Project", "metadata": {"name": name},
-            "spec": {"parent": parent, "defaultNodePools": [pool],
-                     "queues": [{"name": f"{name}-{pool}", "nodepool": pool,
-                                 "resources": resources((gpu, gpu * 2))}]}}
-
-
-def gpu_node(cluster: Cluster, name: str, label: str, cards: int) -> None:
-    cluster.kubectl("create", "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "Node",
-         "metadata": {"name": name, "labels": {"envelope.test/kai-pool": label}}}))
-    status = {"status": {"capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(cards)},
-                         "allocatable": {"cpu": "64", "memory": "512Gi",
-                                         "nvidia.com/gpu": str(cards)}}}
-    cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
-                    "-p", json.dumps(status))
 
 
 def test_quota_tree_is_judged_at_apply(cluster: Cluster, webhook: Webhook) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]
-from test_quotas import department, gpu_node, nodepool, project
 
 import harness
+from builders import department, gpu_node, nodepool, project
 from harness import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent

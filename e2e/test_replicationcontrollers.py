@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from builders import SEED, container, pod_template
 from harness import Cluster, CommandError, Webhook
-from test_workloads import SEED, container, pod_template
 
 
 def replication_controller(name: str, ns: str, *containers: dict[str, Any]) -> dict[str, Any]:

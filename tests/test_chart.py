@@ -23,7 +23,6 @@ yet. ``make test`` always runs them.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import os
 import re
@@ -83,75 +82,7 @@ QUOTA_RESOURCES = {
 ACTOR_RESOURCES = {("ate.dev", "actortemplates"), ("ate.dev", "workerpools")}
 
 
-def _make_ca_b64() -> str:
-    """Base64 of a real self-signed CA certificate (PEM), as a user would provide."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provided-ca")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode()
-
-
-PROVIDED_CA = _make_ca_b64()
-
-MODES: dict[str, dict[str, Any]] = {
-    "self": {},
-    "certManager": {"certificates": {"mode": "certManager"}},
-    "certManager-issuerRef": {"certificates": {"mode": "certManager", "certManager": {
-        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
-    "provided": {"certificates": {"mode": "provided",
-                                  "provided": {"secretName": "my-tls", "caBundle": PROVIDED_CA}}},
-}
-FEATURES: dict[str, dict[str, Any]] = {
-    "workloads-off": {"webhooks": {"workloads": {"enabled": False}}},
-    "quotas-off": {"webhooks": {"quotas": {"enabled": False}}},
-    "actors-off": {"webhooks": {"actors": {"enabled": False}}},
-    "all-families-off": {"webhooks": {"workloads": {"enabled": False}, "quotas": {"enabled": False},
-                                      "actors": {"enabled": False}}},
-    "url": {"webhooks": {"url": "https://127.0.0.1:8443"}, "certificates": {"extraSANs": ["127.0.0.1"]}},
-    "url-provided": {"webhooks": {"url": "https://127.0.0.1:8443/"}, **MODES["provided"]},
-    "url-certManager": {"webhooks": {"url": "https://127.0.0.1:8443"},
-                        "certificates": {"mode": "certManager", "extraSANs": ["127.0.0.1", "dev.local"]}},
-    "serviceMonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
-    "metrics-off": {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
-    "one-replica": {"replicaCount": 1},
-    "autoscaling": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8,
-                                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}}}},
-    "namespace": {"namespace": {"create": True}},
-    "customised": {
-        "replicaCount": 5,
-        "image": {"repository": "registry.example/envelope", "digest": "sha256:" + "a" * 64},
-        "priorityClassName": "",
-        "extraEnv": [{"name": "EXTRA", "value": "1"}],
-        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
-        "spread": {"whenUnsatisfiable": "DoNotSchedule", "zones": False},
-        "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}},
-        "webhooks": {
-            "timeoutSeconds": 10,
-            "excludeNamespaces": ["monitoring", "kube-system"],
-            "namespaceSelectorExpressions": [
-                {"key": "envelope.io/ignore", "operator": "DoesNotExist"}],
-            "workloads": {"mutate": {"failurePolicy": "Fail"}, "validate": {"failurePolicy": "Ignore"}},
-            "quotas": {"failurePolicy": "Ignore"},
-        },
-        "policy": {"rules": {"cpu-limits": "warn"}, "failureMode": "allow"},
-        "serviceAccount": {"annotations": {"example.com/role": "envelope"}},
-        "commonLabels": {"team": "platform"},
-    },
-}
-CASES = {**MODES, **FEATURES}
-
+from tests.helpers.chart import CASES, FEATURES, MODES, PROVIDED_CA  # noqa: E402
 
 # ---------------------------------------------------------------------------- tools
 

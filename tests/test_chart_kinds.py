@@ -29,7 +29,7 @@ from app.kinds import by_ref, read_kinds
 from app.ruledocs import family
 from app.rules.base import Rule
 from app.ruleset import RuleSet, default_ruleset
-from tests.test_chart import CASES, deep_merge, render
+from tests.helpers.chart import CASES, deep_merge, render
 
 RULES = default_ruleset()
 READ = {"get", "list", "watch"}

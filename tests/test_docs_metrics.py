@@ -60,7 +60,7 @@ def exercised_metrics() -> str:
 
 
 def test_every_metric_is_documented_and_every_documented_metric_exists() -> None:
-    from tests.test_quotametrics import exercised_quota_metrics  # the audit's quota gauges
+    from tests.helpers.quotametrics import exercised_quota_metrics  # the audit's quota gauges
 
     text = exercised_metrics() + exercised_quota_metrics()
     assert exported(text) == documented()

@@ -7,7 +7,6 @@ does not name), so a field added without documenting it fails here too.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -19,34 +18,7 @@ from app.audit import AUDIT_SCHEMA
 from app.render.json import CHECK_SCHEMA
 from tests.helpers.audit import CPU_LIMIT, GOOD, MEMORY_SPLIT, run
 from tests.helpers.cli import envelope
-
-ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = ROOT / "docs" / "schemas"
-
-
-def strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with ``additionalProperties: false`` on every object that lists its
-    properties: what the outputs print must all be documented."""
-    out = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(out)
-    return out
-
-
-def validator(name: str) -> jsonschema.Draft202012Validator:
-    schema = json.loads((SCHEMAS / name).read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(strict(schema))
+from tests.helpers.schemas import ROOT, SCHEMAS, strict, validator  # noqa: F401
 
 
 def errors(v: jsonschema.Draft202012Validator, doc: Any) -> list[str]:

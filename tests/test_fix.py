@@ -139,7 +139,7 @@ def test_patch_text_names_what_it_cannot_do() -> None:
 def test_as_a_helm_post_renderer(tmp_path: Path) -> None:
     """What the refusal advises works: the real helm renders the chart and pipes the
     output through `envelope fix -` (--post-renderer)."""
-    from tests.test_chart import helm
+    from tests.helpers.chart import helm
 
     chart = tmp_path / "web"
     (chart / "templates").mkdir(parents=True)

@@ -21,7 +21,7 @@ from app.config import load_policy
 from app.fix import fix_text, patches
 from app.ruleset import default_ruleset
 from tests.conftest import workload
-from tests.test_properties import KINDS, containers
+from tests.helpers.workloads import KINDS, containers
 
 RULES = default_ruleset()
 POLICY = load_policy(None, None, RULES)

@@ -27,6 +27,7 @@ TOPICS = {
     "layers": "docs/architecture.md's layer table against the imports",
     "layout": "this file: where tests go",
     "e2e_conftest": "e2e/conftest.py's ordering of the e2e tests",
+    "image": "the container image: requirements.lock, make image",
 }
 
 

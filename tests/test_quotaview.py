@@ -16,7 +16,7 @@ from app.cli import main
 from app.kai import ZERO
 from app.quotaview.model import allocated
 from app.quotaview.text import bar
-from tests.test_output_schema import validator
+from tests.helpers.schemas import validator
 
 SMALL = Path(__file__).parent / "data" / "quotaview-small.yaml"
 

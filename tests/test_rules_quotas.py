@@ -238,7 +238,7 @@ CASES = [
     Case("shrink-not-on-create", lambda: department("platform", entry("platform-rtx", gpu=(1, 8))),
          set(), cluster=lambda: [o for o in base() if o["metadata"]["name"] != "platform"]),
     Case("shrink-queue-below-children", _bx("Queue", "inference", set_gpu(-1, 2, key="quota")),
-         # the queue has no status: its usage is not evaluated (tests/test_quota_usage.py)
+         # the queue has no status: its usage is not evaluated (tests/test_rules_quotas_usage.py)
          {(E, "kai-shrink"), (W, "kai-usage-guarantee")}, "UPDATE", old=_b("Queue", "inference"),
          says=["inference: child queues already hold 4 cards of quota but the queue would have 2 cards"]),
     # kai-pool-capacity (rule 3)
@@ -346,7 +346,7 @@ def test_rules(case: Case) -> None:
 def test_every_rule_is_covered_by_the_table() -> None:
     kai = {rid for rid in RULES if rid.startswith("kai-") and not rid.startswith("kai-usage-")}
     assert kai == {rule for case in CASES for _, rule in case.expect} - {"kai-usage-guarantee"}
-    # the kai-usage-* rules (KAI Queue status) have their table in tests/test_quota_usage.py
+    # the kai-usage-* rules (KAI Queue status) have their table in tests/test_rules_quotas_usage.py
 
 
 def test_rule_defaults() -> None:

@@ -3,8 +3,8 @@
 ``limits.GuardedHttpTools`` is mixed into uvicorn's private ``HttpToolsProtocol`` and
 overrides its parser callbacks; ``limits._tls_layer`` subclasses the event loop's private
 ``SSLProtocol``. Nothing in uvicorn's public API promises these names, so a release that
-moves them would break the server in ways the behaviour tests (tests/test_limits.py,
-test_slots.py) report only as a failing request. This file names each internal used, so
+moves them would break the server in ways the behaviour tests (tests/test_httplimits.py,
+test_httplimits_slots.py) report only as a failing request. This file names each internal used, so
 an upgrade that moves one fails here first and says which (requirements.lock pins the
 versions the image ships; this guards a `pip install -U`).
 """
