@@ -92,9 +92,13 @@ def _wanted(config: dict[str, Any]) -> dict[str, Any]:
 def lowered(config: dict[str, Any]) -> list[str]:
     """The webhooks whose live policy is not the one the annotation wants."""
     wanted = _wanted(config)
-    return [str(w.get("name")) for w in config.get("webhooks") or []
-            if isinstance(w, dict) and wanted.get(w.get("name")) in ("Fail", "Ignore")
-            and w.get("failurePolicy") != wanted[w.get("name")]]
+    out = []
+    for webhook in config.get("webhooks") or []:
+        name = webhook.get("name") if isinstance(webhook, dict) else None
+        if isinstance(name, str) and wanted.get(name) in ("Fail", "Ignore") \
+                and webhook.get("failurePolicy") != wanted[name]:
+            out.append(name)
+    return out
 
 
 class PolicyMetrics:
@@ -224,7 +228,7 @@ class PolicyRaiser:
                             return
                 finally:
                     response.release_conn()
-            except Exception as exc:  # noqa: BLE001 - the interval still raises
+            except Exception as exc:
                 log.debug("watch of %s/%s failed: %s", resource, name, exc)
                 self._stop.wait(self.interval)
 

@@ -117,7 +117,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 def _jq(tokens: list[str], obj: dict[str, Any]) -> str:
     """A JSON pointer of the probe as a jq path over every object of its kind: list
     items by position become ``[]?`` (every container), env entries ``select`` by name."""
-    out, node = "", obj
+    out, node = "", obj  # type: tuple[str, Any]
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -163,6 +163,10 @@ def touched_paths(rules: RuleSet, policy: Policy) -> list[Touched]:
     return [Touched(g, k, p, op, tuple(sorted(r))) for (g, k, p), (op, r) in sorted(found.items())]
 
 
+def _dump(data: dict[str, Any], **kwargs: Any) -> str:
+    return str(yaml.safe_dump(data, **kwargs))
+
+
 def _prefix(t: Touched) -> str:
     return "".join(f".{key}" for key in POD_SPEC_PATHS[(t.group, t.kind)])
 
@@ -206,11 +210,11 @@ def argocd_config(rules: RuleSet, policy: Policy, release: str = "envelope") -> 
             "#    argocd.argoproj.io/compare-options: ServerSideDiff=true (Server-Side Diff\n"
             "#    dry-runs through the webhook), but NOT with IncludeMutationWebhook=true.\n"
             "#    Fields Envelope only adds are never drift and are not listed.\n"
-            + yaml.safe_dump(workloads, sort_keys=False, width=100)
+            + _dump(workloads, sort_keys=False, width=100)
             + "---\n# 2. The Application that installs Envelope's chart (release "
             f"{release!r}): the\n#    failurePolicy a ready replica raises is not reset by "
             "self-heal or a sync.\n"
-            + yaml.safe_dump(webhooks, sort_keys=False, width=100))
+            + _dump(webhooks, sort_keys=False, width=100))
 
 
 def flux_config(release: str = "envelope") -> str:
@@ -228,7 +232,7 @@ def flux_config(release: str = "envelope") -> str:
             "#\n# The HelmRelease that installs Envelope's chart (release "
             f"{release!r}), when drift\n# detection is on: it would put the rendered "
             "failurePolicy (Ignore) back.\n"
-            + yaml.safe_dump(release_spec, sort_keys=False, width=100))
+            + _dump(release_spec, sort_keys=False, width=100))
 
 
 def add_parser(sub: Any) -> None:
