@@ -111,7 +111,8 @@ class PolicyMetrics:
             ("configuration", "webhook"), registry=registry)
         self.resets = Counter(
             "envelope_webhook_failure_policy_resets",
-            "Times a webhook seen at its wanted failurePolicy was found lowered again",
+            "Times a configuration whose webhooks were seen at their wanted failurePolicy "
+            "was found with one lowered again (a re-apply of the rendered chart)",
             ("configuration",), registry=registry)
 
 
@@ -166,17 +167,19 @@ class PolicyRaiser:
         """Count lowerings of webhooks seen raised; export which stay below."""
         below_before = set(lowered(before))
         below_after = set(lowered(after))
+        again = sorted(w for w in below_before if (name, w) in self._seen_raised)
+        if again:  # one re-apply of the configuration: one reset, however many webhooks
+            self.resets += 1
+            if self.metrics is not None:
+                self.metrics.resets.labels(name).inc()
+            log.warning("failurePolicy lowered again (a helm upgrade or a GitOps sync "
+                        "re-applied the rendered value)%s",
+                        "; raised" if not below_after & set(again) else "; cannot raise it yet",
+                        extra={"fields": {"configuration": name, "webhooks": ",".join(again)}})
         for webhook in [str(w.get("name")) for w in before.get("webhooks") or []
                         if isinstance(w, dict) and w.get("name") in _wanted(before)]:
             key = (name, webhook)
-            if webhook in below_before and key in self._seen_raised:
-                self._seen_raised.discard(key)
-                self.resets += 1
-                if self.metrics is not None:
-                    self.metrics.resets.labels(name).inc()
-                log.warning("a webhook's failurePolicy was lowered again (a helm upgrade or a "
-                            "GitOps sync re-applied the rendered value); raising it",
-                            extra={"fields": {"configuration": name, "webhook": webhook}})
+            self._seen_raised.discard(key)
             if webhook not in below_after:
                 self._seen_raised.add(key)
             if self.metrics is not None:
