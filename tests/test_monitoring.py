@@ -48,7 +48,11 @@ def test_every_envelope_metric_used_exists() -> None:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                 "gauge": ("",), "summary": ("_sum", "_count", "")}
     # labelled metrics export no sample before their first use: names from the families
-    exported = {family.name + suffix for family in Metrics().registry.collect()
+    from app.failurepolicy import PolicyMetrics  # `serve` registers them beside Metrics
+
+    metrics = Metrics()
+    PolicyMetrics(metrics.registry)
+    exported = {family.name + suffix for family in metrics.registry.collect()
                 for suffix in suffixes.get(family.type, ("",))}
     used = {m for e in _exprs() for m in re.findall(r"\benvelope_[a-z_]+", e)}
     assert used, "no Envelope metric used"
@@ -86,7 +90,7 @@ def test_every_alert_has_a_runbook_whose_page_exists() -> None:
     home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
     prefix = f"{home}/blob/main/"
     alerts = _alerts()
-    assert len(alerts) == 6
+    assert len(alerts) == 7
     index = (ROOT / "docs" / "runbooks" / "README.md").read_text()
     for rule in alerts:
         url = rule["annotations"].get("runbook_url")
@@ -152,6 +156,12 @@ def _tests(rules: dict[str, Any]) -> dict[str, Any]:
                        f'error_type="calling_webhook_error"}}', "values": "0+60x30"},
             {"series": 'apiserver_admission_webhook_rejection_count{name="other.example.com",'
                        'error_type="calling_webhook_error"}', "values": "0+60x30"},
+            {"series": f'envelope_webhook_failure_policy_lowered{{namespace="{NS}",pod="a",'
+                       f'configuration="envelope",webhook="{HOOK}"}}', "values": "0x30"},
+            {"series": f'envelope_webhook_failure_policy_resets_total{{namespace="{NS}",pod="a",'
+                       'configuration="envelope"}', "values": "0 1 2 3 4 5 6 7 8 9 10x20"},
+            {"series": f'envelope_webhook_failure_policy_lowered{{namespace="{NS}",pod="a",'
+                       f'configuration="other",webhook="{HOOK}"}}', "values": "0 1x30"},
             {"series": f'{LATENCY}{{name="{HOOK}",le="2.5"}}', "values": "0x30"},
             {"series": f'{LATENCY}{{name="{HOOK}",le="10"}}', "values": "0+100x30"},
             {"series": f'{LATENCY}{{name="{HOOK}",le="+Inf"}}', "values": "0+100x30"},
@@ -172,6 +182,13 @@ def _tests(rules: dict[str, Any]) -> dict[str, Any]:
             {"eval_time": "20m", "alertname": "EnvelopeWebhookErrors", "exp_alerts": [{
                 "exp_labels": {"severity": "critical", "name": HOOK},
                 "exp_annotations": annotations("EnvelopeWebhookErrors", **{"$labels.name": HOOK})}]},
+            # A GitOps sync lowering it every minute (resets), and one that stays lowered.
+            {"eval_time": "5m", "alertname": "EnvelopeFailurePolicyLowered", "exp_alerts": []},
+            {"eval_time": "15m", "alertname": "EnvelopeFailurePolicyLowered", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": NS, "configuration": c},
+                 "exp_annotations": annotations("EnvelopeFailurePolicyLowered",
+                                                **{"$labels.configuration": c})}
+                for c in ("envelope", "other")]},
             {"eval_time": "20m", "alertname": "EnvelopeWebhookLatencyNearTimeout", "exp_alerts": [{
                 "exp_labels": {"severity": "warning", "name": HOOK},
                 "exp_annotations": annotations("EnvelopeWebhookLatencyNearTimeout", **{
@@ -188,7 +205,7 @@ def test_promtool_checks_and_fires_the_alerts(tmp_path: Path) -> None:
     check = subprocess.run([str(tool), "check", "rules", "rules.yaml"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 6 rules found" in check.stdout + check.stderr
+    assert "SUCCESS: 7 rules found" in check.stdout + check.stderr
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(_tests(rules), sort_keys=False))
     test = subprocess.run([str(tool), "test", "rules", "tests.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
