@@ -159,7 +159,8 @@ def test_version_and_help_for_every_flag_of_every_subcommand() -> None:
     parser = _parser()
     top = envelope("--help").stdout
     subcommands = _subcommands(parser)
-    assert set(subcommands) == {"serve", "check", "audit", "webhook-config", "rules", "explain"}
+    assert set(subcommands) == {"serve", "check", "audit", "webhook-config", "rules", "explain",
+                               "gitops-config"}
     for name, sub in subcommands.items():
         assert f"    {name}  " in top, name  # listed, with its one-line description
         assert sub.description, name
