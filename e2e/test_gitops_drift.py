@@ -3,8 +3,10 @@ server (issue #26 item 4): ``kubectl diff`` (client-side and ``--server-side``) 
 CD's own diff code — the gitops-engine ``pkg/diff`` package at the version Argo CD
 v3.2.12 builds with (e2e/gitopsdiff, e2e/controlplane/build-gitopsdiff.sh) — in its
 legacy (three-way), structured-merge and server-side modes, with and without
-IncludeMutationWebhook, after an Argo CD-style sync (gitops-engine's own kubectl apply
-path, field manager ``argocd-controller``).
+IncludeMutationWebhook, and each again with the ``ignoreDifferences`` that
+``envelope gitops-config --argocd`` prints run through Argo CD's own normalizer
+(argo-cd/v3 ``util/argo/normalizers`` at v3.2.12), after an Argo CD-style sync
+(gitops-engine's own kubectl apply path, field manager ``argocd-controller``).
 
 Two manifests: one Envelope leaves alone (no CPU limit, memory request == limit) and
 one it mutates (``limits.cpu`` set: removed, the request set to it). What each client
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +75,8 @@ def sync(tool: Path, cluster: Cluster, manifest: Path, server_side: bool) -> Non
     assert done.returncode == 0, done.stderr
 
 
-def argo_diff(tool: Path, cluster: Cluster, manifest: Path) -> dict[str, Any]:
-    done = run(tool, cluster, "diff", "--manifest", str(manifest))
+def argo_diff(tool: Path, cluster: Cluster, manifest: Path, ignore: Path) -> dict[str, Any]:
+    done = run(tool, cluster, "diff", "--manifest", str(manifest), "--ignore", str(ignore))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -92,7 +95,7 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
 def shown(result: dict[str, Any]) -> dict[str, Any]:
     """Per mode: OutOfSync or not, and the paths Argo CD's diff shows."""
     out = {}
-    for mode in MODES:
+    for mode in (*MODES, *(f"{m}+ignore" for m in MODES)):
         r = result["modes"][mode]
         out[mode] = r.get("error") or {
             "modified": r["modified"],
@@ -100,22 +103,26 @@ def shown(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def kubectl_diff(cluster: Cluster, manifest: Path, *args: str) -> tuple[int, str]:
+def kubectl_diff(cluster: Cluster, manifest: Path, *args: str) -> list[Any]:
     done = cluster.kubectl("diff", "-f", str(manifest), *args, check=False)
     assert done.returncode in (0, 1), done.stderr  # 1: differences found
-    return done.returncode, done.stdout
+    return [done.returncode, done.stdout]
 
 
 def test_drift_with_envelope_in_the_path(cluster: Cluster, webhook: Webhook, namespace: str,
                                           gitopsdiff: Path, tmp_path: Path) -> None:
     record: dict[str, Any] = {"engine": None}
+    # The configuration docs/gitops.md gives, as the command prints it.
+    ignore = tmp_path / "argocd.yaml"
+    ignore.write_text(subprocess.run([sys.executable, "-m", "app", "gitops-config", "--argocd"],
+                                     cwd=REPO, capture_output=True, text=True, check=True).stdout)
     for server_side in (False, True):
         for name, resources in (("fixed", FIXED), ("unfixed", UNFIXED)):
             obj = deployment(f"{name}-{'ssa' if server_side else 'csa'}", namespace, resources)
             manifest = write(tmp_path, obj)
             sync(gitopsdiff, cluster, manifest, server_side)
             live = cluster.kubectl_json("get", "deployment", "-n", namespace, obj["metadata"]["name"])
-            result = argo_diff(gitopsdiff, cluster, manifest)
+            result = argo_diff(gitopsdiff, cluster, manifest, ignore)
             record["engine"] = result["engine"]
             record[obj["metadata"]["name"]] = {
                 "live resources": live["spec"]["template"]["spec"]["containers"][0]["resources"],
@@ -149,3 +156,8 @@ def test_drift_with_envelope_in_the_path(cluster: Cluster, webhook: Webhook, nam
         assert unfixed["argo"]["structured-merge"] == {"modified": True, "paths": [limit]}, unfixed
         assert unfixed["argo"]["server-side"] == {"modified": False, "paths": []}, unfixed
         assert unfixed["argo"]["server-side+mutation"] == {"modified": False, "paths": []}, unfixed
+        # With `envelope gitops-config --argocd`'s ignoreDifferences, run through Argo CD's
+        # own normalizer: in sync in every mode, fixed and unfixed.
+        for which in (fixed, unfixed):
+            assert all(which["argo"][f"{m}+ignore"] == {"modified": False, "paths": []}
+                       for m in MODES), which

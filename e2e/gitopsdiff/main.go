@@ -18,6 +18,11 @@
 //	                        mutating-webhook changes removed, Argo CD's default)
 //	server-side+mutation    the same WithIgnoreMutationWebhook(false)
 //	                        (compare-options IncludeMutationWebhook=true)
+//
+// With --ignore FILE (Application fragments as `envelope gitops-config --argocd` prints
+// them: YAML documents with spec.ignoreDifferences), every mode is run a second time,
+// as "<mode>+ignore", with Argo CD's own ignoreDifferences normalizer
+// (argo-cd/v3 util/argo/normalizers at v3.2.12, the release whose gitops-engine this is).
 package main
 
 import (
@@ -26,18 +31,21 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
+	"github.com/argoproj/argo-cd/v3/pkg/apis/application/v1alpha1"
+	"github.com/argoproj/argo-cd/v3/util/argo/normalizers"
 	"github.com/argoproj/gitops-engine/pkg/diff"
 	"github.com/argoproj/gitops-engine/pkg/utils/kube"
 	"github.com/argoproj/gitops-engine/pkg/utils/tracing"
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	cmdutil "k8s.io/kubectl/pkg/cmd/util"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -59,6 +67,7 @@ func main() {
 	manifest := fs.String("manifest", "", "one YAML or JSON object")
 	manager := fs.String("manager", "argocd-controller", "field manager (Argo CD's is argocd-controller)")
 	serverSide := fs.Bool("server-side", false, "apply: server-side apply (Argo CD ServerSideApply=true)")
+	ignoreFile := fs.String("ignore", "", "diff: also run every mode with these ignoreDifferences")
 	_ = fs.Parse(os.Args[2:])
 	if *kubeconfig == "" || *manifest == "" {
 		fail("--kubeconfig and --manifest are required")
@@ -99,6 +108,14 @@ func main() {
 			"server-side+mutation": append(append([]diff.Option{}, common...),
 				diff.WithServerSideDiff(true), diff.WithServerSideDryRunner(runner), diff.WithIgnoreMutationWebhook(false)),
 		}
+		if *ignoreFile != "" {
+			normalizer := ignoreNormalizer(*ignoreFile)
+			for name, opts := range modes {
+				if !strings.HasSuffix(name, "+ignore") {
+					modes[name+"+ignore"] = append(append([]diff.Option{}, opts...), diff.WithNormalizer(normalizer))
+				}
+			}
+		}
 		result := map[string]any{}
 		for name, opts := range modes {
 			r, err := diff.Diff(obj.DeepCopy(), live.DeepCopy(), opts...)
@@ -132,6 +149,26 @@ func getLive(ctx context.Context, config *rest.Config, obj *unstructured.Unstruc
 	live, err := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
 	check(err, "get live object")
 	return live
+}
+
+// ignoreNormalizer is Argo CD's normalizer for the ignoreDifferences of every
+// Application fragment in the file.
+func ignoreNormalizer(path string) diff.Normalizer {
+	raw, err := os.ReadFile(path)
+	check(err, "ignore file")
+	var ignores []v1alpha1.ResourceIgnoreDifferences
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		var app struct {
+			Spec struct {
+				IgnoreDifferences []v1alpha1.ResourceIgnoreDifferences `json:"ignoreDifferences"`
+			} `json:"spec"`
+		}
+		check(yaml.Unmarshal([]byte(doc), &app), "ignore file YAML")
+		ignores = append(ignores, app.Spec.IgnoreDifferences...)
+	}
+	normalizer, err := normalizers.NewIgnoreNormalizer(ignores, nil, normalizers.IgnoreNormalizerOpts{})
+	check(err, "ignoreDifferences")
+	return normalizer
 }
 
 func orNull(b []byte) []byte {
