@@ -10,15 +10,17 @@ holds and the cluster does not: Argo CD's default (three-way) diff shows it as d
 ever. A path it only *adds* is not in git, and neither Argo CD's three-way, nor its
 structured-merge, nor its server-side diff counts a field git does not set. What each
 diff mode shows is measured on the real API server by ``e2e/test_gitops_drift.py``
-(Argo CD's gitops-engine ``pkg/diff``, ``kubectl diff --server-side``); the text below
-states those results and that test asserts them.
+(Argo CD's gitops-engine ``pkg/diff``, ``kubectl diff --server-side``), which also runs
+the ``--argocd`` output through Argo CD's own ignoreDifferences normalizer; the text
+below states those results and that test asserts them.
 
 The webhook configurations: with ``webhooks.safeInstall`` the chart renders
 ``failurePolicy: Ignore`` and a ready replica raises it (``app.failurepolicy``); a
 GitOps sync that re-applies the rendered value lowers it again, so the Argo CD
 Application that installs Envelope ignores ``.webhooks[].failurePolicy`` and does not
 sync it (``RespectIgnoreDifferences=true``), and Flux's helm-controller drift detection
-ignores the same fields (``e2e/test_gitops_failurepolicy.py``).
+ignores the same fields. What a re-apply does without them is measured by
+``e2e/test_gitops_failurepolicy.py``.
 """
 
 from __future__ import annotations
