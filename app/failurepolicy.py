@@ -231,7 +231,14 @@ class PolicyRaiser:
                             return
                 finally:
                     response.release_conn()
-            except Exception as exc:
+            except ApiError as exc:
+                if exc.status == 403:  # RBAC without watch (an older chart): the interval only
+                    log.info("cannot watch the webhook configuration; checking every %.0f s",
+                             self.interval, extra={"fields": {"configuration": name}})
+                    return
+                log.debug("watch of %s/%s failed: %s", resource, name, exc)
+                self._stop.wait(self.interval)
+            except Exception as exc:  # the interval still raises
                 log.debug("watch of %s/%s failed: %s", resource, name, exc)
                 self._stop.wait(self.interval)
 
