@@ -226,6 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                         help="yaml or json")
     _reference_parsers(sub)
+    from app.gitops import add_parser as add_gitops_parser  # envelope gitops-config
+
+    add_gitops_parser(sub)
     return parser
 
 
@@ -781,7 +784,7 @@ def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
 
 
 def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any],
-                            configuration: Any, where: str) -> None:
+                            configuration: Any, where: str, registry: Any = None) -> None:
     """With the webhook configurations named, raise their webhooks to the failurePolicy
     the chart recorded once this replica is ready and reachable through them
     (``app.failurepolicy``)."""
@@ -791,13 +794,14 @@ def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any],
     if not configs:
         return
     from app.cluster.kube import KubeClient
-    from app.failurepolicy import PolicyRaiser
+    from app.failurepolicy import PolicyMetrics, PolicyRaiser
 
     if configuration is None:  # no cluster: nothing to raise
         print(f"envelope serve: cannot raise failure policies: {where}", file=sys.stderr)
         return
     client = KubeClient(configuration)
-    PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values())).start()
+    PolicyRaiser(client, configs, lambda: not any(check() for check in checks.values()),
+                 metrics=PolicyMetrics(registry) if registry is not None else None).start()
 
 
 def _caller_check(args: argparse.Namespace, metrics: Any, configuration: Any,
@@ -870,7 +874,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
             return 2
         caller, caller_checks = made
         all_checks.update(caller_checks)
-    _raise_failure_policies(args, all_checks, configuration, where)
+    _raise_failure_policies(args, all_checks, configuration, where, metrics.registry)
     app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics, caller=caller)
     if args.metrics_port:
         def failing() -> list[str]:
@@ -982,6 +986,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_quotaview(args, rules, policy)
     if args.command == "webhook-config":
         return run_webhook_config(rules, policy, args.output)
+    if args.command == "gitops-config":
+        from app.gitops import run_gitops_config
+
+        return run_gitops_config(args, rules, policy)
     problem = _serve_problem(args)
     if problem:
         print(f"envelope serve: {problem}", file=sys.stderr)

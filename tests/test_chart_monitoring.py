@@ -49,7 +49,11 @@ def test_every_envelope_metric_used_exists() -> None:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                 "gauge": ("",), "summary": ("_sum", "_count", "")}
     # labelled metrics export no sample before their first use: names from the families
-    exported = {family.name + suffix for registry in (Metrics().registry, AuditMetrics().registry)
+    from app.failurepolicy import PolicyMetrics  # `serve` registers them beside Metrics
+
+    metrics = Metrics()
+    PolicyMetrics(metrics.registry)
+    exported = {family.name + suffix for registry in (metrics.registry, AuditMetrics().registry)
                 for family in registry.collect() for suffix in suffixes.get(family.type, ("",))}
     used = {m for e in _exprs() for m in re.findall(r"\benvelope_[a-z_]+", e)}
     assert used, "no Envelope metric used"
@@ -156,6 +160,12 @@ def _tests(rules: dict[str, Any]) -> dict[str, Any]:
                        f'error_type="calling_webhook_error"}}', "values": "0+60x30"},
             {"series": 'apiserver_admission_webhook_rejection_count{name="other.example.com",'
                        'error_type="calling_webhook_error"}', "values": "0+60x30"},
+            {"series": f'envelope_webhook_failure_policy_lowered{{namespace="{NS}",pod="a",'
+                       f'configuration="envelope",webhook="{HOOK}"}}', "values": "0x30"},
+            {"series": f'envelope_webhook_failure_policy_resets_total{{namespace="{NS}",pod="a",'
+                       'configuration="envelope"}', "values": "0 1 2 3 4 5 6 7 8 9 10x20"},
+            {"series": f'envelope_webhook_failure_policy_lowered{{namespace="{NS}",pod="a",'
+                       f'configuration="other",webhook="{HOOK}"}}', "values": "0 1x30"},
             {"series": f'{LATENCY}{{name="{HOOK}",le="2.5"}}', "values": "0x30"},
             {"series": f'{LATENCY}{{name="{HOOK}",le="10"}}', "values": "0+100x30"},
             {"series": f'{LATENCY}{{name="{HOOK}",le="+Inf"}}', "values": "0+100x30"},
@@ -188,6 +198,13 @@ def _tests(rules: dict[str, Any]) -> dict[str, Any]:
             {"eval_time": "20m", "alertname": "EnvelopeWebhookErrors", "exp_alerts": [{
                 "exp_labels": {"severity": "critical", "name": HOOK},
                 "exp_annotations": annotations("EnvelopeWebhookErrors", **{"$labels.name": HOOK})}]},
+            # A GitOps sync lowering it every minute (resets), and one that stays lowered.
+            {"eval_time": "5m", "alertname": "EnvelopeFailurePolicyLowered", "exp_alerts": []},
+            {"eval_time": "15m", "alertname": "EnvelopeFailurePolicyLowered", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": NS, "configuration": c},
+                 "exp_annotations": annotations("EnvelopeFailurePolicyLowered",
+                                                **{"$labels.configuration": c})}
+                for c in ("envelope", "other")]},
             {"eval_time": "20m", "alertname": "EnvelopeWebhookLatencyNearTimeout", "exp_alerts": [{
                 "exp_labels": {"severity": "warning", "name": HOOK},
                 "exp_annotations": annotations("EnvelopeWebhookLatencyNearTimeout", **{

@@ -154,7 +154,7 @@ def test_version_and_help_for_every_flag_of_every_subcommand() -> None:
     top = envelope("--help").stdout
     subcommands = _subcommands(parser)
     assert set(subcommands) == {"serve", "check", "audit", "webhook-config", "rules", "explain",
-                                "fix", "krm-fn", "quotas"}
+                                "fix", "krm-fn", "quotas", "gitops-config"}
     for name, sub in subcommands.items():
         assert f"    {name}  " in top, name  # listed, with its one-line description
         assert sub.description, name

@@ -40,6 +40,11 @@ def exercised_metrics() -> str:
                                last_heard=0.0, stale_for=lambda now: 0.0)
     metrics.watches.view = SimpleNamespace(informers=[informer], staleness=60)
     metrics.cert_expiry.set(1.0)
+    from app.failurepolicy import PolicyMetrics  # registered by `serve` beside these
+
+    policy_metrics = PolicyMetrics(metrics.registry)
+    policy_metrics.lowered.labels("envelope", "workloads.validate.envelope.io").set(0)
+    policy_metrics.resets.labels("envelope").inc()
     app = create_app(RULES, Policy(), metrics=metrics)
     obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],
                    annotations={"envelope.io/exempt": "pod-fits-node"})

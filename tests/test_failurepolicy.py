@@ -64,3 +64,106 @@ def test_a_replica_that_is_not_ready_raises_nothing() -> None:
     assert [h["failurePolicy"] for h in client.puts[0]["webhooks"]] == ["Fail"]
     raiser.step()
     assert len(client.puts) == 1  # idempotent: raised once
+
+
+def test_a_lowering_after_the_raise_is_counted_and_exported() -> None:
+    """A re-apply of the rendered Ignore (helm upgrade, a GitOps sync) after the raise:
+    counted once per lowering, the gauge 1 while it stays below, raised again."""
+    from prometheus_client import CollectorRegistry
+
+    from app.failurepolicy import PolicyMetrics
+
+    registry = CollectorRegistry()
+    client = FakeClient(config({"a": "Fail", "b": "Ignore"}, a="Ignore", b="Ignore"))
+    answers = True
+    raiser = PolicyRaiser(client, [("validatingwebhookconfigurations", "envelope")],  # type: ignore[arg-type]
+                          lambda: True, probe=lambda c: None if answers else "refused",
+                          metrics=PolicyMetrics(registry))
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"configuration": "envelope", **labels})
+
+    raiser.step()  # the first raise after install is not a reset
+    assert raiser.resets == 0 and sample("envelope_webhook_failure_policy_resets_total") in (None, 0.0)
+    assert sample("envelope_webhook_failure_policy_lowered", webhook="a") == 0.0
+    assert sample("envelope_webhook_failure_policy_lowered", webhook="b") == 0.0  # wants Ignore
+    client.stored = config({"a": "Fail", "b": "Ignore"}, a="Ignore", b="Ignore")  # re-applied
+    answers = False  # and it cannot be raised this time
+    raiser.step()
+    assert raiser.resets == 1
+    assert sample("envelope_webhook_failure_policy_resets_total") == 1.0
+    assert sample("envelope_webhook_failure_policy_lowered", webhook="a") == 1.0
+    raiser.step()  # still below: the same lowering is not counted twice
+    assert sample("envelope_webhook_failure_policy_resets_total") == 1.0
+    answers = True
+    raiser.step()
+    assert client.stored["webhooks"][0]["failurePolicy"] == "Fail"
+    assert sample("envelope_webhook_failure_policy_lowered", webhook="a") == 0.0
+    client.stored = config({"a": "Fail", "b": "Ignore"}, a="Ignore", b="Ignore")
+    raiser.step()
+    assert sample("envelope_webhook_failure_policy_resets_total") == 2.0
+
+
+def test_lowered_names_the_webhooks_below_their_wanted_policy() -> None:
+    from app.failurepolicy import lowered
+
+    assert lowered(config({"a": "Fail", "b": "Ignore", "c": "Fail"}, a="Ignore", b="Fail", c="Fail")) \
+        == ["a", "b"]
+    assert lowered(config(None, a="Ignore")) == []
+
+
+def test_a_change_seen_by_the_watch_wakes_the_raiser_and_a_403_stops_only_the_watch() -> None:
+    import threading
+    import time
+
+    from app.cluster.kube import ApiError
+
+    class Stream:
+        def __init__(self, gate: threading.Event) -> None:
+            self.gate = gate
+
+        def stream(self, size: int, decode_content: bool) -> Any:
+            self.gate.wait(5)
+            yield b'{"type":"MODIFIED"}\n'
+            time.sleep(10)
+
+        def release_conn(self) -> None:
+            pass
+
+    gate = threading.Event()
+
+    class Watching(FakeClient):
+        def __init__(self, stored: dict[str, Any], forbid: bool) -> None:
+            super().__init__(stored)
+            self.forbid = forbid
+            self.watches = 0
+
+        def get(self, path: str, fields: dict[str, Any], timeout: float, stream: bool) -> Any:
+            self.watches += 1
+            assert fields["fieldSelector"] == "metadata.name=envelope" and fields["watch"] == "true"
+            if self.forbid:
+                raise ApiError(403, "forbidden")
+            return Stream(gate)
+
+    client = Watching(config({"a": "Fail"}, a="Fail"), forbid=False)
+    raiser = PolicyRaiser(client, [("validatingwebhookconfigurations", "envelope")],  # type: ignore[arg-type]
+                          lambda: True, probe=lambda c: None, interval=60)
+    raiser.start()
+    try:
+        raiser.step()
+        client.stored = config({"a": "Fail"}, a="Ignore")  # a re-apply
+        started = time.monotonic()
+        gate.set()  # ... which the watch reports
+        while client.stored["webhooks"][0]["failurePolicy"] != "Fail":
+            assert time.monotonic() - started < 5, "the watch did not wake the raiser"
+            time.sleep(0.01)
+        assert raiser.resets == 1
+    finally:
+        raiser.stop()
+    forbidden = Watching(config({"a": "Fail"}, a="Fail"), forbid=True)
+    raiser = PolicyRaiser(forbidden, [("validatingwebhookconfigurations", "envelope")],  # type: ignore[arg-type]
+                          lambda: True, probe=lambda c: None, interval=0.05)
+    raiser.start()
+    time.sleep(0.5)
+    raiser.stop()
+    assert forbidden.watches == 1  # not retried every interval
