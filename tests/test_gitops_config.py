@@ -79,7 +79,7 @@ def test_flux_pointers_cover_every_webhook_of_each_configuration() -> None:
 
 def test_the_webhook_order_is_the_charts() -> None:
     """Flux's pointers need each webhook's position: the chart's, with every family on."""
-    from tests.test_chart import render
+    from tests.helpers.chart import render
 
     rendered = render({"webhooks": {"quotas": {"enabled": True}, "actors": {"enabled": True}}})
     for kind, names in WEBHOOKS.items():
