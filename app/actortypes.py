@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -171,11 +171,11 @@ def decode(model: type[_M], obj: Mapping[str, Any]) -> _M | ValidationError:
     except (orjson.JSONEncodeError, TypeError):
         return _validate(model, obj)
     key = (model.__name__, raw)
-    found = _DECODED.get(key, _NOT_DECODED)
+    found: object = _DECODED.get(key, _NOT_DECODED)
     if found is _NOT_DECODED:
         found = _DECODED.put(key, _validate(model, orjson.loads(raw)))
-    result: _M | ValidationError = found
-    return result
+    # keyed by the model's name: what the memo holds for this key is a ``model`` or why not
+    return cast("_M | ValidationError", found)
 
 
 def sandbox_class_of(obj: Mapping[str, Any]) -> str:

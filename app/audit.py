@@ -477,7 +477,7 @@ def summary_text(found: Audit) -> str:
         for rule_id, ns, res, n in rows:
             lines.append(f"{rule_id:<34} {ns or '(cluster)':<24} {res:<6} {n}")
         lines.append("")
-    totals = Counter()
+    totals: Counter[str] = Counter()
     for (_, _, res), n in counts.items():
         totals[res] += n
     absent = f"; not installed: {', '.join(found.absent)}" if found.absent else ""

@@ -259,10 +259,11 @@ def _bound(claims: Mapping[str, Any]) -> tuple[str, str, str, str, tuple[str, ..
     if not isinstance(private, Mapping):
         raise CallerTokenError("not-webhook-bound", "no kubernetes.io claims")
     refs = [(claim, private.get(claim)) for claim in KINDS.values() if claim in private]
-    if len(refs) != 1 or not isinstance(refs[0][1], Mapping):
+    ref = refs[0][1] if len(refs) == 1 else None
+    if not isinstance(ref, Mapping):
         raise CallerTokenError("not-webhook-bound", "the token is not bound to exactly one "
                                                     "webhook configuration")
-    claim, ref = refs[0]
+    claim = refs[0][0]
     name, uid = ref.get("name"), ref.get("uid")
     if not (isinstance(name, str) and isinstance(uid, str)):
         raise CallerTokenError("not-webhook-bound", f"{claim} has no name and uid")

@@ -485,7 +485,8 @@ def _validate_fields(manifests: list[Manifest], validate: str
         if severity == "warning":
             out.append((replace(m, obj=prune(m.obj, problems)), findings))
             continue
-        meta = m.obj.get("metadata") if isinstance(m.obj.get("metadata"), dict) else {}
+        raw_meta = m.obj.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
         out.append((ObjectResult(str(m.obj.get("kind", "")), str(m.obj.get("apiVersion", "")),
                                  str(meta.get("namespace") or ""), str(meta.get("name") or ""),
                                  m.source, m.document, m.line, before=findings,
@@ -505,7 +506,8 @@ def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView
     for obj in objects:
         if obj.get("kind") != "WorkerPool" or not str(obj.get("apiVersion", "")).startswith("ate.dev/"):
             continue
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        raw_meta = obj.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
         name = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
         pools.append({**obj, "metadata": {**meta, "namespace": ANY_NAMESPACE, "name": name}})
     return StaticView(pools, rules.indexes)

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def move_cpu_limit_to_request(resources: dict) -> tuple[object, bool] | None:
+def move_cpu_limit_to_request(resources: dict[str, Any]) -> tuple[object, bool] | None:
     """Remove ``limits.cpu``; keep the CPU request it implied.
 
     Pod templates do not default requests from limits, so a template container with
@@ -223,7 +223,8 @@ def pod_level_cpu_request_default(spec: dict[str, Any]) -> object | None:
     if not isinstance(resources, dict) or not isinstance(resources.get("limits"), dict):
         return None
     if isinstance(resources.get("requests"), dict) and "cpu" in resources["requests"]:
-        return resources["requests"]["cpu"]
+        request: object = resources["requests"]["cpu"]
+        return request
     defaulted = default_pod({"spec": spec})["spec"].get("resources") or {}
     return (defaulted.get("requests") or {}).get("cpu")
 

@@ -36,8 +36,8 @@ import yaml
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import evaluate
+from app.podspec import POD_SPEC_PATHS
 from app.rules.base import Subject
-from app.rules.workloads import POD_SPEC_PATHS
 from app.ruleset import RuleSet
 
 __all__ = ["WEBHOOKS", "Touched", "add_parser", "argocd_config", "flux_config", "run_gitops_config",

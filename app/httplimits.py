@@ -348,7 +348,9 @@ class GuardedHttpTools(_Base):
             raise ValueError("pipelined request after a chunked body")
         super().on_message_begin()
         self._discard = False
-        self.scope["extensions"] = {"envelope.max_body_bytes": self.state.limits.max_body_bytes}
+        # uvicorn types each scope extension as a dict (the ASGI spec's shape); this one is
+        # Envelope's own, read by its app, and an int
+        self.scope["extensions"] = {"envelope.max_body_bytes": self.state.limits.max_body_bytes}  # type: ignore[dict-item]
         if self._head_timer is None:  # the next request on a kept-alive connection
             self._arm_head_timer()
 
@@ -569,10 +571,12 @@ _TLS_LAYERS: dict[type, type] = {}
 def _tls_layer(loop: asyncio.AbstractEventLoop) -> type:
     """The running loop's own TLS protocol (uvloop's or asyncio's), with a slot taken
     at the TCP accept and given back when the connection goes, handshake or not."""
-    base: type
+    base: type[asyncio.BufferedProtocol]
+    # (ignore below: uvloop's stubs do not declare its Cython SSLProtocol, an
+    # asyncio.BufferedProtocol)
     try:
         import uvloop
-        from uvloop.loop import SSLProtocol as UvSSLProtocol
+        from uvloop.loop import SSLProtocol as UvSSLProtocol  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
         uvloop = None  # type: ignore[assignment]
     if uvloop is not None and isinstance(loop, uvloop.Loop):
@@ -583,7 +587,7 @@ def _tls_layer(loop: asyncio.AbstractEventLoop) -> type:
         base = SSLProtocol
     layer = _TLS_LAYERS.get(base)
     if layer is None:
-        def connection_made(self: Any, transport: asyncio.BaseTransport) -> None:
+        def connection_made(self: Any, transport: asyncio.Transport) -> None:
             base.connection_made(self, transport)
             if not self._envelope_slots.admit(self, peer_address(transport), transport.abort):
                 transport.abort()

@@ -321,7 +321,7 @@ def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, 
     once for all its LimitRanges (empty at first)."""
     problems: list[str] = []
     for item in limit_range_items(limit_range):
-        if not any(isinstance(item.get(b), Mapping) and item[b].get("cpu") is not None  # type: ignore[union-attr]
+        if not any(isinstance(item.get(b), Mapping) and item[b].get("cpu") is not None
                    for b in ("min", "max", "maxLimitRequestRatio")):
             continue  # no CPU bound: _check_cpu has nothing to say (and reads every container)
         kind = item.get("type")

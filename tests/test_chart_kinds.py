@@ -73,12 +73,13 @@ def cluster_reads(rendered: Any, audit: bool) -> set[tuple[str, str]]:
     assert len(roles) == 1, [d["metadata"]["name"] for d in rendered.of("ClusterRole")]
     out: set[tuple[str, str]] = set()
     for rule in roles[0]["rules"]:
-        if "watch" in rule["verbs"]:
+        if rule.get("resourceNames"):  # the webhook's own configurations (raised, watched by name)
+            assert rule["apiGroups"] == ["admissionregistration.k8s.io"], rule
+        elif "watch" in rule["verbs"]:
             assert set(rule["verbs"]) == READ, rule
             out |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
-        else:  # the audit's reports, the webhook's own configurations: not a kind's reads
-            assert rule.get("resourceNames") or rule.get("nonResourceURLs") or \
-                rule["apiGroups"] == ["wgpolicyk8s.io"], rule
+        else:  # the audit's reports: not a kind's reads
+            assert rule.get("nonResourceURLs") or rule["apiGroups"] == ["wgpolicyk8s.io"], rule
     return out
 
 

@@ -25,11 +25,14 @@ def kube_configuration(kubeconfig: str | None = None) -> Configuration:
     configuration = Configuration()
     if kubeconfig is None:
         try:
-            kube_config.load_incluster_config(client_configuration=configuration)
+            # kubernetes.config's loaders have no annotations (the package ships py.typed)
+            kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration)
             return configuration
         except kube_config.ConfigException:
             pass
-    kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    kube_config.load_kube_config(  # type: ignore[no-untyped-call]  # unannotated, as above
+        config_file=kubeconfig, client_configuration=configuration)
     return configuration
 
 
@@ -58,7 +61,8 @@ def serve_configuration(kubeconfig: str | None) -> tuple[Configuration | None, s
             raise ClusterConfigError(f"cannot load {what} {path}: no such file")
         configuration = Configuration()
         try:
-            kube_config.load_kube_config(config_file=path, client_configuration=configuration)
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]  # unannotated library
+                config_file=path, client_configuration=configuration)
         except Exception as exc:  # yaml, ConfigException, a missing cert file: all mean unusable
             text = " ".join(str(exc).split())[:300]
             raise ClusterConfigError(f"cannot load {what} {path}: {text}") from exc
@@ -69,7 +73,8 @@ def serve_configuration(kubeconfig: str | None) -> tuple[Configuration | None, s
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         configuration = Configuration()
         try:
-            kube_config.load_incluster_config(client_configuration=configuration)
+            kube_config.load_incluster_config(  # type: ignore[no-untyped-call]  # unannotated library
+                client_configuration=configuration)
         except Exception as exc:
             raise ClusterConfigError(
                 f"in a pod (KUBERNETES_SERVICE_HOST is set) but the service account "
@@ -106,6 +111,7 @@ def _loads_deep(s: str) -> Any:
     """A JSON parser with an explicit stack (strings by the json module's scanner)."""
     stack: list[tuple[Any, str | None]] = []
     pos = 0
+    key: str | None
 
     def key_at(at: int) -> tuple[str, int]:
         if s[at] != '"':
@@ -189,8 +195,9 @@ class KubeClient:
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "envelope"}
         auth = self.configuration.auth_settings().get("BearerToken")
-        if auth and auth.get("value"):
-            headers["Authorization"] = auth["value"]
+        token = auth.get("value") if auth else None
+        if token:
+            headers["Authorization"] = token
         return headers
 
     def get(self, path: str, fields: dict[str, Any], timeout: float,

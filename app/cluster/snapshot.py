@@ -79,7 +79,7 @@ def merge(cluster: Iterable[dict[str, Any]], manifests: Iterable[dict[str, Any]]
     files = list(manifests)
     replaced = {_key(obj) for obj in files}
     kept: list[dict[str, Any]] = []
-    observed: dict[tuple[str, str, str], Any] = {}
+    observed: dict[tuple[tuple[str, str], str, str], Any] = {}
     for obj in cluster:
         key = _key(obj)
         if key not in replaced:

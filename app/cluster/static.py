@@ -45,7 +45,8 @@ KUSTOMIZE_FILES = frozenset({"kustomization.yaml", "kustomization.yml", "Kustomi
 NOT_API_GROUPS = ("kustomize.config.k8s.io", "config.kubernetes.io")
 
 try:
-    from yaml._yaml import CParser as _CParser  # libyaml, as the PyYAML wheels ship it
+    from yaml._yaml import CParser as _LibyamlParser  # libyaml, as the PyYAML wheels ship it
+    _CParser: type[_LibyamlParser] | None = _LibyamlParser
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     _CParser = None
 _BaseResolver = yaml.resolver.BaseResolver
@@ -136,6 +137,8 @@ class Manifest:
 
 
 def _child(node: Node, key: str) -> Node | None:
+    k: Node
+    v: Node
     if isinstance(node, MappingNode):
         for k, v in node.value:
             if isinstance(k, ScalarNode) and k.value == key:
@@ -247,8 +250,8 @@ def _objects(doc: Any, node: Node, source: str, index: int, document: _Document,
              out: Loaded) -> Iterator[Manifest]:
     line = document.first_line + node.start_mark.line + 1
     if not isinstance(doc, dict):
-        kind = "a list" if isinstance(doc, list) else f"the scalar {doc!r}"[:80]
-        out.errors.append(LoadError(source, f"expected a Kubernetes object, got {kind}",
+        what = "a list" if isinstance(doc, list) else f"the scalar {doc!r}"[:80]
+        out.errors.append(LoadError(source, f"expected a Kubernetes object, got {what}",
                                     index, line))
         return
     kind = doc.get("kind")

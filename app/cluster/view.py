@@ -9,6 +9,7 @@ Department d" without scanning every Project.
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import threading
 from collections.abc import Callable, Iterable
@@ -64,11 +65,11 @@ class ClusterView(Protocol):
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         ...
 
-    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+    def by_index(self, index: Index, value: str) -> builtins.list[dict[str, Any]]:
         """Objects of ``index.kind`` for which the index yields ``value``."""
         ...
 
-    def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
+    def problems(self, kinds: Iterable[str] | None = None) -> builtins.list[str]:
         """Why what the view holds of ``kinds`` cannot be trusted now (empty: it can)."""
         ...
 
@@ -86,7 +87,7 @@ class ClusterView(Protocol):
         one entry per class, not per object)."""
         ...
 
-    def index_names(self, index: Index, value: str) -> list[str]:
+    def index_names(self, index: Index, value: str) -> builtins.list[str]:
         """The names of the objects for which ``index`` yields ``value`` (cheaper than
         ``by_index`` when only names are needed)."""
         ...
@@ -239,7 +240,7 @@ class Store:
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self._by_kind.get(kind, {}).get((namespace or "", name))
 
-    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+    def by_index(self, index: Index, value: str) -> builtins.list[dict[str, Any]]:
         table = self._indexes.get(index)
         if table is None:
             table = self._build(index)
@@ -286,11 +287,11 @@ class ScopedView:
         self._check(kind)
         return self._view.get(kind, name, namespace)
 
-    def by_index(self, index: Index, value: str) -> list[dict[str, Any]]:
+    def by_index(self, index: Index, value: str) -> builtins.list[dict[str, Any]]:
         self._check(index.kind)
         return self._view.by_index(index, value)
 
-    def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
+    def problems(self, kinds: Iterable[str] | None = None) -> builtins.list[str]:
         return self._view.problems(self._kinds if kinds is None else kinds)
 
     def version(self, kind: str) -> int:
@@ -305,6 +306,6 @@ class ScopedView:
         self._check(index.kind)
         return self._view.index_counts(index)
 
-    def index_names(self, index: Index, value: str) -> list[str]:
+    def index_names(self, index: Index, value: str) -> builtins.list[str]:
         self._check(index.kind)
         return self._view.index_names(index, value)

@@ -33,7 +33,7 @@ import base64
 import math
 import re
 import struct
-from typing import Any
+from typing import Any, cast
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -313,7 +313,7 @@ class _Builder:
                 hit = _VALUES.get(node.value)
                 if hit is not None:
                     return hit[0]
-            rtag, value = _scalar(node)  # type: ignore[arg-type]
+            rtag, value = _scalar(cast(ScalarNode, node))  # `cls is ScalarNode` does not narrow
             value = _json_value(rtag, value, node)
             if node.tag == PLAIN:
                 if len(_VALUES) >= _CACHE_LIMIT:
@@ -330,7 +330,7 @@ class _Builder:
         try:
             if cls is MappingNode:
                 out: dict[str, Any] = {}
-                self.fill(node, out)  # type: ignore[arg-type]
+                self.fill(cast(MappingNode, node), out)  # as above, `cls is MappingNode`
                 return out
             return [self.value(child) for child in node.value]
         finally:
@@ -360,7 +360,7 @@ class _Builder:
     def merge(self, node: Node, out: dict[str, Any]) -> None:
         """decoder.merge: a map, or a list of maps where earlier ones take precedence."""
         if node.__class__ is MappingNode:
-            self.fill(node, out)  # type: ignore[arg-type]
+            self.fill(node, out)
             return
         children = node.value if node.__class__ is SequenceNode else None
         if children is None or any(c.__class__ is not MappingNode for c in children):

@@ -91,14 +91,14 @@ def _cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[str]]:
     # The listing of `check --kubeconfig` (app.cluster.snapshot), restricted to what the
     # tree reads. (The kind registry app/kinds.py, when merged, is the one place to list.)
     from app.cluster.kube import KubeClient, kube_configuration
-    from app.cluster.snapshot import CONTEXT, snapshot
+    from app.cluster.snapshot import context_kinds, snapshot
 
     try:
         client = KubeClient(kube_configuration(kubeconfig))
     except Exception as exc:
         return [], [f"cannot use --kubeconfig {kubeconfig}: {exc}"]
     wanted = {"Node", *QUOTA_KINDS}
-    live = snapshot(client, [c for c in CONTEXT if c[0] in wanted])
+    live = snapshot(client, context_kinds(wanted))
     return live.objects, live.problems
 
 

@@ -52,7 +52,7 @@ from app.util import Memo
 
 __all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS"]
 
-INDEXES = (NODE_LABEL,)
+INDEXES: tuple[Index, ...] = (NODE_LABEL,)
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -69,7 +69,7 @@ def _has_cpu_limit_to_strip(subject: Subject, obj: dict[str, Any]) -> bool:
 def _without_cpu_limits(spec: dict[str, Any]) -> dict[str, Any]:
     """The pod Envelope would let through: API defaults applied (a Pod made from the
     template), every CPU limit removed as the cpu-limits rule removes it."""
-    out = default_pod({"spec": spec})["spec"]
+    out: dict[str, Any] = default_pod({"spec": spec})["spec"]
     for key in ("containers", "initContainers"):
         for container in out.get(key) or []:
             if isinstance(container, dict) and isinstance(container.get("resources"), dict):
@@ -269,11 +269,11 @@ def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
     for obj in named.values():
         if len(own) > MAX_NODE_GROUPS:
             break  # place_pod stops before the classes: what they hold no longer matters
-        key = next(iter(_node_class(obj)), None)
-        if key is None or key not in counts:
+        node_key = next(iter(_node_class(obj)), None)
+        if node_key is None or node_key not in counts:
             continue  # not a node the rule judges (a quantity does not parse), or just added
-        taken[key] = taken.get(key, 0) + 1
-        own.append(NodeGroup(_own(_class(key, reserve_cpu, reserve_memory), obj)))
+        taken[node_key] = taken.get(node_key, 0) + 1
+        own.append(NodeGroup(_own(_class(node_key, reserve_cpu, reserve_memory), obj)))
     yield from own
     for key, count in counts.items():
         rest = count - taken.get(key, 0)
@@ -384,7 +384,8 @@ def _namespace_rows(view: ClusterView, namespace: str, section: str) -> tuple[li
     """(kind, name, replicas, pod memory) of every counted workload in the namespace, and
     their total, remembered until one of those kinds changes in the view: a request (or
     an audit of every object) sums the namespace once, not once per object."""
-    key = (namespace, section, *(view.version(kind) for kind in COUNTED_KINDS))
+    first, second, third = COUNTED_KINDS
+    key = (namespace, section, view.version(first), view.version(second), view.version(third))
     found = _rows.get(key)
     if found is not None:
         return found
