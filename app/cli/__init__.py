@@ -437,7 +437,7 @@ def _version() -> str:
     except PackageNotFoundError:  # run from a source tree that was never installed
         import tomllib
 
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
