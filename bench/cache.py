@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from webhook import deployment  # noqa: E402
 
-from app.cli import subject_of  # noqa: E402
+from app.cli.check import subject_of  # noqa: E402
 from app.cluster.live import trim_node, trim_whole, trim_workload  # noqa: E402
 from app.cluster.view import Store  # noqa: E402
 from app.config import Policy  # noqa: E402

@@ -57,7 +57,7 @@ def _envelope_answer() -> tuple[bytes, bytes]:
     from objects import timed_deployment
 
     from app.admission import decide
-    from app.cli import subject_of
+    from app.cli.check import subject_of
     from app.cluster.view import StaticView
     from app.engine import evaluate
 

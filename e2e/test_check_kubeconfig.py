@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.cli import subject_of
+from app.cli.check import subject_of
 from app.cluster.kube import kube_configuration
 from app.cluster.live import LiveView, resources_for
 from app.config import Policy

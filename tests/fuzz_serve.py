@@ -19,6 +19,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import app.cli
+import app.cli.serve
 from app.cluster.view import StaticView
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
     def view(args: Any, rules: Any, policy: Any, *where: Any) -> tuple[StaticView, dict[str, Any]]:
         return StaticView(objects, indexes=rules.indexes), {}
 
-    app.cli._cluster_view = view  # type: ignore[assignment]
+    app.cli.serve._cluster_view = view  # type: ignore[assignment]
     return app.cli.main(argv[1:])
 
 

@@ -15,7 +15,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from app.cli import subject_of
+from app.cli.check import subject_of
 from app.cluster.view import StaticView
 from app.config import load_policy
 from app.engine import check_object

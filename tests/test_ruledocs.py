@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import run_check
+from app.cli.check import run_check
 from app.config import Policy
 from app.render import render
 from app.reports import Report

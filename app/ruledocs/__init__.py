@@ -8,7 +8,7 @@ example's objects, as ``envelope check`` judges files), so a page whose example 
 failing, or whose fix stops passing, no longer matches what ``python -m app.ruledocs``
 writes, and ``tests/test_ruledocs.py`` fails.
 
-Used by ``envelope rules`` and ``envelope explain`` (app/cli.py), by the SARIF renderer
+Used by ``envelope rules`` and ``envelope explain`` (app/cli/reference.py), by the SARIF renderer
 (``helpUri`` and the per-family hint, app/reports.py), and by ``python -m app.ruledocs
 [DIR]``, which writes ``docs/rules/<id>.md`` and ``docs/rules/README.md``.
 """

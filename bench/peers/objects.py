@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from webhook import deployment  # noqa: E402
 
-from app.cli import subject_of  # noqa: E402
+from app.cli.check import subject_of  # noqa: E402
 from app.cluster.view import StaticView  # noqa: E402
 from app.config import Policy  # noqa: E402
 from app.engine import check_object  # noqa: E402

@@ -1,0 +1,273 @@
+"""``envelope check``: the rules over manifest files, offline (its flags, strict field
+validation, current-format templates, the report and its exit status)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app.cluster.static import Manifest, load
+from app.cluster.view import StaticView
+from app.config import Policy
+from app.engine import check_object
+from app.exemptions import needs_namespaces
+from app.render import FORMATS, render, render_input_errors
+from app.reports import FailOn, ObjectResult, Report, not_evaluated
+from app.rules.base import Finding, Severity, Subject
+from app.ruleset import RuleSet
+from app.substrate import as_crd_template, is_current_template, read_current_template
+
+
+def _check_parser(sub: Any) -> None:
+    check = sub.add_parser(
+        "check", help="run the rules over manifest files, offline",
+        description="Run Envelope's rules over manifests, read as kubectl reads them. Exit 0: "
+                    "nothing at or above --fail-on; 1: findings at or above it; 2: unreadable "
+                    "input or no Kubernetes objects found.")
+    check.add_argument("paths", nargs="*", metavar="PATH",
+                       help="file or directory to check, like -f")
+    check.add_argument("-f", "--filename", action="append", default=[], dest="filenames",
+                       metavar="PATH", help="file, directory (walked recursively) or - for "
+                                            "stdin; repeatable")
+    check.add_argument("-o", "--output", choices=FORMATS, default="text",
+                       help="text (alias human), json, sarif (SARIF 2.1.0), junit (one testcase "
+                            "per object) or github (workflow-command annotations)")
+    check.add_argument("--fail-on", choices=("error", "warning", "change"), default="error",
+                       help="lowest severity that makes the exit status 1 (default: error); "
+                            "change: also any object the webhook would mutate (the files are "
+                            "not what the cluster stores; `envelope fix` writes the changes)")
+    check.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                       help="leave out files and directories whose path (relative to a walked "
+                            "directory, or as given) or name matches GLOB; repeatable")
+    check.add_argument("--allow-empty", action="store_true",
+                       help="exit 0 instead of 2 when no Kubernetes objects are found")
+    check.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
+                       help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
+    check.add_argument("--kubeconfig", metavar="PATH",
+                       help="also read Nodes, LimitRanges, ResourceQuotas, KAI trees and "
+                            "WorkerPools from this cluster (one LIST each; api.ate.dev "
+                            "ActorTemplates are placed against its WorkerPools); the files' "
+                            "objects replace the cluster's of the same name")
+    check.add_argument("--validate", choices=("strict", "warn", "ignore", "true", "false"),
+                       default="strict",
+                       help="field validation as kubectl apply --validate does it, from the "
+                            "schemas of the Kubernetes version in app/data: strict (or true) "
+                            "refuses an object with an unknown field, warn warns and judges it "
+                            "without the field, ignore (or false) drops it silently; an unknown "
+                            "kind of a built-in API group is refused in every mode")
+
+
+def subject_of(obj: dict[str, Any]) -> Subject:
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    return Subject(group, version, str(obj.get("kind", "")), "CREATE",
+                   str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("envelope")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+
+
+def _judged(m: Manifest, rules: RuleSet, view: StaticView, policy: Policy,
+            before: list[Finding]) -> ObjectResult:
+    """One manifest judged as a CREATE (mutate, then validate), with the findings
+    strict field validation made before."""
+    subject = subject_of(m.obj)
+    return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
+                        m.source, m.document, m.line, check_object(rules, subject, view, policy),
+                        before, m.line_of)
+
+
+FIELDS_RULE = "fields"
+"""The rule id of strict field validation's findings (not a rule of the rule set: the API
+server decides it before admission, see app/fieldschema.py)."""
+
+
+def _validate_fields(manifests: list[Manifest], validate: str
+                     ) -> list[tuple[Manifest | ObjectResult, list[Finding]]]:
+    """``kubectl apply --validate`` offline, per manifest in input order: the manifest to
+    judge and its field warnings, or the refusal that replaces judging it. strict: an
+    object with an unknown field is refused whole, as the API server refuses it, and is
+    neither judged nor part of the cluster the rules see; warn: a warning per field and the
+    object judged without them (what the server stores); ignore: dropped silently. An
+    unknown kind or version of a built-in group is refused in every mode (kubectl cannot
+    map it)."""
+    from app.fieldschema import default_schema, prune
+
+    schema = default_schema()
+    out: list[tuple[Manifest | ObjectResult, list[Finding]]] = []
+    for m in manifests:
+        problems = schema.check(m.obj)
+        fields_only = all(p.unknown_field for p in problems)
+        if not problems or (validate == "ignore" and fields_only):
+            out.append((replace(m, obj=prune(m.obj, problems)) if problems else m, []))
+            continue
+        severity: Severity = "warning" if validate == "warn" and fields_only else "error"
+        advice = ("the API server drops it (--validate=warn)" if severity == "warning" else
+                  "kubectl apply refuses the object (strict field validation); fix or remove "
+                  "the field")
+        findings = [Finding(severity, FIELDS_RULE, p.path,
+                            f"{p.message}; {advice}" if p.unknown_field else p.message)
+                    for p in problems]
+        if severity == "warning":
+            out.append((replace(m, obj=prune(m.obj, problems)), findings))
+            continue
+        raw_meta = m.obj.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+        out.append((ObjectResult(str(m.obj.get("kind", "")), str(m.obj.get("apiVersion", "")),
+                                 str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                                 m.source, m.document, m.line, before=findings,
+                                 line_of=m.line_of), []))
+    return out
+
+
+ANY_NAMESPACE = "any namespace"
+"""Where a substrate-API ActorTemplate is placed: it lives in an atespace, not a
+namespace, and upstream's scheduler matches workers of every namespace."""
+
+
+def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView:
+    """Every ate.dev WorkerPool given in one namespace, named ``<ns>/<name>``; a later
+    one replaces an earlier one of the same namespace and name (files over the cluster)."""
+    pools = []
+    for obj in objects:
+        if obj.get("kind") != "WorkerPool" or not str(obj.get("apiVersion", "")).startswith("ate.dev/"):
+            continue
+        raw_meta = obj.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+        name = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        pools.append({**obj, "metadata": {**meta, "namespace": ANY_NAMESPACE, "name": name}})
+    return StaticView(pools, rules.indexes)
+
+
+def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
+                             rules: RuleSet, policy: Policy) -> ObjectResult:
+    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion), converted before the
+    engine runs into the ``ate.dev`` ActorTemplate the rules judge (``app.substrate``):
+    what the conversion could not read becomes ``actor-limits`` findings given to the
+    engine, so that rule's mode and the exemptions apply to them as to its own. The
+    document's labels and annotations are kept, for exceptions and the exemption
+    annotation."""
+    obj = m.obj
+    selector_from = None
+    if obj.get("kind") == "ActorTemplateVersion":
+        parent = obj.get("actorTemplate")
+        wanted = parent.get("name") if isinstance(parent, dict) else None
+        selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
+                              and o.obj.get("kind") == "ActorTemplate"
+                              and (o.obj.get("metadata") or {}).get("name") == wanted), None)
+    template = read_current_template(obj, selector_from)
+    crd = as_crd_template(template, ANY_NAMESPACE)
+    meta = obj.get("metadata")
+    for key in ("labels", "annotations"):
+        found = meta.get(key) if isinstance(meta, dict) else None
+        if isinstance(found, dict):
+            crd["metadata"][key] = dict(found)
+    subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
+                      template.name, crd)
+    unread = [Finding("error", ACTOR_LIMITS, p.split(":", 1)[0], p) for p in template.problems]
+    return ObjectResult(template.kind, str(obj.get("apiVersion")), template.atespace,
+                        template.name, m.source, m.document, m.line,
+                        check_object(rules, subject, pools, policy, unread), line_of=m.line_of)
+
+
+ACTOR_LIMITS = "actor-limits"
+"""The rule a current-format template's unreadable envelope is reported under."""
+
+
+def _kinds(objects: list[dict[str, Any]]) -> set[str]:
+    """The view names (``app.kinds``) of the kinds among ``objects``: a Karpenter
+    NodePool is not KAI's."""
+    from app.kinds import name_of, ref_of
+
+    return {name_of(*ref_of(o)) for o in objects}
+
+
+VALIDATE_ALIASES = {"true": "strict", "false": "ignore"}
+
+
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
+              fail_on: FailOn = "error",
+              exclude: list[str] | None = None, allow_empty: bool = False,
+              kubeconfig: str | None = None, validate: str = "strict") -> int:
+    loaded = load(paths, exclude or ())
+    if loaded.errors:
+        errors = sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))
+        for error in errors:
+            print(f"envelope check: {error}", file=sys.stderr)
+        sys.stdout.write(render_input_errors(output, errors))
+        print(f"envelope check: {len(loaded.errors)} input problem(s); nothing was checked",
+              file=sys.stderr)
+        return 2
+    manifests = loaded.manifests
+    skipped = [(s.path, s.reason) for s in loaded.skipped]
+    if not manifests:
+        for path, reason in skipped[:20]:
+            print(f"envelope check: skipped {path}: {reason}", file=sys.stderr)
+        print(f"envelope check: no Kubernetes objects found in {' '.join(paths)}"
+              + (f" ({len(skipped)} path(s) skipped)" if skipped else "")
+              + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
+              file=sys.stderr)
+        return 0 if allow_empty else 2
+    fielded = _validate_fields(manifests, validate)
+    manifests = [m for m, _ in fielded if isinstance(m, Manifest)]
+    context: list[dict[str, Any]] = []
+    if kubeconfig:
+        from app.cluster.kube import KubeClient, kube_configuration
+        from app.cluster.snapshot import context_kinds, merge, snapshot
+
+        try:
+            client = KubeClient(kube_configuration(kubeconfig))
+        except Exception as exc:
+            print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
+            return 2
+        # What the webhook watches: the kinds the rules read (and Namespaces when the
+        # policy's exceptions select namespaces by label).
+        live = snapshot(client, context_kinds(
+            rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())))
+        if live.problems:
+            for problem in live.problems:
+                print(f"envelope check: {problem}", file=sys.stderr)
+            return 2
+        context = merge(live.objects, (m.obj for m in manifests))
+    view = StaticView(context or (m.obj for m in manifests), rules.indexes)
+    gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
+    objects = []
+    pools: StaticView | None = None
+    for m, field_findings in fielded:
+        if isinstance(m, ObjectResult):  # refused by strict field validation
+            objects.append(m)
+            continue
+        if is_current_template(m.obj):  # api.ate.dev: placed against every namespace's pools
+            if pools is None:
+                pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
+            objects.append(_current_template_result(m, manifests, pools, rules, policy))
+            continue
+        objects.append(_judged(m, rules, view, policy, field_findings))
+    declared = list(rules.values())
+    report = Report(objects, declared,
+                    not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
+                                          for o in objects),
+                                  present=_kinds(context)),
+                    skipped, _version())
+    return _report(report, output, fail_on)
+
+
+def _report(report: Report, output: str, fail_on: FailOn) -> int:
+    """Write the report in ``output`` (a renderer of ``app.render``) and return the exit
+    status ``--fail-on`` gives it: the seam for what is reported and what fails."""
+    sys.stdout.write(render(report, output, fail_on))
+    return 1 if report.failed(fail_on) else 0

@@ -1,0 +1,85 @@
+"""The rule reference: ``envelope rules``, ``envelope explain RULE`` and ``envelope
+webhook-config`` (the matchConditions a policy needs)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+
+from app.config import Policy, did_you_mean
+from app.ruleset import RuleSet
+
+
+def _reference_parsers(sub: Any) -> None:
+    from app.ruledocs import FAMILIES
+
+    listing = sub.add_parser(
+        "rules", help="list every rule with its family, phase and default mode",
+        description="List Envelope's rules: id, family, phase (mutate or validate), default "
+                    "mode and what each checks. Each has a page in docs/rules/ and `envelope "
+                    "explain RULE`.")
+    listing.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                         help="text (a table) or json (with a schemaVersion)")
+    listing.add_argument("--family", choices=sorted(set(FAMILIES.values())),
+                         help="only the rules of this family (default: all)")
+    explain = sub.add_parser(
+        "explain", help="print a rule's page: what, why, an example and its fix, modes",
+        description="Print the reference page of one rule (docs/rules/RULE.md): what it "
+                    "checks, why, an example that fails and its fix with Envelope's answers, "
+                    "its modes and what it reads. Exit 2 for an unknown rule id.")
+    explain.add_argument("rule", metavar="RULE", help="a rule id, as `envelope rules` lists them")
+
+
+RULES_SCHEMA_VERSION = 1
+"""Version of ``envelope rules -o json``: raised when a field changes meaning or goes."""
+
+
+def run_rules(rules: RuleSet, output: str, family_name: str | None) -> int:
+    from app.ruledocs import family, help_uri
+
+    listed = sorted((r for r in rules.values() if family_name in (None, family(r))),
+                    key=lambda r: (family(r), r.phase, r.id))
+    if output == "json":
+        sys.stdout.write(orjson.dumps({"schemaVersion": RULES_SCHEMA_VERSION, "rules": [
+            {"id": r.id, "family": family(r), "phase": r.phase, "defaultMode": r.default_mode.value,
+             "summary": r.summary, "operations": sorted(r.operations),
+             "kinds": [{"group": g, "kind": k} for g, k in sorted(r.kinds)],
+             "reads": sorted(r.reads), "helpUri": help_uri(r.id)} for r in listed]},
+            option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    header = ("RULE", "FAMILY", "PHASE", "DEFAULT", "SUMMARY")
+    rows = [(r.id, family(r), r.phase, r.default_mode.value, r.summary) for r in listed]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(4)]
+    for row in (header, *rows):
+        cells = [c.ljust(w) for c, w in zip(row[:4], widths, strict=True)]
+        sys.stdout.write("  ".join([*cells, row[4]]) + "\n")
+    sys.stdout.write(f"{len(rows)} rules; `envelope explain RULE` prints a rule's page\n")
+    return 0
+
+
+def run_explain(rules: RuleSet, rule_id: str) -> int:
+    from app.ruledocs import page
+
+    if rule_id not in rules:
+        print(f"envelope explain: unknown rule id {rule_id!r}{did_you_mean(rule_id, rules)}; "
+              f"`envelope rules` lists them", file=sys.stderr)
+        return 2
+    sys.stdout.write(page(rules[rule_id], rules))
+    return 0
+
+
+def run_webhook_config(rules: RuleSet, policy: Policy, output: str) -> int:
+    from app.matchconditions import UnknownRule, webhook_config_patch
+    try:
+        patch = webhook_config_patch(rules, policy)
+    except UnknownRule as exc:
+        print(f"envelope: {exc}", file=sys.stderr)
+        return 2
+    if output == "json":
+        sys.stdout.write(orjson.dumps(patch, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        import yaml
+        sys.stdout.write(yaml.safe_dump(patch, sort_keys=False, width=1 << 20))
+    return 0
