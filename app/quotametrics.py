@@ -1,6 +1,6 @@
 """Quota-tree gauges for Prometheus, from the audit's view of the cluster.
 
-The audit Deployment (``envelope audit --serve``, :class:`app.audit.Auditor`) keeps every
+The audit Deployment (``envelope audit --serve``, :class:`app.audit.watch.Auditor`) keeps every
 NodePool, Department, Project, KAI Queue and Node in its view; after each audit
 :meth:`QuotaMetrics.observe` reads the trees from it and the next scrape shows:
 

@@ -15,8 +15,10 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from app import audit as audit_mod
 from app.audit import Audit, AuditMetrics, judge, judged_for, policy_of, policy_reports, summary_text
+from app.audit import judging as judging_mod
+from app.audit import reports as reports_mod
+from app.audit import watch as watch_mod
 from app.cluster.view import StaticView
 from tests.helpers.audit import CPU_LIMIT, DEPLOYMENT, GOOD, MEMORY_SPLIT, RULES, deployment, run
 
@@ -139,7 +141,7 @@ def test_the_schema_check_can_fail() -> None:
 
 
 def test_large_namespaces_are_sharded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(audit_mod, "REPORT_BYTES", 2000)
+    monkeypatch.setattr(reports_mod, "REPORT_BYTES", 2000)
     bad = [deployment(f"mem-{i}", MEMORY_SPLIT["spec"]["template"]["spec"]["containers"][0][
         "resources"]) for i in range(10)]
     found = run(bad)
@@ -157,10 +159,10 @@ def test_large_namespaces_are_sharded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_controller_owned_objects_are_skipped() -> None:
     owner = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "x",
               "controller": True}]
-    assert audit_mod._owned({"metadata": {"ownerReferences": owner}}, "Pod")
-    assert not audit_mod._owned({"metadata": {"ownerReferences": owner}}, "Deployment")
+    assert judging_mod._owned({"metadata": {"ownerReferences": owner}}, "Pod")
+    assert not judging_mod._owned({"metadata": {"ownerReferences": owner}}, "Deployment")
     not_controller = [{**owner[0], "controller": False}]
-    assert not audit_mod._owned({"metadata": {"ownerReferences": not_controller}}, "Pod")
+    assert not judging_mod._owned({"metadata": {"ownerReferences": not_controller}}, "Pod")
 
 
 def test_metrics_follow_the_last_audit() -> None:
@@ -186,7 +188,7 @@ def test_summary_text_names_rule_namespace_and_counts() -> None:
 def test_a_status_update_is_not_a_change_for_the_audit_trigger() -> None:
     from app.cluster.view import Store
 
-    trim = audit_mod._fingerprint("Deployment")
+    trim = watch_mod._fingerprint("Deployment")
     store = Store()
     store.add(trim({**GOOD, "status": {"replicas": 1}}), "Deployment")
     before = store.version("Deployment")

@@ -2,7 +2,7 @@
 PolicyReport CRDs it renders when the cluster has none.
 
 Offline: ``helm template`` with the audit on, every object validated against the
-Kubernetes 1.34 schemas; RBAC is exactly what ``app/audit.py`` lists and writes; the
+Kubernetes 1.34 schemas; RBAC is exactly what ``app/audit/`` lists and writes; the
 audit pods are never selected by the webhook's Service or PDB; the rendered arguments
 parse with the real CLI.
 
