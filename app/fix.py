@@ -22,6 +22,12 @@ byte. Before anything is written the new text is read back as ``check`` reads it
 must give exactly the old objects with their patches applied; a file where that fails
 is refused, never written. Helm templates (``{{``) are refused with how to handle
 charts instead.
+
+Why one module of ~800 lines: every function here works on the same three things, the
+libyaml marks of one document's nodes, the text they point into and one JSON-pointer
+operation, and each edit (replace, remove, add) must leave text that the read-back at the
+end turns into the same objects plus the patch. Split, that one invariant would span
+modules that only make sense read together.
 """
 
 from __future__ import annotations

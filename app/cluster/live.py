@@ -22,6 +22,9 @@ kind counts as stale from the moment it last heard anything.
 
 Authentication and TLS come from the official client's configuration (in-cluster
 service account, or a kubeconfig); the HTTP is its urllib3 pool.
+
+Why one module of ~430 lines: list, watch, re-list after 410 Gone, bookmarks, liveness
+and the trims are one informer's state per kind; the table of kinds is ``app/kinds.py``.
 """
 
 from __future__ import annotations
