@@ -38,6 +38,7 @@ def rendered_configurations(cluster: Cluster, url: str, ca_file: Path) -> str:
     selector = json.dumps([{"key": "envelope.test/gitops-fp", "operator": "Exists"}])
     out = cluster.helm(
         "template", RELEASE, str(harness.CHART_DIR), "--namespace", "envelope-gitops-fp",
+        "--set", "image.local=true",
         "--set", f"webhooks.url={url}", "--set", "certificates.mode=provided",
         "--set", "certificates.provided.secretName=unused-in-url-mode",
         "--set", f"certificates.provided.caBundle={base64.b64encode(ca_file.read_bytes()).decode()}",

@@ -28,12 +28,14 @@ def quotas(*args: str) -> dict[str, Any]:
     return report
 
 
-def generated_queue(name: str, parent: str, owner: str, gpu: float) -> dict[str, Any]:
-    """The KAI Queue KRM would generate for a project queue (no KRM controller runs here)."""
+def generated_queue(name: str, parent: str, owner: str, uid: str, gpu: float) -> dict[str, Any]:
+    """The KAI Queue KRM would generate for a project queue (no KRM controller runs here):
+    owned by the Project, by its uid, as KRM writes it (a made-up uid is a forged owner,
+    and the Queue is judged like any other)."""
     return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
             "metadata": {"name": name, "ownerReferences": [
                 {"apiVersion": "kai.resources/v1alpha1", "kind": "Project", "name": owner,
-                 "uid": "00000000-0000-0000-0000-000000000001"}]},
+                 "uid": uid}]},
             "spec": {"parentQueue": parent, "resources": {
                 "gpu": {"quota": gpu, "limit": gpu * 2, "overQuotaWeight": 1},
                 "cpu": {"quota": 0, "limit": -1, "overQuotaWeight": 1},
@@ -56,7 +58,8 @@ def test_the_tree_of_a_cluster_with_queue_status(cluster: Cluster, tmp_path: Pat
     try:
         for obj in tenancy:
             cluster.apply(obj)
-        queue = generated_queue(f"{llm}-{pool}", f"{dept}-{pool}", llm, 4)
+        uid = cluster.kubectl_json("get", "projects.kai.resources", llm)["metadata"]["uid"]
+        queue = generated_queue(f"{llm}-{pool}", f"{dept}-{pool}", llm, uid, 4)
         cluster.apply(queue)
         status = {"status": {"allocated": {"nvidia.com/gpu": "3", "cpu": "2500m", "memory": "4Gi"}}}
         cluster.kubectl("patch", "queues.scheduling.run.ai", queue["metadata"]["name"],
@@ -98,7 +101,7 @@ def test_the_tree_of_a_cluster_with_queue_status(cluster: Cluster, tmp_path: Pat
         assert f'data-kind="Project" data-name="{asr}" data-over="false" data-change="changed"' in page
         assert f'data-kind="Department" data-name="{dept}" data-over="true"' in page
     finally:
-        for obj in [*reversed(tenancy), generated_queue(f"{llm}-{pool}", "", llm, 0)]:
+        for obj in [*reversed(tenancy), generated_queue(f"{llm}-{pool}", "", llm, "", 0)]:
             cluster.kubectl("delete", f"{obj['kind'].lower()}s.{obj['apiVersion'].split('/')[0]}",
                             obj["metadata"]["name"], "--ignore-not-found", check=False)
         for node in nodes:

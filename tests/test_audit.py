@@ -199,6 +199,27 @@ def test_a_status_update_is_not_a_change_for_the_audit_trigger() -> None:
     assert store.version("Deployment") != before  # the spec changed: audit
 
 
+def test_an_object_too_deep_for_orjson_is_fingerprinted_by_its_generation() -> None:
+    """A WorkerPool 1,100 levels deep (the API server stores custom resources up to
+    10,000) failed the whole watch of its kind: the audit never synced."""
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(1_100):
+        node["x"] = {}
+        node = node["x"]
+    trim = watch_mod._fingerprint("WorkerPool")
+
+    def pool(generation: int, status: str) -> dict[str, Any]:
+        return {"apiVersion": "ate.dev/v1alpha1", "kind": "WorkerPool",
+                "metadata": {"name": "deep", "namespace": "a", "generation": generation,
+                             "resourceVersion": status},
+                "spec": {"template": deep}, "status": {"ready": status}}
+
+    first, heartbeat, changed = trim(pool(1, "1")), trim(pool(1, "2")), trim(pool(2, "3"))
+    assert first["h"] == heartbeat["h"]  # a status update: no audit
+    assert first["h"] != changed["h"]  # the spec changed (the API server moved generation)
+
+
 def test_results_are_grouped_by_family_for_policy_reporter() -> None:
     """One policy and one category per family, as the rule reference groups rules: Policy
     Reporter's per-policy and per-category views are not one flat list."""

@@ -33,8 +33,19 @@ def _fingerprint(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
         body["labels"] = meta.get("labels")
         body["annotations"] = meta.get("annotations")
         body["owners"] = meta.get("ownerReferences")
+        try:
+            h = hash(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+        except TypeError:
+            # Nested past orjson's 1,024 levels (the API server keeps custom resources up
+            # to 10,000): the generation, which the API server moves on every change but
+            # to metadata and status, stands for the body. Raising here failed the whole
+            # watch of the kind, so the audit never synced.
+            h = hash(("generation", meta.get("generation"), meta.get("resourceVersion")
+                      if meta.get("generation") is None else None,
+                      orjson.dumps([body["labels"], body["annotations"], body["owners"]],
+                                   option=orjson.OPT_SORT_KEYS)))
         return {"kind": kind, "metadata": {k: meta[k] for k in ("name", "namespace") if k in meta},
-                "h": hash(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))}
+                "h": h}
 
     return trim
 
