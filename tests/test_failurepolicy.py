@@ -154,9 +154,12 @@ def test_a_change_seen_by_the_watch_wakes_the_raiser_and_a_403_stops_only_the_wa
         client.stored = config({"a": "Fail"}, a="Ignore")  # a re-apply
         started = time.monotonic()
         gate.set()  # ... which the watch reports
-        while client.stored["webhooks"][0]["failurePolicy"] != "Fail":
+        # The raiser writes the policy, then counts the reset: wait for both (the count
+        # lands a moment after the write the loop below sees).
+        while client.stored["webhooks"][0]["failurePolicy"] != "Fail" or raiser.resets < 1:
             assert time.monotonic() - started < 5, "the watch did not wake the raiser"
             time.sleep(0.01)
+        time.sleep(0.1)
         assert raiser.resets == 1
     finally:
         raiser.stop()
