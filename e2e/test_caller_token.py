@@ -55,9 +55,19 @@ def _token_version() -> str:
     raise AssertionError("versions.env has no TOKEN_KUBERNETES_VERSION")
 
 
+def _default_version() -> str:
+    for line in (ROOT / "e2e" / "controlplane" / "versions.env").read_text().splitlines():
+        if line.startswith("KUBERNETES_VERSION="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError("versions.env has no KUBERNETES_VERSION")
+
+
 def _token_apiserver() -> Path:
-    """The 1.37 kube-apiserver binary, built (once, cached) by build.sh."""
-    env = {**os.environ, "ENVELOPE_CONTROLPLANE_APISERVER_ONLY": _token_version()}
+    """The 1.37 kube-apiserver binary, built (once, cached) by build.sh: the default
+    control plane's own when the default is that version, else built on its own."""
+    env = dict(os.environ)
+    if _token_version() != _default_version():
+        env["ENVELOPE_CONTROLPLANE_APISERVER_ONLY"] = _token_version()
     done = subprocess.run(["bash", str(BUILD)], env=env, stdout=subprocess.PIPE, text=True,
                           timeout=3600, check=True)
     return Path(done.stdout.strip().splitlines()[-1]) / "kube-apiserver"
@@ -140,10 +150,7 @@ def setup(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     cluster = harness.start_control_plane(
         work / "cp", bin_dir,
         apiserver_args=[f"--admission-control-config-file={admission}",
-                        "--feature-gates=APIServerWebhookAuthenticationToken=true",
-                        # 1.37 refuses a loopback advertise address for the kubernetes
-                        # Service's endpoints; nothing here needs them.
-                        "--endpoint-reconciler-type=none"])
+                        "--feature-gates=APIServerWebhookAuthenticationToken=true"])
     webhook: harness.Webhook | None = None
     try:
         version = json.loads(cluster.get_raw("/version")[1])["gitVersion"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the e2e control plane (kube-apiserver, kube-scheduler, etcd, kubectl,
-# helm) from the upstream Go modules pinned in versions.env.
+# Build the e2e control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
+# etcd, kubectl, helm) from the upstream Go modules pinned in versions.env.
 #
 # Binaries go to a cache directory outside the clone:
 #   ${ENVELOPE_CONTROLPLANE_DIR:-$HOME/.cache/envelope/controlplane}/<key>/bin/
@@ -18,6 +18,11 @@
 #                               under its own cache key (the KEP-6060 caller-token e2e runs
 #                               TOKEN_KUBERNETES_VERSION from versions.env; etcd stays the
 #                               pinned one)
+#   ENVELOPE_CONTROLPLANE_KUBERNETES=vX.Y.Z  build the Kubernetes binaries (kube-apiserver,
+#                               kube-scheduler, kube-controller-manager, kubectl) at that
+#                               version under their own cache key: the second minor of the
+#                               version matrix (SECOND_KUBERNETES_VERSION). etcd and helm are
+#                               not built there; the harness takes them from the default key.
 #   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
 #
 # Only the Go toolchain and the Go module proxy are needed: no Docker, no
@@ -36,6 +41,10 @@ source "${HERE}/versions.env"
 APISERVER_ONLY="${ENVELOPE_CONTROLPLANE_APISERVER_ONLY:-}"
 if [[ -n "${APISERVER_ONLY}" ]]; then
     KUBERNETES_VERSION="${APISERVER_ONLY}"
+fi
+KUBERNETES_ONLY="${ENVELOPE_CONTROLPLANE_KUBERNETES:-}"
+if [[ -n "${KUBERNETES_ONLY}" ]]; then
+    KUBERNETES_VERSION="${KUBERNETES_ONLY}"
 fi
 
 log() { printf '[controlplane/build.sh] %s\n' "$*" >&2; }
@@ -58,6 +67,8 @@ STAGING_VERSION="v0.${K8S_MINOR}.${K8S_PATCH}"
 KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_r${CONTROLPLANE_RECIPE}"
 if [[ -n "${APISERVER_ONLY}" ]]; then
     KEY="kube-apiserver-${KUBERNETES_VERSION}_r${CONTROLPLANE_RECIPE}"
+elif [[ -n "${KUBERNETES_ONLY}" ]]; then
+    KEY="kubernetes-${KUBERNETES_VERSION}_r${CONTROLPLANE_RECIPE}"
 fi
 ROOT="${ENVELOPE_CONTROLPLANE_DIR:-${HOME}/.cache/envelope/controlplane}"
 DIR="${ROOT}/${KEY}"
@@ -193,6 +204,7 @@ build_kubernetes_cmd() {
 
 build_kube_apiserver() { build_kubernetes_cmd kube-apiserver; }
 build_kube_scheduler() { build_kubernetes_cmd kube-scheduler; }
+build_kube_controller_manager() { build_kubernetes_cmd kube-controller-manager; }
 
 # ------------------------------------------------------------- etcd, kubectl
 # A module of our own (its main.go is copied in by fresh_workdir) that requires one
@@ -275,9 +287,13 @@ if [[ -n "${APISERVER_ONLY}" ]]; then
     exit 0
 fi
 ensure kube-scheduler build_kube_scheduler "${KUBERNETES_VERSION}" "Kubernetes ${KUBERNETES_VERSION}" --version
-ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
+ensure kube-controller-manager build_kube_controller_manager "${KUBERNETES_VERSION}" \
+    "Kubernetes ${KUBERNETES_VERSION}" --version
 ensure kubectl build_kubectl "${KUBERNETES_VERSION}" "${KUBERNETES_VERSION}" version --client
-ensure helm build_helm "${HELM_VERSION}" "${HELM_VERSION}" version --short
+if [[ -z "${KUBERNETES_ONLY}" ]]; then
+    ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
+    ensure helm build_helm "${HELM_VERSION}" "${HELM_VERSION}" version --short
+fi
 
 if [[ "${built_any}" == "1" ]]; then
     log "control plane built in $(($(date +%s) - total_start))s (times: ${TIMES})"

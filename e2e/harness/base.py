@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "controlplane" / "build.sh"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "helm")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm")
 BIN_ENV = "ENVELOPE_CONTROLPLANE_BIN"
 
 READY_TIMEOUT = 120.0
