@@ -24,6 +24,7 @@ among themselves: ``test_apiserver_restart.py`` takes the shared API server away
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, MutableSequence
@@ -145,6 +146,15 @@ def oracle_cases(request: pytest.FixtureRequest, default: int) -> int:
         return int(value)
     fraction = float(request.config.getoption("--oracle-fraction", default=1.0) or 1.0)
     return default if fraction >= 1 else min(default, max(20, round(default * fraction)))
+
+
+@pytest.fixture(scope="session")
+def kube_minor(cluster: Cluster) -> int:
+    """The API server's minor version (37 for v1.37.2): the oracles' version-specific
+    expectations (read from upstream at each tag) key on it."""
+    status, body = cluster.get_raw("/version")
+    assert status == 200, body
+    return int(str(json.loads(body)["minor"]).rstrip("+"))
 
 
 @pytest.fixture(scope="session")
