@@ -28,8 +28,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, MutableSequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -197,3 +198,64 @@ def webhook(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     finally:
         harness.unregister_webhook(cluster)
         running.stop()
+
+
+# --- the convergence oracles' control plane (e2e/test_oracle_convergence.py, _podconstruction.py)
+
+RUNTIME_CLASS = "envelope-conv-rc"
+
+
+@dataclass
+class Converging:
+    cluster: Cluster
+    controllers: harness.ControllerManager
+    scheduler: harness.Scheduler
+    webhook: Webhook
+
+
+@pytest.fixture(scope="session")
+def converging(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Converging]:
+    """A control plane of its own for the convergence oracles: etcd, kube-apiserver,
+    kube-controller-manager (harness.CONVERGENCE_CONTROLLERS), kube-scheduler (profile
+    ``envelope-oracle``) and the Envelope webhook registered; three Nodes (plain, a
+    tainted GPU node, a cordoned node) and the RuntimeClass RUNTIME_CLASS."""
+    if EXTERNAL_KUBECONFIG:
+        pytest.skip("the convergence oracles need a control plane of their own")
+    work = tmp_path_factory.mktemp("converging")
+    cluster = harness.start_control_plane(work / "cp", controlplane_bin_dir)
+    procs: list[Any] = []
+    try:
+        harness.install_crds(cluster)
+        kcm = harness.start_controller_manager(cluster, work / "kcm")
+        procs.append(kcm)
+        scheduler = harness.start_scheduler(cluster, work / "scheduler")
+        procs.append(scheduler)
+        webhook = harness.start_webhook(work / "webhook", kubeconfig=cluster.kubeconfig,
+                                        extra_args=["--staleness", "5"])
+        procs.append(webhook)
+        harness.register_webhook(cluster, webhook)
+        _nodes(cluster)
+        yield Converging(cluster, kcm, scheduler, webhook)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        cluster.stop()
+
+
+def _nodes(cluster: Cluster) -> None:
+    """Three shapes: a plain node, a tainted GPU node, a cordoned node; and a RuntimeClass
+    with overhead and scheduling (the RuntimeClass admission plugin copies both into the
+    Pods that name it)."""
+    cluster.create_node("conv-plain", {"cpu": "32", "memory": "128Gi", "pods": "500"},
+                        labels={"envelope.test/pool": "plain"})
+    cluster.create_node("conv-gpu", {"cpu": "64", "memory": "512Gi", "pods": "500", "nvidia.com/gpu": "8"},
+                        labels={"envelope.test/pool": "gpu"},
+                        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    cluster.create_node("conv-cordoned", {"cpu": "96", "memory": "768Gi", "pods": "500"},
+                        labels={"envelope.test/pool": "plain"}, unschedulable=True)
+    rc = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
+          "handler": "runc", "overhead": {"podFixed": {"cpu": "250m", "memory": "128Mi"}},
+          "scheduling": {"nodeSelector": {"envelope.test/pool": "plain"},
+                         "tolerations": [{"key": "envelope.test/sandbox", "operator": "Exists"}]}}
+    status, body = cluster.api("POST", "/apis/node.k8s.io/v1/runtimeclasses", rc)
+    assert status in (201, 409), body

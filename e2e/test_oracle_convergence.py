@@ -36,23 +36,20 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import oracle_cases
+from conftest import RUNTIME_CLASS, Converging, oracle_cases
 from oracle import parallel, status_message
 
 import harness
-from harness import Cluster, ControllerManager, Scheduler, Webhook
+from harness import Cluster
 
 DEFAULT_CASES = 200
 LABEL = "envelope.test/conv"  # on every workload and its pod template: "<scenario>"
 VARIANTS = ("bare", "webhook", "predates")
 SCHED = harness.SCHEDULER_NAME
-RUNTIME_CLASS = "envelope-conv-rc"
 KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "ReplicaSet",
          "ReplicationController", "Pod")
 PLURAL = {"Deployment": "deployments", "StatefulSet": "statefulsets", "DaemonSet": "daemonsets",
@@ -64,56 +61,6 @@ GROUP = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v
 
 
 # --- the cluster ------------------------------------------------------------------------
-
-
-@dataclass
-class Converging:
-    cluster: Cluster
-    controllers: ControllerManager
-    scheduler: Scheduler
-    webhook: Webhook
-
-
-@pytest.fixture(scope="module")
-def converging(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Converging]:
-    work = tmp_path_factory.mktemp("converging")
-    cluster = harness.start_control_plane(work / "cp", controlplane_bin_dir)
-    procs: list[Any] = []
-    try:
-        harness.install_crds(cluster)
-        kcm = harness.start_controller_manager(cluster, work / "kcm")
-        procs.append(kcm)
-        scheduler = harness.start_scheduler(cluster, work / "scheduler")
-        procs.append(scheduler)
-        webhook = harness.start_webhook(work / "webhook", kubeconfig=cluster.kubeconfig,
-                                        extra_args=["--staleness", "5"])
-        procs.append(webhook)
-        harness.register_webhook(cluster, webhook)
-        _nodes(cluster)
-        yield Converging(cluster, kcm, scheduler, webhook)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        cluster.stop()
-
-
-def _nodes(cluster: Cluster) -> None:
-    """Three shapes: a plain node, a tainted GPU node, a cordoned node; and a RuntimeClass
-    with overhead and scheduling (the RuntimeClass admission plugin copies both into the
-    Pods that name it)."""
-    cluster.create_node("conv-plain", {"cpu": "32", "memory": "128Gi", "pods": "500"},
-                        labels={"envelope.test/pool": "plain"})
-    cluster.create_node("conv-gpu", {"cpu": "64", "memory": "512Gi", "pods": "500", "nvidia.com/gpu": "8"},
-                        labels={"envelope.test/pool": "gpu"},
-                        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
-    cluster.create_node("conv-cordoned", {"cpu": "96", "memory": "768Gi", "pods": "500"},
-                        labels={"envelope.test/pool": "plain"}, unschedulable=True)
-    rc = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
-          "handler": "runc", "overhead": {"podFixed": {"cpu": "250m", "memory": "128Mi"}},
-          "scheduling": {"nodeSelector": {"envelope.test/pool": "plain"},
-                         "tolerations": [{"key": "envelope.test/sandbox", "operator": "Exists"}]}}
-    status, body = cluster.api("POST", "/apis/node.k8s.io/v1/runtimeclasses", rc)
-    assert status in (201, 409), body
 
 
 # --- namespaces -------------------------------------------------------------------------

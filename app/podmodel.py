@@ -1,0 +1,248 @@
+"""The Pods a workload makes, as Envelope's Pod webhook will be asked about them.
+
+A template is not a Pod. Between the two stand the workload's controller and the API
+server (upstream v1.37.2, the same in v1.35):
+
+1. the controller builds the Pod from the template: its labels and annotations only
+   (the workload's own metadata never reaches the Pod), and the DaemonSet controller
+   adds its tolerations (pkg/controller/daemon/util ``AddOrUpdateDaemonPodTolerations``);
+2. the API server's defaulting on decode (``SetDefaults_Pod``: requests from limits;
+   app/defaulting.py ``default_pod``);
+3. the mutating admission plugins, in ``AllOrderedPlugins`` order
+   (pkg/kubeapiserver/options/plugins.go), all of them *before* the mutating webhooks:
+   LimitRanger's container defaults (app/defaulting.py ``apply_limit_range_defaults``),
+   DefaultTolerationSeconds (not-ready and unreachable NoExecute for 300 s unless
+   tolerated), RuntimeClass (``spec.overhead`` from ``overhead.podFixed``; the class's
+   ``scheduling.nodeSelector`` merged in — a conflicting key refuses the Pod — and its
+   tolerations merged by ``MergeTolerations``).
+
+How many of them run at once (``concurrent``) is the controller's: replicas, a Job's
+parallelism capped by its completions (none while suspended), one per Node a DaemonSet
+should run on (pkg/controller/daemon ``NodeShouldRunDaemonPod``: node name, node
+selector and required affinity, taints).
+
+``e2e/test_oracle_podconstruction.py`` compares this with the Pods a real
+kube-controller-manager and kube-apiserver make. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.defaulting import apply_limit_range_defaults, default_pod
+from app.podspec import POD_SPEC_PATHS
+from app.quantity import QuantityError
+from app.scheduling import node_from_object, required_affinity_matches, untolerated_taint
+
+__all__ = ["DAEMON_TOLERATIONS", "PodModel", "concurrent", "daemon_nodes", "merge_tolerations",
+           "pod_of"]
+
+#: AddOrUpdateDaemonPodTolerations, in its order (hostNetwork adds network-unavailable).
+DAEMON_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+)
+_NETWORK_UNAVAILABLE = {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
+                        "effect": "NoSchedule"}
+#: DefaultTolerationSeconds' defaults (--default-not-ready-toleration-seconds=300, ...).
+DEFAULT_TOLERATION_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class PodModel:
+    """One Pod of the workload as the mutating webhooks receive it, or why none is made."""
+
+    pod: dict[str, Any] | None
+    refused: str | None = None  # an admission plugin refuses every such Pod
+
+
+def _same_match(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Toleration.MatchToleration: same key, effect, operator and value."""
+    return all((a.get(k) or "") == (b.get(k) or "") for k in ("key", "effect", "operator", "value"))
+
+
+def _add_or_update(tolerations: list[dict[str, Any]], toleration: dict[str, Any]) -> list[dict[str, Any]]:
+    """v1helper.AddOrUpdateTolerationInPodSpec."""
+    out: list[dict[str, Any]] = []
+    updated = False
+    for existing in tolerations:
+        if _same_match(toleration, existing):
+            if existing == toleration:
+                return tolerations
+            out.append(dict(toleration))
+            updated = True
+            continue
+        out.append(existing)
+    if not updated:
+        out.append(dict(toleration))
+    return out
+
+
+def _superset(ss: Mapping[str, Any], t: Mapping[str, Any]) -> bool:
+    """pkg/util/tolerations isSuperset: ``ss`` tolerates everything ``t`` does."""
+    if dict(ss) == dict(t):
+        return True
+    ss_key = ss.get("key") or ""
+    if (t.get("key") or "") != ss_key and (ss_key != "" or ss.get("operator") != "Exists"):
+        return False  # an empty key with Exists matches every key
+    if (t.get("effect") or "") != (ss.get("effect") or "") and (ss.get("effect") or ""):
+        return False
+    if ss.get("effect") == "NoExecute" and ss.get("tolerationSeconds") is not None:
+        seconds = t.get("tolerationSeconds")
+        if seconds is None or seconds > ss["tolerationSeconds"]:
+            return False
+    operator = ss.get("operator") or "Equal"
+    if operator == "Equal":
+        return (t.get("operator") or "Equal") == "Equal" and (t.get("value") or "") == (ss.get("value") or "")
+    return operator == "Exists"
+
+
+def merge_tolerations(first: Sequence[Mapping[str, Any]],
+                      second: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """pkg/util/tolerations MergeTolerations: both lists, a toleration another one covers
+    dropped (of two equal ones, the first kept)."""
+    every = [dict(t) for t in (*first, *second)]
+    merged: list[dict[str, Any]] = []
+    for i, t in enumerate(every):
+        if any(_superset(m, t) for m in merged):
+            continue
+        if any(t != later and _superset(later, t) for later in every[i + 1:]):
+            continue
+        merged.append(t)
+    return merged
+
+
+def _default_toleration_seconds(tolerations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = list(tolerations)
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any((t.get("key") in (key, None, "")) and (t.get("effect") in ("NoExecute", None, ""))
+                   for t in tolerations):
+            out.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                        "tolerationSeconds": DEFAULT_TOLERATION_SECONDS})
+    return out
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _template(kind: str, group: str, obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata, spec) of the Pods the workload makes: the template's, copied."""
+    if kind == "Pod":
+        meta, spec = _mapping(obj.get("metadata")), _mapping(obj.get("spec"))
+        return copy.deepcopy(dict(meta)), copy.deepcopy(dict(spec))
+    path = POD_SPEC_PATHS[(group, kind)]
+    node: Any = obj
+    for key in path[:-1]:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    template = _mapping(node)
+    meta = _mapping(template.get("metadata"))
+    keep = {k: copy.deepcopy(v) for k, v in meta.items() if k in ("labels", "annotations")}
+    return keep, copy.deepcopy(dict(_mapping(template.get("spec"))))
+
+
+def pod_of(kind: str, group: str, obj: Mapping[str, Any], *,
+           limit_ranges: Iterable[Mapping[str, Any]] = (),
+           runtime_classes: Mapping[str, Mapping[str, Any]] | None = None) -> PodModel:
+    """One Pod of the workload ``obj`` (of ``group``/``kind``, a kind of
+    app/podspec.py ``POD_SPEC_PATHS`` or a Pod) as it reaches the mutating webhooks:
+    built by its controller, defaulted, and through LimitRanger, DefaultTolerationSeconds
+    and RuntimeClass admission, with the namespace's ``limit_ranges`` and the cluster's
+    RuntimeClasses by name (None: unknown, the RuntimeClass step is left out)."""
+    meta, spec = _template(kind, group, obj)
+    if kind == "DaemonSet":
+        tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+        for toleration in DAEMON_TOLERATIONS:
+            tolerations = _add_or_update(tolerations, dict(toleration))
+        if spec.get("hostNetwork") is True:
+            tolerations = _add_or_update(tolerations, dict(_NETWORK_UNAVAILABLE))
+        spec["tolerations"] = tolerations
+    pod = default_pod({"metadata": meta, "spec": spec})
+    spec = apply_limit_range_defaults(pod["spec"], limit_ranges)
+    tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    spec["tolerations"] = _default_toleration_seconds(tolerations)
+    name = spec.get("runtimeClassName")
+    if isinstance(name, str) and name and runtime_classes is not None:
+        rc = runtime_classes.get(name)
+        if rc is None:
+            return PodModel(None, f"RuntimeClass {name!r} does not exist: the RuntimeClass admission "
+                                  f"plugin refuses the Pods")
+        overhead = (rc.get("overhead") or {}).get("podFixed") if isinstance(rc.get("overhead"), Mapping) \
+            else None
+        if isinstance(overhead, Mapping) and overhead:
+            if spec.get("overhead") and dict(spec["overhead"]) != dict(overhead):
+                return PodModel(None, f"the Pods' overhead differs from RuntimeClass {name!r}'s: refused")
+            spec["overhead"] = dict(overhead)
+        scheduling = rc.get("scheduling") if isinstance(rc.get("scheduling"), Mapping) else None
+        if scheduling:
+            selector = dict(spec.get("nodeSelector") or {})
+            for key, value in (scheduling.get("nodeSelector") or {}).items():
+                if key in selector and selector[key] != value:
+                    return PodModel(None, f"conflict: runtimeClass.scheduling.nodeSelector[{key}] = {value}; "
+                                          f"pod.spec.nodeSelector[{key}] = {selector[key]}")
+                selector[key] = value
+            if selector:
+                spec["nodeSelector"] = selector
+            spec["tolerations"] = merge_tolerations(spec["tolerations"],
+                                                    [t for t in scheduling.get("tolerations") or []
+                                                     if isinstance(t, Mapping)])
+    pod["spec"] = spec
+    return PodModel(pod)
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def daemon_nodes(obj: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The Nodes a DaemonSet runs a Pod on (NodeShouldRunDaemonPod: node name, node
+    selector and required node affinity, NoSchedule/NoExecute taints against the
+    template's tolerations plus the DaemonSet's own). A cordoned Node counts: the
+    DaemonSet tolerates ``node.kubernetes.io/unschedulable``."""
+    _, spec = _template("DaemonSet", "apps", obj)
+    tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    for toleration in DAEMON_TOLERATIONS:
+        tolerations = _add_or_update(tolerations, dict(toleration))
+    spec["tolerations"] = tolerations
+    names: list[str] = []
+    for obj_node in nodes:
+        try:
+            node = node_from_object(obj_node)
+        except (QuantityError, TypeError, ValueError, AttributeError):
+            continue  # a Node whose status does not parse: not judged (as pod-fits-node)
+        if spec.get("nodeName") and spec["nodeName"] != node.name:
+            continue
+        if required_affinity_matches(spec, node) and untolerated_taint(spec, node) is None:
+            names.append(node.name)
+    return names
+
+
+def concurrent(kind: str, obj: Mapping[str, Any],
+               nodes: Iterable[Mapping[str, Any]] | None = None) -> int | None:
+    """How many Pods the workload runs at once when its controller has caught up (no Pod
+    finished): replicas (default 1); a Job's parallelism (default 1) capped by its
+    completions, none while suspended; a DaemonSet's Nodes (None without ``nodes``); a
+    CronJob's is its Jobs' (None: when they overlap is the schedule's)."""
+    raw = obj.get("spec")
+    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    if kind == "Pod":
+        return 1
+    if kind in ("Deployment", "ReplicaSet", "StatefulSet", "ReplicationController"):
+        return max(_int(spec.get("replicas"), 1), 0)
+    if kind == "Job":
+        if spec.get("suspend") is True:
+            return 0
+        parallelism = max(_int(spec.get("parallelism"), 1), 0)
+        completions = spec.get("completions")
+        return min(parallelism, completions) if isinstance(completions, int) and not isinstance(
+            completions, bool) else parallelism
+    if kind == "DaemonSet":
+        return None if nodes is None else len(daemon_nodes(obj, nodes))
+    return None
