@@ -40,7 +40,7 @@ import orjson
 
 from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
-from app.exemptions import ALL, exemptions
+from app.exemptions import ALL, exemptions, unreached
 from app.jsonpatch import diff
 from app.quantity import QuantityError
 from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
@@ -176,6 +176,8 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     update = subject.operation == "UPDATE"
     exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
         else {}
+    if exempt and phase == "validate":
+        out.findings.extend(unreached(subject, policy))
     gates: dict[object, bool] = {}
     results = out.results
     for rule, mode in applicable:

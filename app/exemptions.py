@@ -7,9 +7,10 @@ from typing import Any
 
 from app.cluster.view import ClusterView
 from app.config import Policy, RuleException
-from app.rules.base import Subject
+from app.podspec import POD_SPEC_PATHS
+from app.rules.base import Finding, Subject
 
-__all__ = ["ALL", "exemptions", "needs_namespaces"]
+__all__ = ["ALL", "exemptions", "needs_namespaces", "unreached"]
 
 ALL = "*"
 
@@ -43,6 +44,10 @@ def _matches(exception: RuleException, subject: Subject, view: ClusterView) -> b
 def _annotated(subject: Subject, policy: Policy) -> list[str]:
     obj = subject.obj if subject.obj is not None else subject.old
     meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return _exempted_by(meta, policy)
+
+
+def _exempted_by(meta: Any, policy: Policy) -> list[str]:
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
     value = annotations.get(policy.exempt_annotation) if isinstance(annotations, dict) else None
     if not isinstance(value, str):
@@ -62,3 +67,32 @@ def exemptions(subject: Subject, view: ClusterView, policy: Policy) -> dict[str,
         for rule_id in _annotated(subject, policy):
             found.setdefault(rule_id, f"annotation {policy.exempt_annotation}")
     return found
+
+
+def _template_metadata(subject: Subject) -> Any:
+    path = POD_SPEC_PATHS.get((subject.group, subject.kind))
+    if path is None or subject.kind == "Pod" or not isinstance(subject.obj, dict):
+        return None
+    node: Any = subject.obj
+    for key in path[:-1]:  # the template: the pod spec's parent
+        node = node.get(key) if isinstance(node, dict) else None
+    return node.get("metadata") if isinstance(node, dict) else None
+
+
+def unreached(subject: Subject, policy: Policy) -> list[Finding]:
+    """A warning for each rule a workload's own exemption annotation names but its pod
+    template's does not: only the template's metadata reaches the Pods its controller
+    makes (app/podmodel.py), so those Pods are judged by the rule when they are created
+    although the workload itself was not (issue #28, class 3)."""
+    if not policy.allow_object_exemptions or subject.obj is None:
+        return []
+    mine = _annotated(subject, policy)
+    if not mine or (subject.group, subject.kind) not in POD_SPEC_PATHS or subject.kind == "Pod":
+        return []
+    reaching = set(_exempted_by(_template_metadata(subject), policy))
+    return [Finding("warning", rule_id, "metadata.annotations",
+                    f"{policy.exempt_annotation} exempts this {subject.kind} from {rule_id}, but its "
+                    f"Pods only get the annotations of its pod template: {rule_id} still judges every "
+                    f"Pod it makes; put {policy.exempt_annotation}: \"{rule_id}\" on the template's "
+                    f"metadata.annotations too")
+            for rule_id in mine if rule_id not in reaching]

@@ -85,6 +85,23 @@ def test_the_object_can_exempt_itself_unless_the_policy_forbids_it() -> None:
     assert rules_hit(run(everything)) == {"memory-request-equals-limit"}  # only rule ids
 
 
+def test_an_exemption_that_does_not_reach_the_pods_says_so() -> None:
+    """Only the template's annotations reach the Pods (app/podmodel.py): a Deployment
+    exempting itself is told its Pods are still judged; on the template, it is not."""
+    only_workload = deployment(annotations={"envelope.io/exempt": "memory-request-equals-limit"})
+    result = run(only_workload)
+    assert rules_hit(result) == set()
+    said = [f for f in result.warnings if f.rule == "memory-request-equals-limit"]
+    assert len(said) == 1 and "spec.template" not in said[0].message
+    assert "still judges every Pod it makes" in said[0].message
+    both = workload("Deployment", [BAD_MEMORY], namespace="team-a",
+                    annotations={"envelope.io/exempt": "memory-request-equals-limit"},
+                    template_annotations={"envelope.io/exempt": "memory-request-equals-limit"})
+    assert not [f for f in run(both).warnings if "still judges" in f.message]
+    pod = workload("Pod", [BAD_MEMORY], annotations={"envelope.io/exempt": "memory-request-equals-limit"})
+    assert not [f for f in run(pod).warnings if "still judges" in f.message]
+
+
 def test_the_keep_cpu_limit_opt_out_still_works() -> None:
     obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],
                    annotations={"envelope.io/keep-cpu-limit": "true"})
