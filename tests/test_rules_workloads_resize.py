@@ -174,3 +174,18 @@ def test_the_admission_layer_carries_the_subresource() -> None:
     assert subject.subresource == "resize"
     _, plain = parse_review(body.replace(b'"subResource":"resize",', b""))
     assert plain.subresource == ""
+
+
+def test_a_resize_fills_memory_limits_only_where_it_changes_resources() -> None:
+    """The oracle's case: a plain init container with a memory request alone, untouched
+    by the resize. A limit written there makes the API server refuse the resize on a
+    node without InPlacePodVerticalScalingInitContainers."""
+    old = pod(container(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "1Gi"}))
+    old["spec"]["initContainers"] = [container("setup", requests={"memory": "256Mi"})]
+    new = after(old, {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}})
+    result = resize(old, new)
+    assert result.patch == [] and result.errors == []
+    resized = copy.deepcopy(old)
+    resized["spec"]["initContainers"][0]["resources"] = {"requests": {"memory": "512Mi"}}
+    filled = jsonpatch.apply_patch(resized, resize(old, resized).patch)
+    assert filled["spec"]["initContainers"][0]["resources"]["limits"] == {"memory": "512Mi"}

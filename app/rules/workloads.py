@@ -156,16 +156,23 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
     """Only a memory request: write the limit equal to it (memory is not borrowable).
 
-    On a ``pods/resize`` the limit is written only when the Pod keeps its QoS class
-    (``ValidatePodResize`` refuses a resize that changes it; adding memory limits can
-    make a Burstable Pod Guaranteed): otherwise the resize passes as written, with a
-    warning."""
+    On a ``pods/resize`` the limit is written only in a resources block the resize
+    changes (touching another one can make the API server refuse the resize: a plain
+    init container's resources need ``InPlacePodVerticalScalingInitContainers`` on the
+    node), and only when the Pod keeps its QoS class (``ValidatePodResize`` refuses a
+    resize that changes it; adding memory limits can make a Burstable Pod Guaranteed):
+    otherwise the resize passes as written, with a warning."""
     findings = []
     filled: list[tuple[dict[str, Any], bool]] = []
+    resize = subject.subresource == "resize" and isinstance(subject.old, dict)
+    stored = {h.path: h.resources for h in holders(subject, subject.old)} \
+        if resize and subject.old is not None else {}
     for holder in holders(subject, obj):
         requests = holder.resources.get("requests")
         if not isinstance(requests, dict) or "memory" not in requests:
             continue
+        if resize and stored.get(holder.path) == holder.resources:
+            continue  # not resized: a plain init container may not be, on most nodes
         limits = holder.resources.get("limits")
         if isinstance(limits, dict) and "memory" in limits:
             continue
@@ -178,7 +185,7 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
         findings.append(change(f"{holder.path}.limits.memory",
                               f"{holder.label}: memory limit set to the request "
                                 f"{requests['memory']}"))
-    if filled and subject.subresource == "resize" and isinstance(subject.old, dict):
+    if filled and resize and subject.old is not None:
         try:
             before, after = stored_qos(subject.old), qos_class(pod_spec(subject, obj) or {})
         except QuantityError:
