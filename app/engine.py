@@ -5,8 +5,10 @@ The same engine serves ``/mutate``, ``/validate`` and ``envelope check``. For ea
 that applies to the subject's kind, phase and operation it
 
 1. skips the rule when its mode is ``off``, or when an UPDATE leaves the part of the
-   object the rule judges (``Rule.judges``) as it was, or when a guard that ran
-   earlier holds it back (``Rule.holds_back``);
+   object the rule judges (``Rule.judges``; in the mutate phase, a pod template's
+   resources and env on every workload kind) as it was, or when a guard that ran
+   earlier holds it back (``Rule.holds_back``), or when the object is a child its
+   controller compares with the parent (a Deployment's ReplicaSet);
 2. hands the rule a view of the kinds it declared (``Rule.reads``) and nothing else,
    and does not run it when what it reads is stale: in ``enforce`` mode that is an
    internal error (answered per the failure mode), in ``warn`` mode a warning;
@@ -14,7 +16,10 @@ that applies to the subject's kind, phase and operation it
    refused again;
 4. applies the mode: ``enforce`` keeps errors and changes, ``warn`` turns both into
    warnings and drops the changes;
-5. turns a rule's crash into an internal error (an :class:`InternalError` record: the
+5. undoes a mutating rule's change on an UPDATE where it reaches a part of the pod
+   spec the API server keeps as stored (a Job's template, a ``pods/resize``'s env):
+   never a patch the API server refuses;
+6. turns a rule's crash into an internal error (an :class:`InternalError` record: the
    rule's id and what happened) that leaves no half-made patch.
 
 Every consumer reads the one result type, :class:`Evaluation`: the webhook's answer
