@@ -145,8 +145,9 @@ def parse_review(body: bytes) -> tuple[str, Subject]:
     resource = request.get("resource")
     found = resource.get("group") if isinstance(resource, dict) else None
     resource_group = found if isinstance(found, str) and found != group else None
+    subresource = _field(request, "subResource", str, "request.", required=False) or ""
     return uid, Subject(group, version, kind_name, operation, namespace, name, obj, old, dry_run,
-                        user, groups, resource_group)
+                        user, groups, resource_group, subresource)
 
 
 @dataclass

@@ -5,8 +5,10 @@ The same engine serves ``/mutate``, ``/validate`` and ``envelope check``. For ea
 that applies to the subject's kind, phase and operation it
 
 1. skips the rule when its mode is ``off``, or when an UPDATE leaves the part of the
-   object the rule judges (``Rule.judges``) as it was, or when a guard that ran
-   earlier holds it back (``Rule.holds_back``);
+   object the rule judges (``Rule.judges``; in the mutate phase, a pod template's
+   resources and env on every workload kind) as it was, or when a guard that ran
+   earlier holds it back (``Rule.holds_back``), or when the object is a child its
+   controller compares with the parent (a Deployment's ReplicaSet);
 2. hands the rule a view of the kinds it declared (``Rule.reads``) and nothing else,
    and does not run it when what it reads is stale: in ``enforce`` mode that is an
    internal error (answered per the failure mode), in ``warn`` mode a warning;
@@ -14,7 +16,10 @@ that applies to the subject's kind, phase and operation it
    refused again;
 4. applies the mode: ``enforce`` keeps errors and changes, ``warn`` turns both into
    warnings and drops the changes;
-5. turns a rule's crash into an internal error (an :class:`InternalError` record: the
+5. undoes a mutating rule's change on an UPDATE where it reaches a part of the pod
+   spec the API server keeps as stored (a Job's template, a ``pods/resize``'s env):
+   never a patch the API server refuses;
+6. turns a rule's crash into an internal error (an :class:`InternalError` record: the
    rule's id and what happened) that leaves no half-made patch.
 
 Every consumer reads the one result type, :class:`Evaluation`: the webhook's answer
@@ -42,8 +47,16 @@ from app.cluster.view import ClusterView, ScopedView
 from app.config import Mode, Policy
 from app.exemptions import ALL, exemptions, unreached
 from app.jsonpatch import diff
+from app.podspec import (
+    WORKLOAD_KINDS,
+    Held,
+    compared_by_controller,
+    held_on_update,
+    pod_resources,
+    template_part,
+)
 from app.quantity import QuantityError
-from app.rules.base import Finding, Phase, Ratchet, Rule, Subject
+from app.rules.base import Finding, Part, Phase, Ratchet, Rule, Subject
 from app.ruleset import RuleSet
 from app.util import deep_copy, dig, same, undotted
 
@@ -126,15 +139,29 @@ def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
             out.findings.append(Finding("warning", f.rule, f.path, f.as_warning or f.message))
 
 
-def _unchanged(rule: Rule, subject: Subject, obj: dict[str, Any] | None) -> bool:
+def _part(rule: Rule, phase: Phase) -> Part | None:
+    """What an UPDATE must change for the rule to run. In the mutate phase a workload
+    rule that judges ``pod_resources`` judges the pod template's resources and env on
+    every kind (``template_part``): a patch never rewrites a part of a pod template that
+    the UPDATE left as stored — on a Deployment that is a rollout nobody asked for, on a
+    Job a refused UPDATE ("field is immutable"). Validations keep ``pod_resources``
+    (every write of a template is judged, and ratcheted)."""
+    if phase == "mutate" and rule.judges is pod_resources:
+        return template_part
+    return rule.judges
+
+
+def _unchanged(rule: Rule, subject: Subject, obj: dict[str, Any] | None,
+               phase: Phase = "validate") -> bool:
     """An UPDATE that leaves what the rule judges as it was. Compared at any depth;
     when the judged part cannot even be taken (a ``judges`` that recurses, or fails),
     it counts as changed: the rule runs, inside its own isolation, and answers."""
-    if rule.judges is None or subject.operation != "UPDATE" or not isinstance(subject.old, dict):
+    part = _part(rule, phase)
+    if part is None or subject.operation != "UPDATE" or not isinstance(subject.old, dict):
         return False
     try:
-        after = rule.judges(subject, obj or {})
-        return after is not None and same(after, rule.judges(subject, subject.old))
+        after = part(subject, obj or {})
+        return after is not None and same(after, part(subject, subject.old))
     except RecursionError:  # nested deeper than any Kubernetes object: judge it
         return False
     except Exception:  # a bug in a judges function: judge the update rather than fail it
@@ -180,8 +207,16 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
         out.findings.extend(unreached(subject, policy))
     gates: dict[object, bool] = {}
     results = out.results
+    owned = compared_by_controller(subject, original)
+    kept = held_on_update(subject, original, subject.old, subject.subresource) \
+        if update and phase == "mutate" and original is not None and \
+        (subject.group, subject.kind) in WORKLOAD_KINDS else None
     for rule, mode in applicable:
-        if (held and rule.id in held) or (update and _unchanged(rule, subject, original)):
+        if (held and rule.id in held) or (update and _unchanged(rule, subject, original, phase)):
+            results[rule.id] = "skip"
+            continue
+        if owned is not None:
+            out.skipped[rule.id] = owned
             results[rule.id] = "skip"
             continue
         if rule.requires is not None:
@@ -217,8 +252,14 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
                 working = target = copier(subject, original) if copier else json_copy(original)
                 copied = True
         scoped = ScopedView(view, rule.reads, rule.id) if rule.reads else rules.blind(rule)
+        before = json_copy(target) if kept is not None and rule.mutates and target is not None \
+            else None
         try:
             found = rule.fn(subject, target if target is not None else {}, scoped, policy)
+            if kept is not None and before is not None and target is not None:
+                found, reverted = _keep_held(kept, before, target, found)
+                if reverted and target is working:
+                    working = target = before
             if found and rule.ratchet is not Ratchet.NONE and subject.operation == "UPDATE" \
                     and isinstance(subject.old, dict):
                 found = _ratchet(rule, subject, found, scoped, policy)
@@ -261,6 +302,28 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     if copied:
         out.patch = diff(original, working)
     return out
+
+
+def _pointer(path: str) -> tuple[str | int, ...]:
+    """A JSON Pointer as a path of keys and indexes."""
+    parts = path.split("/")[1:]
+    return tuple(int(p) if p.isdigit() else p.replace("~1", "/").replace("~0", "~")
+                 for p in parts)
+
+
+def _keep_held(kept: Held, before: dict[str, Any], after: dict[str, Any],
+               found: list[Finding]) -> tuple[list[Finding], bool]:
+    """A mutating rule's findings on an UPDATE where the API server keeps part of the
+    pod spec as stored (``podspec.held_on_update``): when its changes reach that part,
+    they are undone (the caller restores ``before``) — a Job's template, a resize's
+    env — and said as warnings (``Held.why``), or dropped silently when the API server
+    would have dropped them itself. Returns the findings and whether to undo."""
+    if not any(not kept.allows(_pointer(op["path"])) for op in diff(before, after)):
+        return found, False
+    if kept.why is None:
+        return [f for f in found if f.severity != "change"], True
+    return [Finding("warning", f.rule, f.path, f"not applied: {kept.why}: {f.message}")
+            if f.severity == "change" else f for f in found], True
 
 
 def _where(change: Finding, obj: dict[str, Any]) -> str:

@@ -109,7 +109,8 @@ KINDS: tuple[Kind, ...] = _table(
     Kind("", ("v1",), "Node", "nodes", False, "node"),
     Kind("", ("v1",), "LimitRange", "limitranges", True, "whole"),
     Kind("", ("v1",), "ResourceQuota", "resourcequotas", True, "whole"),
-    Kind("", ("v1",), "Pod", "pods", True),
+    # In-place resize (GA 1.35) changes a running Pod's resources only through pods/resize.
+    Kind("", ("v1",), "Pod", "pods", True, subresources=("resize",)),
     Kind("", ("v1",), "ReplicationController", "replicationcontrollers", True),
     Kind("apps", ("v1",), "Deployment", "deployments", True, "workload"),
     Kind("apps", ("v1",), "StatefulSet", "statefulsets", True, "workload"),

@@ -10,15 +10,17 @@ tests read pod specs through here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.quantity import parse_quantity
 from app.util import dig
 
-__all__ = ["POD_SPEC_PATHS", "WORKLOAD_KINDS", "Holder", "Kinded", "containers", "holders",
-           "pod_resources", "pod_spec", "replicas_of", "shape_problems", "spec_text", "well_formed",
-           "with_pod_spec"]
+__all__ = ["POD_SPEC_PATHS", "WORKLOAD_KINDS", "Held", "Holder", "Kinded", "compared_by_controller",
+           "containers", "held_on_update", "holders", "job_template_mutable", "pod_resources",
+           "pod_spec", "qos_class", "replicas_of", "shape_problems", "spec_text", "stored_qos",
+           "template_part", "well_formed", "with_pod_spec"]
 
 
 class Kinded(Protocol):
@@ -206,15 +208,194 @@ def containers(subject: Kinded, obj: dict[str, Any]) -> Iterator[tuple[str, str,
                 yield f'{word} "{name}"', f"{base}.{field}[{i}]", container
 
 
+def template_part(subject: Kinded, obj: dict[str, Any]) -> Any:
+    """The resources blocks and container env of the pod spec, for every workload kind:
+    all that the mutating workload rules read and change. The engine compares it on
+    every UPDATE in the mutate phase (``app.engine``): a write that leaves it as stored
+    (a label, a scale, ``kubectl rollout restart``, an image bump, a Job resumed with a
+    node selector) gets no patch, so Envelope never starts a rollout nobody asked for
+    nor touches a Job's immutable template."""
+    return ([h.resources for h in holders(subject, obj)],
+            [c.get("env") for _, _, c in containers(subject, obj)])
+
+
 def pod_resources(subject: Kinded, obj: dict[str, Any]) -> Any:
     """What workload rules judge of a Pod: its resources blocks and container env
     (both immutable after creation, bar in-place resize), so a Pod UPDATE that leaves
     them alone — a label, a finalizer — is not judged again. Pod templates have no
-    such part (``None``): every write of a Deployment is judged, and ratcheted."""
+    such part for validations (``None``): every write of a Deployment is judged, and
+    ratcheted; the mutate phase compares :func:`template_part` instead."""
     if subject.kind != "Pod":
         return None
-    return ([h.resources for h in holders(subject, obj)],
-            [c.get("env") for _, _, c in containers(subject, obj)])
+    return template_part(subject, obj)
+
+
+# --- what an UPDATE may change ----------------------------------------------------------
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the API server keeps as stored on one UPDATE: a patch elsewhere than
+    ``allows`` is refused (``why`` says by what) or, with ``why`` None, silently dropped
+    by the strategy (a ``pods/resize`` keeps everything but resources)."""
+
+    allows: Callable[[Path], bool]
+    why: str | None
+
+
+def _status(obj: dict[str, Any] | None) -> dict[str, Any]:
+    status = obj.get("status") if isinstance(obj, dict) else None
+    return status if isinstance(status, dict) else {}
+
+
+def job_template_mutable(old: dict[str, Any]) -> bool:
+    """Whether a stored Job's pod template resources may change on UPDATE:
+    ``shouldAllowMutablePodTemplate`` (pkg/registry/batch/job/strategy.go at v1.37.2,
+    feature ``MutablePodResourcesForSuspendedJobs``, beta and on since 1.36): suspended,
+    not started or with a true ``Suspended`` condition, and no active pods. Without the
+    gate (1.35) no template change passes, so nothing Envelope could patch would either."""
+    spec = old.get("spec")
+    if not isinstance(spec, dict) or spec.get("suspend") is not True:
+        return False
+    status = _status(old)
+    conditions = status.get("conditions")
+    suspended_condition = any(
+        isinstance(c, dict) and c.get("type") == "Suspended" and c.get("status") == "True"
+        for c in (conditions if isinstance(conditions, list) else []))
+    active = status.get("active")
+    return (status.get("startTime") is None or suspended_condition) and not active
+
+
+def _names(spec: Any, field: str) -> list[Any]:
+    items = spec.get(field) if isinstance(spec, dict) else None
+    return [c.get("name") if isinstance(c, dict) else None
+            for c in (items if isinstance(items, list) else [])]
+
+
+def _container_resources(base: Path, new_spec: Any, old_spec: Any, pod_level: bool
+                         ) -> Callable[[Path], bool]:
+    """Paths under ``base`` + ``containers[i].resources`` (and init containers), for
+    container lists of the same names in the same order, plus the pod-level
+    ``resources`` when ``pod_level``: ``validatePodResourceUpdatesOnly`` (Jobs) and
+    ``dropNonResizeUpdatesForContainers`` (resize) match containers that way."""
+    same = {f for f in ("containers", "initContainers")
+            if _names(new_spec, f) == _names(old_spec, f)}
+    n = len(base)
+
+    def allows(path: Path) -> bool:
+        if path[:n] != base:
+            return True  # not in the pod spec: held elsewhere or not at all
+        rest = path[n:]
+        if pod_level and rest[:1] == ("resources",):
+            return True
+        return (len(rest) >= 3 and rest[0] in same and isinstance(rest[1], int)
+                and rest[2] == "resources")
+    return allows
+
+
+def held_on_update(subject: Kinded, obj: dict[str, Any], old: dict[str, Any] | None,
+                   subresource: str = "") -> Held | None:
+    """What this UPDATE cannot change in the pod spec (None: whatever the writer may):
+
+    - a Job: its template is immutable (``validatePodTemplateUpdate``,
+      pkg/apis/batch/validation/validation.go at v1.37.2) unless the stored Job is
+      suspended and not started (:func:`job_template_mutable`); then only container
+      and init container resources may change — not env, not pod-level resources
+      (``validatePodResourceUpdatesOnly``). Node selector, affinity, tolerations,
+      scheduling gates, template labels and annotations are mutable then too
+      (``AllowMutableSchedulingDirectives``), but no rule writes them;
+    - a ``pods/resize``: the strategy keeps all but container and pod-level resources
+      and resize policies as stored (``dropNonResizeUpdates``,
+      pkg/registry/core/pod/strategy.go): a change elsewhere would be dropped.
+    """
+    if not isinstance(old, dict):
+        return None
+    if subject.kind == "Job" and subject.group == "batch":
+        base: Path = ("spec", "template")
+        if not job_template_mutable(old):
+            return Held(lambda path: path[:2] != base,
+                        "a Job's pod template is immutable unless the Job is suspended and has "
+                        "not started (ValidateJobUpdate)")
+        spec_path: Path = ("spec", "template", "spec")
+        inner = _container_resources(spec_path, dig(obj, spec_path), dig(old, spec_path), False)
+        return Held(lambda path: path[:2] != base or (path[:3] == spec_path and inner(path)),
+                    "a suspended Job's pod template may change only in container resources "
+                    "(MutablePodResourcesForSuspendedJobs)")
+    if subject.kind == "Pod" and subresource == "resize":
+        inner = _container_resources(("spec",), obj.get("spec"), old.get("spec"), True)
+        return Held(lambda path: path[:1] != ("spec",) or inner(path), None)
+    return None
+
+
+# --- owned children -------------------------------------------------------------------
+
+def compared_by_controller(subject: Kinded, obj: dict[str, Any] | None) -> str | None:
+    """Why Envelope leaves this object as its controller wrote it, or None.
+
+    A ReplicaSet whose controller ownerReference is an apps/v1 Deployment: the
+    Deployment controller finds its ReplicaSets by comparing pod templates
+    (``FindNewReplicaSet``, ``EqualIgnoreHash`` in pkg/controller/deployment/util at
+    v1.37.2). Changed by a webhook, the ReplicaSet never equals the Deployment's
+    template: the controller makes another, which collides on the hash
+    (``collisionCount``) and loops. The Deployment was judged when it was written and
+    the ReplicaSet's Pods are judged when they are created, so nothing escapes the
+    policy by this: a forged ownerReference keeps only the ReplicaSet's own template as
+    written (the Pods are still stripped and judged, and the garbage collector deletes
+    a ReplicaSet whose owner does not exist)."""
+    if subject.kind != "ReplicaSet" or subject.group != "apps" or not isinstance(obj, dict):
+        return None
+    meta = obj.get("metadata")
+    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    for owner in refs if isinstance(refs, list) else []:
+        if (isinstance(owner, dict) and owner.get("controller") is True
+                and owner.get("kind") == "Deployment" and owner.get("apiVersion") == "apps/v1"):
+            name = owner.get("name")
+            return f"owned by Deployment {name if isinstance(name, str) else '?'}: judged there"
+    return None
+
+
+# --- QoS class --------------------------------------------------------------------------
+
+def _requirements_qos(resources: Any) -> str:
+    """``requirementsQOS`` (pkg/apis/core/helper/qos/qos.go at v1.37.2)."""
+    resources = resources if isinstance(resources, dict) else {}
+    requests = resources.get("requests") if isinstance(resources.get("requests"), dict) else {}
+    limits = resources.get("limits") if isinstance(resources.get("limits"), dict) else {}
+    if not requests and not limits:
+        return "BestEffort"
+    found = ""
+    for name in ("cpu", "memory"):
+        req = parse_quantity(requests.get(name, 0))
+        lim = parse_quantity(limits.get(name, 0))
+        this = "Burstable" if req != lim else "BestEffort" if req == 0 else "Guaranteed"
+        if this == "Burstable":
+            return this
+        if found and found != this:
+            return "Burstable"
+        found = this
+    return found
+
+
+def qos_class(spec: dict[str, Any]) -> str:
+    """The QoS class of a Pod's spec, as ``ComputePodQOS`` computes it: from pod-level
+    resources when they are set, else every container and init container. Raises
+    ``QuantityError`` for a quantity that does not parse."""
+    pod_level = spec.get("resources")
+    if isinstance(pod_level, dict) and (pod_level.get("requests") or pod_level.get("limits")):
+        return _requirements_qos(pod_level)
+    found = ""
+    for field in ("initContainers", "containers"):
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else []:
+            this = _requirements_qos(c.get("resources") if isinstance(c, dict) else None)
+            if this == "Burstable":
+                return this
+            if found and found != this:
+                return "Burstable"
+            found = found or this
+    return found or "BestEffort"
 
 
 def with_pod_spec(subject: Kinded, obj: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
@@ -248,3 +429,14 @@ def replicas_of(subject: Kinded, obj: dict[str, Any]) -> int:
     if subject.kind == "DaemonSet":
         return 0  # one per node: not a replica count the namespace chooses
     return _count(spec.get("replicas"), 1)
+
+
+def stored_qos(old: dict[str, Any]) -> str:
+    """A stored Pod's QoS class, as ``GetPodQOS`` reads it: ``status.qosClass``, else
+    computed (:func:`qos_class`)."""
+    status = old.get("status")
+    written = status.get("qosClass") if isinstance(status, dict) else None
+    if isinstance(written, str) and written:
+        return written
+    spec = old.get("spec")
+    return qos_class(spec if isinstance(spec, dict) else {})

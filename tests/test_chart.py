@@ -72,8 +72,9 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "escal
 READ_VERBS = {"get", "list", "watch"}
 
 WORKLOAD_RESOURCES = {
-    ("", "pods"), ("", "replicationcontrollers"), ("apps", "deployments"), ("apps", "replicasets"),
-    ("apps", "statefulsets"), ("apps", "daemonsets"), ("batch", "jobs"), ("batch", "cronjobs"),
+    ("", "pods"), ("", "pods/resize"), ("", "replicationcontrollers"), ("apps", "deployments"),
+    ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"), ("batch", "jobs"),
+    ("batch", "cronjobs"),
 }  # fmt: skip
 QUOTA_RESOURCES = {
     ("kai.resources", "nodepools"), ("kai.resources", "departments"), ("kai.resources", "projects"),

@@ -101,6 +101,9 @@ class Subject:
     resource_group: str | None = None
     """``request.resource.group`` when it differs from ``group`` (the caller-token check's
     API group; rules judge the kind)."""
+    subresource: str = ""
+    """``request.subResource``: ``resize`` for a ``pods/resize`` write (the only
+    subresource the webhooks match), else empty."""
 
     @property
     def api_group(self) -> str:

@@ -35,7 +35,10 @@ from app.podspec import (
     holders,
     pod_resources,
     pod_spec,
+    qos_class,
     shape_problems,
+    spec_text,
+    stored_qos,
     well_formed,
     with_pod_spec,
 )
@@ -99,15 +102,27 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
       "remove CPU limits; keep the CPU request they implied", judges=pod_resources, requires=well_formed)
 def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                      policy: Policy) -> list[Finding]:
+    """On a ``pods/resize`` only a CPU limit the resize adds is removed: one the Pod
+    already has stays, as the API server refuses a resize that removes a limit
+    (``validateContainerResize``, pkg/apis/core/validation/validation.go at v1.37.2).
+    Removing an added limit keeps the Pod's QoS class: the container keeps its CPU
+    request, so a Burstable Pod stays Burstable (a resize that would change the class
+    is refused with or without Envelope)."""
     if keeps_cpu_limit(subject, obj, policy):
         return []
-    qos_lost = _guaranteed_with_whole_cores(subject, obj)
+    resize = subject.subresource == "resize" and isinstance(subject.old, dict)
+    had = {h.path for h in holders(subject, subject.old)  # the blocks that have a CPU limit
+           if isinstance(h.resources.get("limits"), dict) and "cpu" in h.resources["limits"]} \
+        if resize and subject.old is not None else set()
+    qos_lost = not resize and _guaranteed_with_whole_cores(subject, obj)
     findings = []
     for holder in holders(subject, obj):
         limits = holder.resources.get("limits")
         limit = limits.get("cpu") if isinstance(limits, dict) else None
         if limit is not None and not _parses(limit):
             continue  # left where it was written; the quantities rule names it
+        if holder.path in had:
+            continue  # a resize cannot remove a limit the Pod has
         if holder.container is None:
             # Pod level: the request the API server would have defaulted, not the limit.
             pod_moved = move_pod_level_cpu_limit(pod_spec(subject, obj) or {})
@@ -139,21 +154,52 @@ def strip_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
       "a memory request without a limit gets a limit equal to it", judges=pod_resources, requires=well_formed)
 def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                       policy: Policy) -> list[Finding]:
-    """Only a memory request: write the limit equal to it (memory is not borrowable)."""
+    """Only a memory request: write the limit equal to it (memory is not borrowable).
+
+    On a ``pods/resize`` the limit is written only in a resources block the resize
+    changes (touching another one can make the API server refuse the resize: a plain
+    init container's resources need ``InPlacePodVerticalScalingInitContainers`` on the
+    node), and only when the Pod keeps its QoS class (``ValidatePodResize`` refuses a
+    resize that changes it; adding memory limits can make a Burstable Pod Guaranteed):
+    otherwise the resize passes as written, with a warning."""
     findings = []
+    filled: list[tuple[dict[str, Any], bool]] = []
+    resize = subject.subresource == "resize" and isinstance(subject.old, dict)
+    stored = {h.path: h.resources for h in holders(subject, subject.old)} \
+        if resize and subject.old is not None else {}
     for holder in holders(subject, obj):
         requests = holder.resources.get("requests")
         if not isinstance(requests, dict) or "memory" not in requests:
             continue
+        if resize and stored.get(holder.path) == holder.resources:
+            continue  # not resized: a plain init container may not be, on most nodes
         limits = holder.resources.get("limits")
         if isinstance(limits, dict) and "memory" in limits:
             continue
-        if not isinstance(limits, dict):
+        created = not isinstance(limits, dict)
+        if created:
             limits = holder.resources["limits"] = {}
+        assert isinstance(limits, dict)
         limits["memory"] = requests["memory"]
+        filled.append((holder.resources, created))
         findings.append(change(f"{holder.path}.limits.memory",
                               f"{holder.label}: memory limit set to the request "
                                 f"{requests['memory']}"))
+    if filled and resize and subject.old is not None:
+        try:
+            before, after = stored_qos(subject.old), qos_class(pod_spec(subject, obj) or {})
+        except QuantityError:
+            before = after = ""  # the quantities rule names the value
+        if before != after:
+            for resources, created in filled:
+                if created:
+                    del resources["limits"]
+                else:
+                    del resources["limits"]["memory"]
+            return [warning(f"{spec_text(subject)}.containers",
+                            f"memory limits not set to the requests: the Pod would become "
+                            f"{after} (it is {before}), and a resize cannot change the QoS "
+                            f"class; set equal memory limits when the Pod is next created")]
     return findings
 
 

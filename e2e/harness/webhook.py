@@ -136,7 +136,9 @@ def webhook_configurations(cluster: Cluster, base_url: str, ca_file: Path) -> st
     """The chart's Mutating + ValidatingWebhookConfiguration, rendered by the real
     ``helm template`` in URL mode (``clientConfig.url`` = ``base_url``/mutate, /validate),
     with the test CA as a provided bundle. Namespaces labelled
-    ``envelope.test/isolated`` are left to tests that run a webhook of their own."""
+    ``envelope.test/isolated`` are left to tests that run a webhook of their own. The
+    workload webhooks match what the rules judge, ``pods/resize`` included
+    (``charts/envelope/files/kinds.yaml``; e2e/test_oracle_resize.py relies on it)."""
     ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
     selector = json.dumps([{"key": ISOLATED_NAMESPACE_LABEL, "operator": "DoesNotExist"}])
     result = cluster.helm(
