@@ -334,3 +334,32 @@ def test_judging_a_namespace_four_times_larger_costs_about_four_times_more() -> 
     small = min(_judge_all(400) for _ in range(3))
     large = min(_judge_all(1600) for _ in range(2))
     assert large < 8 * max(small, 0.005), (small, large)
+
+
+def test_a_change_elsewhere_keeps_the_namespaces_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The webhook's view changes all the time; a namespace is summed again only after
+    a change in that namespace (``view.version(kind, namespace)``)."""
+    calls = 0
+    real = namespace_rules.pod_amount
+
+    def counted(*args: Any, **kwargs: Any) -> Decimal:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(namespace_rules, "pod_amount", counted)
+    view = StaticView([quota({"requests.memory": "1Gi"}),
+                       *(pods("Deployment", f"svc-{i}", "64Mi") for i in range(50))])
+    incoming = pods("Deployment", "new", "2Gi")
+
+    def judge() -> None:
+        assert namespace_rules.namespace_memory_composition(subject(incoming), incoming, view, Policy())
+
+    judge()
+    first = calls
+    view.add(pods("Deployment", "elsewhere", "1Gi", ns="team-b"))
+    judge()
+    assert calls - first <= 1  # the written object's own memory only
+    view.add(pods("Deployment", "svc-0", "128Mi"))
+    judge()
+    assert calls - first > 50  # the namespace changed: summed again

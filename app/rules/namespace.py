@@ -389,7 +389,8 @@ _SPEC_PATH = {kind: path for (_, kind), path in POD_SPEC_PATHS.items()}
 """Where each workload kind keeps its pod spec, by view name (the workload kinds' names
 are unique)."""
 _SEEN = (*COUNTED_KINDS, "LimitRange")
-"""The kinds a namespace's sums are derived from: remembered until one of them changes."""
+"""The kinds a namespace's sums are derived from: remembered until one of them changes in
+that namespace (``view.version(kind, namespace)``)."""
 
 
 def _counted_by_owner(view: ClusterView, kind: str, obj: Mapping[str, Any], namespace: str) -> bool:
@@ -453,9 +454,10 @@ _pods: Memo[tuple[Any, ...], list[_Pods]] = Memo(256)
 
 def _namespace_pods(view: ClusterView, namespace: str) -> list[_Pods]:
     """Every counted workload of the namespace that runs pods, once per state of the
-    kinds they are derived from (``view.version``): an ``envelope check`` or an audit of
-    every object reads the namespace once, not once per object."""
-    key = (namespace, *(view.version(k) for k in _SEEN))
+    kinds they are derived from in the namespace (``view.version(kind, namespace)``): an
+    ``envelope check`` or an audit of every object reads the namespace once, not once
+    per object, and the webhook again only after a change in that namespace."""
+    key = (namespace, *(view.version(k, namespace) for k in _SEEN))
     found = _pods.get(key)
     if found is not None:
         return found
@@ -503,7 +505,7 @@ def _namespace_sum(view: ClusterView, namespace: str, quota: Mapping[str, Any], 
     scopeSelector, ``quota_matches_pod``, as the guards read them), summed once per
     namespace state, section and scope: linear in the workloads over a whole run."""
     scope = quota_scope_key(quota)
-    key = (namespace, section, scope, *(view.version(k) for k in _SEEN))
+    key = (namespace, section, scope, *(view.version(k, namespace) for k in _SEEN))
     found = _sums.get(key)
     if found is not None:
         return found
