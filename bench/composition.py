@@ -8,6 +8,12 @@ the child's rusage) are the comparable number on a shared machine. ``--root`` ru
 same files through another checkout (``git archive <commit> | tar -x -C DIR``) with this
 interpreter, for a before/after comparison: the child's working directory is that root,
 so its ``app`` package is imported.
+
+``--webhook``: the webhook path, in-process (``engine.evaluate(..., "validate")`` of a
+Deployment UPDATE that replaces its stored copy, the view a ``StaticView`` of the same
+namespace), CPU per review: with the view unchanged between reviews, with a change to
+another namespace before each, and with a change to a Deployment of the same namespace
+before each (the worst case: the namespace is summed again).
 """
 
 from __future__ import annotations
@@ -73,6 +79,46 @@ CASES = {
 }
 
 
+_WEBHOOK = r"""
+import statistics, sys, time
+import yaml
+from app.cluster.view import StaticView
+from app.config import Policy
+from app.engine import evaluate
+from app.rules.base import Subject
+from app.ruleset import default_ruleset
+rules = default_ruleset()
+objs = list(yaml.safe_load_all(open(sys.argv[1])))
+view = StaticView(objs)
+deployments = [o for o in objs if o["kind"] == "Deployment"]
+def review(i):
+    obj = deployments[i % len(deployments)]
+    evaluate(rules, Subject("apps", "v1", "Deployment", "UPDATE", "team", obj["metadata"]["name"], obj, obj),
+             view, Policy(), "validate")
+out = []
+for case in ("unchanged", "other namespace changed", "same namespace changed"):
+    times = []
+    for i in range(int(sys.argv[2])):
+        if case != "unchanged":
+            ns = "team" if case.startswith("same") else "other"
+            meta = {"name": "svc-0" if ns == "team" else "x", "namespace": ns}
+            spec = {**deployments[0]["spec"], "replicas": 1 + i % 2}
+            changed = {**deployments[0], "metadata": meta, "spec": spec}
+            view.add(changed)
+        start = time.process_time()
+        review(i)
+        times.append(time.process_time() - start)
+    out.append(f"{case}={statistics.median(times) * 1000:.3f}")
+print(" ".join(out))
+"""
+
+
+def webhook(root: Path, target: str, reviews: int) -> str:
+    done = subprocess.run([sys.executable, "-c", _WEBHOOK, target, str(reviews)], cwd=root,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--deployments", type=int, default=8000)
@@ -80,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, action="append",
                         help="a checkout to run (repeatable; default: this one)")
     parser.add_argument("--case", choices=list(CASES), action="append")
+    parser.add_argument("--webhook", type=int, metavar="REVIEWS", default=0,
+                        help="also time REVIEWS webhook reviews per case, in-process (ms CPU, median)")
     args = parser.parse_args(argv)
     roots = args.root or [ROOT]
     print(f"{args.deployments} Deployments in one namespace; load average "
@@ -97,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                 wall = statistics.median(r[0] for r in runs)
                 print(f"{case:18} {root}: {cpu:6.2f} s CPU, {wall:6.2f} s wall, exit {runs[0][2]}; "
                       f"{runs[0][3][:100]}", flush=True)
+                if args.webhook and quota is not None:
+                    found = webhook(root, str(target / "all.yaml"), args.webhook)
+                    print(f"{'':18} webhook review, ms CPU: {found}", flush=True)
     return 0
 
 

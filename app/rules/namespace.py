@@ -13,6 +13,7 @@ and ``app/scheduling.py``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -416,13 +417,15 @@ def _counted_by_owner(view: ClusterView, kind: str, obj: Mapping[str, Any], name
 
 @dataclass(frozen=True)
 class _Pods:
-    """One workload's pods as the quota counts them: how many at once, and the pod
-    spec as stored (LimitRanger's container defaults applied)."""
+    """One workload's pods as the quota counts them: how many at once, the pod spec as
+    stored (LimitRanger's container defaults applied) and its memory per quota section
+    (None: a quantity that does not parse — the quantities rule names it there)."""
 
     kind: str
     name: str
     count: int
     spec: Mapping[str, Any]
+    memory: Mapping[str, Decimal | None]
 
 
 def _charged_spec(spec: Mapping[str, Any], limit_ranges: list[dict[str, Any]]) -> Mapping[str, Any]:
@@ -431,6 +434,13 @@ def _charged_spec(spec: Mapping[str, Any], limit_ranges: list[dict[str, Any]]) -
     ``plugin/pkg/admission/limitranger`` mutating, ``.../resourcequota`` validating);
     the LimitRanges in the view's order (LimitRanger's own is a Go map's)."""
     return apply_limit_range_defaults(spec, limit_ranges) if limit_ranges else spec
+
+
+def _amount(spec: Mapping[str, Any], section: str) -> Decimal | None:
+    try:
+        return clamp_quantity(pod_amount(dict(spec), "memory", section))
+    except (TypeError, AttributeError, ValueError, QuantityError):
+        return None  # the quantities rule names the value on its own object
 
 
 def _pods_of(kind: str, name: str, obj: Mapping[str, Any],
@@ -444,10 +454,18 @@ def _pods_of(kind: str, name: str, obj: Mapping[str, Any],
     if not isinstance(node, Mapping) or not count:
         return None
     try:
-        return _Pods(kind, name, count, _charged_spec(node, limit_ranges))
+        spec = _charged_spec(node, limit_ranges)
     except (TypeError, AttributeError, ValueError, QuantityError):
         return None
+    return _Pods(kind, name, count, spec, {s: _amount(spec, s) for s in ("requests", "limits")})
 
+
+_derived: Memo[tuple[int, int], tuple[Mapping[str, Any], _Pods | None]] = Memo(1 << 17)
+"""Each stored object's pods, by the object's identity and the namespace's LimitRanges'
+version (the value keeps the object, so its id is not reused while it is here): the
+store keeps an unchanged object as the same dict, and files a new one on every change
+(objects in a view are never changed in place), so a namespace summed again after one
+change derives only what changed. As ``rules/quotas/usage.py`` ``_READ`` does."""
 
 _pods: Memo[tuple[Any, ...], list[_Pods]] = Memo(256)
 
@@ -462,35 +480,41 @@ def _namespace_pods(view: ClusterView, namespace: str) -> list[_Pods]:
     if found is not None:
         return found
     limit_ranges = view.list("LimitRange", namespace)
+    ranges = view.version("LimitRange", namespace)
     out = []
     for kind in COUNTED_KINDS:
         for w in view.list(kind, namespace):
-            if not _counted_by_owner(view, kind, w, namespace):
-                pods = _pods_of(kind, _name(w), w, limit_ranges)
-                if pods is not None:
-                    out.append(pods)
+            if _counted_by_owner(view, kind, w, namespace):
+                continue
+            known = _derived.get((id(w), ranges))
+            if known is not None and known[0] is w:
+                pods = known[1]
+            else:
+                pods = _derived.put((id(w), ranges), (w, _pods_of(kind, _name(w), w, limit_ranges)))[1]
+            if pods is not None:
+                out.append(pods)
     return _pods.put(key, out)
+
+
+_SHOWN = 16
+"""How many of the largest shares a sum keeps for the message: an item is at least 13
+characters (``a 1 x 1B = 1B``) and a separator, and the total's text follows, so at most
+``110 // 15 = 7`` fit; 16 leaves room for the written object's stored copy, skipped."""
 
 
 @dataclass(frozen=True)
 class _Sum:
     """What one quota (a section, a scope) is charged for by the namespace's workloads:
-    the total, each workload's share by (kind, name), and the shares largest first
-    (ties in the view's order) for the message."""
+    the total, each workload's share by (kind, name), how many there are, and the
+    largest shares first (ties in the view's order) for the message."""
 
     total: Decimal
     share: dict[tuple[str, str], Decimal]
+    count: int
     ranked: list[tuple[str, str, int, Decimal]]
 
 
 _sums: Memo[tuple[Any, ...], _Sum] = Memo(1024)
-
-
-def _amount(spec: Mapping[str, Any], section: str) -> Decimal | None:
-    try:
-        return clamp_quantity(pod_amount(dict(spec), "memory", section))
-    except (TypeError, AttributeError, ValueError, QuantityError):
-        return None  # the quantities rule names the value on its own object
 
 
 def _matches(quota: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
@@ -510,14 +534,16 @@ def _namespace_sum(view: ClusterView, namespace: str, quota: Mapping[str, Any], 
     if found is not None:
         return found
     share: dict[tuple[str, str], Decimal] = {}
-    ranked: list[tuple[str, str, int, Decimal]] = []
+    rows: list[tuple[str, str, int, Decimal]] = []
+    unscoped = scope == "[]"  # no scope: every pod is counted
     for pods in _namespace_pods(view, namespace):
-        memory = _amount(pods.spec, section)
-        if memory and _matches(quota, pods.spec):
+        memory = pods.memory[section]
+        if memory and (unscoped or _matches(quota, pods.spec)):
             share[(pods.kind, pods.name)] = pods.count * memory  # one object per kind and name
-            ranked.append((pods.kind, pods.name, pods.count, memory))
-    ranked.sort(key=lambda r: r[2] * r[3], reverse=True)
-    return _sums.put(key, _Sum(sum(share.values(), Decimal(0)), share, ranked))
+            rows.append((pods.kind, pods.name, pods.count, memory))
+    # nlargest is sorted(..., reverse=True)[:n]: a stable sort's order, ties as listed
+    ranked = heapq.nlargest(_SHOWN, rows, key=lambda r: r[2] * r[3])
+    return _sums.put(key, _Sum(sum(share.values(), Decimal(0)), share, len(rows), ranked))
 
 
 def _breakdown(parts: Iterator[tuple[str, int, Decimal]], count: int, tail: str) -> str:
@@ -575,7 +601,7 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
     findings = []
     for quota, key, hard in quotas:
         section = _QUOTA_KEYS[key]
-        amount = _amount(mine.spec, section)
+        amount = mine.memory[section]
         try:
             limit = parse_quantity(hard)
         except QuantityError:
@@ -588,7 +614,7 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
         total = charged.total - (charged.share[skip] if skip else 0) + mine.count * amount
         if total <= limit:
             continue
-        count = len(charged.ranked) - (1 if skip else 0) + 1
+        count = charged.count - (1 if skip else 0) + 1
         tail = f"total {format_bytes(total)} > quota {_name(quota)} {key} {hard}"
         parts = _merged(charged.ranked, skip, (name, mine.count, amount))
         findings.append(error("metadata.namespace", _breakdown(parts, count, tail)))
