@@ -50,8 +50,12 @@ __all__ = [
     "cpu_limit_needs",
     "cpu_limit_needs_in_order",
     "is_best_effort",
+    "job_pods_at_once",
     "limit_range_orders",
+    "pods_at_once",
+    "quota_hard",
     "quota_matches_pod",
+    "quota_scope_key",
     "quota_scope_text",
 ]
 
@@ -142,9 +146,11 @@ def _cross_namespace_affinity(spec: Mapping[str, Any]) -> bool:
         block = affinity.get(kind)
         if not isinstance(block, Mapping):
             continue
-        terms = list(block.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
-        preferred = block.get("preferredDuringSchedulingIgnoredDuringExecution") or []
-        terms += [w.get("podAffinityTerm") for w in preferred if isinstance(w, Mapping)]
+        required = block.get("requiredDuringSchedulingIgnoredDuringExecution")
+        preferred = block.get("preferredDuringSchedulingIgnoredDuringExecution")
+        terms = list(required) if isinstance(required, list) else []
+        terms += [w.get("podAffinityTerm") for w in (preferred if isinstance(preferred, list) else [])
+                  if isinstance(w, Mapping)]
         for term in terms:
             if not isinstance(term, Mapping):
                 continue
@@ -155,14 +161,25 @@ def _cross_namespace_affinity(spec: Mapping[str, Any]) -> bool:
 
 def _scope_selectors(quota: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """quota.go ``getScopeSelectorsFromQuota``: ``scopes`` as Exists, then the
-    scopeSelector's expressions."""
-    spec = quota.get("spec") if isinstance(quota.get("spec"), Mapping) else {}
+    scopeSelector's expressions. Lists of the wrong type (the API server refuses them;
+    ``envelope check`` reads raw files) are read as empty, never a crash."""
+    raw = quota.get("spec")
+    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    scopes = spec.get("scopes")
     out: list[Mapping[str, Any]] = [{"scopeName": s, "operator": "Exists"}
-                                    for s in spec.get("scopes") or []]  # type: ignore[union-attr]
-    selector = spec.get("scopeSelector")  # type: ignore[union-attr]
-    if isinstance(selector, Mapping):
-        out += [e for e in selector.get("matchExpressions") or [] if isinstance(e, Mapping)]
+                                    for s in (scopes if isinstance(scopes, list) else [])]
+    selector = spec.get("scopeSelector")
+    expressions = selector.get("matchExpressions") if isinstance(selector, Mapping) else None
+    if isinstance(expressions, list):
+        out += [e for e in expressions if isinstance(e, Mapping)]
     return out
+
+
+def quota_scope_key(quota: Mapping[str, Any]) -> str:
+    """The quota's scopes and scopeSelector as one string: two quotas with the same key
+    count the same pods (``quota_matches_pod``), so what is derived per scope can be
+    shared between them."""
+    return repr([(s.get("scopeName"), s.get("operator"), s.get("values")) for s in _scope_selectors(quota)])
 
 
 def _scope_matches(selector: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
@@ -180,7 +197,8 @@ def _scope_matches(selector: Mapping[str, Any], spec: Mapping[str, Any]) -> bool
     if scope == "PriorityClass":
         name = str(spec.get("priorityClassName") or "")
         operator = selector.get("operator")
-        values = [str(v) for v in selector.get("values") or []]
+        raw = selector.get("values")
+        values = [str(v) for v in raw] if isinstance(raw, list) else []
         if operator == "Exists":
             return name != ""
         if operator == "In":
@@ -207,6 +225,85 @@ def quota_scope_text(quota: Mapping[str, Any]) -> str:
                                                 else f" {s.get('operator')}" + (f" ({', '.join(values)})"
                                                                                  if values else "")))
     return f"scopes {', '.join(parts)}" if parts else "no scope"
+
+
+# ------------------------------------------------------- pods a quota charges at once
+
+
+def _count(value: object, default: int | None) -> int | None:
+    """A count as the API server decodes it (an int32; null or absent is the default).
+    Anything else — ``parallelism: "x"``, ``replicas: 1.5``, a YAML ``y`` — is the
+    default here, never a crash: the API server refuses the object, and ``envelope
+    check`` reads raw files. Negative counts (refused too) are 0."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(value, 0)
+    return default
+
+
+def _finished(status: Mapping[str, Any]) -> bool:
+    """A Job with a ``Complete`` or ``Failed`` condition ``True`` runs no more pods."""
+    conditions = status.get("conditions")
+    return any(isinstance(c, Mapping) and c.get("type") in ("Complete", "Failed")
+               and c.get("status") == "True" for c in (conditions if isinstance(conditions, list) else []))
+
+
+def job_pods_at_once(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> int:
+    """How many pods the Job controller keeps running at once for this Job spec
+    (``pkg/controller/job/job_controller.go`` ``manageJob``, v1.37.2; the same for
+    ``completionMode: Indexed`` and ``NonIndexed``): none while ``suspend`` is true;
+    ``parallelism`` (default 1, ``pkg/apis/batch/v1/defaults.go``) without
+    ``completions``; else ``min(parallelism, completions - succeeded)``, at least 0.
+    ``status.succeeded`` is read when the Job has a status (the cluster's Jobs); a Job
+    finished (``Complete``/``Failed``) runs none. Without ``completions``, upstream keeps
+    running what runs once one pod succeeded; that is counted as ``parallelism``."""
+    status = status or {}
+    if spec.get("suspend") is True or _finished(status):
+        return 0
+    parallelism = _count(spec.get("parallelism"), 1) or 0
+    completions = _count(spec.get("completions"), None)
+    if completions is None:
+        return parallelism
+    succeeded = _count(status.get("succeeded"), 0) or 0
+    return max(min(parallelism, completions - succeeded), 0)
+
+
+def _mapping(obj: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
+    node: object = obj
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else {}
+
+
+def pods_at_once(kind: str, obj: Mapping[str, Any]) -> int:
+    """How many pods of this workload a ResourceQuota is charged for at once, as its
+    controller runs them (the quota counts Pods, ``pods.go`` ``QuotaV1Pod``: a
+    Succeeded or Failed Pod is not counted):
+
+    - Pod: 1, none once Succeeded or Failed;
+    - Deployment, ReplicaSet, StatefulSet, ReplicationController: ``spec.replicas``
+      (default 1). A Deployment's rollout surge (``maxSurge``) is not counted: the steady
+      state is;
+    - Job: :func:`job_pods_at_once`;
+    - CronJob: the pods of one Job made from ``jobTemplate`` (none while the CronJob is
+      suspended). ``concurrencyPolicy: Forbid`` and ``Replace`` run one Job at a time
+      (``pkg/controller/cronjob/cronjob_controllerv2.go``); ``Allow``, the default, may
+      overlap runs — how many depends on the schedule and how long each run takes,
+      which no spec says — so one Job is counted: a lower bound;
+    - DaemonSet: 0 — one pod per node its selection matches, not a count the namespace
+      chooses (not modelled);
+    - anything else: 0.
+
+    Wrong types anywhere count as Kubernetes' default (``_count``), never a crash."""
+    spec = _mapping(obj, "spec")
+    if kind == "Pod":
+        return 0 if _mapping(obj, "status").get("phase") in ("Succeeded", "Failed") else 1
+    if kind in ("Deployment", "ReplicaSet", "StatefulSet", "ReplicationController"):
+        return _count(spec.get("replicas"), 1) or 0
+    if kind == "Job":
+        return job_pods_at_once(spec, _mapping(obj, "status"))
+    if kind == "CronJob":
+        return 0 if spec.get("suspend") is True else job_pods_at_once(_mapping(spec, "jobTemplate", "spec"))
+    return 0
 
 
 # -------------------------------------------------------------------- LimitRanges
@@ -341,7 +438,7 @@ def limit_range_cpu_problems(spec: Mapping[str, Any], limit_range: Mapping[str, 
 # ------------------------------------------------------------------- the verdict
 
 
-def _hard(quota: Mapping[str, Any]) -> Mapping[str, Any]:
+def quota_hard(quota: Mapping[str, Any]) -> Mapping[str, Any]:
     """What the quota enforces: ``status.hard`` (the admission plugin reads it);
     ``spec.hard`` when no status was written yet."""
     status = quota.get("status")
@@ -392,7 +489,7 @@ def _decisive_keys(quotas: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]
     checks, the quota sums) always; memory only through BestEffort (a ``limits.cpu``
     quota scoped BestEffort or NotBestEffort). No other default is read."""
     keys = [("limits", "cpu"), ("requests", "cpu")]
-    if any("limits.cpu" in _hard(q) and any(s.get("scopeName") in ("BestEffort", "NotBestEffort")
+    if any("limits.cpu" in quota_hard(q) and any(s.get("scopeName") in ("BestEffort", "NotBestEffort")
                                             for s in _scope_selectors(q)) for q in quotas):
         keys += [("limits", "memory"), ("requests", "memory")]
     return keys
@@ -517,9 +614,10 @@ def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Map
                f"than {MAX_LIMIT_RANGE_ORDERS} ways, too many to judge each")
         merged.setdefault(CpuLimitNeed("LimitRange", _name(orders[0][0]), f"and the other {why}"))
         for quota in quotas:
-            if "limits.cpu" in _hard(quota):
+            if "limits.cpu" in quota_hard(quota):
+                cpu = quota_hard(quota)["limits.cpu"]
                 merged.setdefault(CpuLimitNeed("ResourceQuota", _name(quota),
-                                               f"sets limits.cpu={_hard(quota)['limits.cpu']}, and {why}"))
+                                               f"sets limits.cpu={cpu}, and {why}"))
     return list(merged)
 
 
@@ -561,7 +659,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     pod_level = is_pod_level_resources_set(spec)
     pod_limit_cpu = _aggregate(spec, "limits").get("cpu")
     for quota in quotas:
-        hard = _hard(quota)
+        hard = quota_hard(quota)
         if "limits.cpu" not in hard or not quota_matches_pod(quota, spec):
             continue
         meta = quota.get("metadata") if isinstance(quota.get("metadata"), Mapping) else {}

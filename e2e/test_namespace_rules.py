@@ -62,6 +62,50 @@ def test_namespace_memory_composition_warns(cluster: Cluster, webhook: Webhook, 
     assert "web 3 x 1Gi = 3Gi" in out.stderr and "api 2 x 1Gi = 2Gi" in out.stderr
 
 
+def test_namespace_memory_composition_counts_as_the_quota_does(cluster: Cluster, webhook: Webhook,
+                                                              namespace: str) -> None:
+    """Issue 28, class 5, through the live view: a ReplicaSet owned by a Deployment that
+    exists is its pods, not more; a Job runs min(parallelism, completions) pods; a quota
+    scoped Terminating counts only pods with activeDeadlineSeconds."""
+    cluster.create_resource_quota(namespace, "mem", {"requests.memory": "4Gi"})
+    cluster.create_resource_quota(namespace, "batch", {"requests.memory": "2Gi"}, scopes=["Terminating"])
+    one_gi = {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.apply(deployment("web", namespace, container(**one_gi), replicas=2))
+    web = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)
+    child = deployment("web-1", namespace, container(**one_gi), replicas=2)
+    child["kind"] = "ReplicaSet"
+    child["spec"]["selector"] = web["spec"]["selector"]
+    child["spec"]["template"]["metadata"]["labels"] = web["spec"]["template"]["metadata"]["labels"]
+    child["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                             "uid": web["metadata"]["uid"], "controller": True}]
+    cluster.apply(child)
+
+    def job(name: str, parallelism: int, completions: int, deadline: int | None = None) -> dict:
+        spec = {"restartPolicy": "Never", "containers": [container(**one_gi)]}
+        if deadline is not None:
+            spec["activeDeadlineSeconds"] = deadline
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"parallelism": parallelism, "completions": completions, "suspend": True,
+                         "template": {"spec": spec}}}
+
+    train = job("train", 5, 1)
+    train["spec"]["suspend"] = False
+    cluster.apply(train)
+    api = deployment("api", namespace, container(**one_gi), replicas=2)
+    # web 2 + train min(5, 1) = 1 + api 2: the ReplicaSet is web's pods, not 2 more
+    eventually(lambda: "total 5Gi > quota mem requests.memory 4Gi" in dry_run_stderr(cluster, api),
+               10, "the Job in the cache")
+    assert "web-1" not in dry_run_stderr(cluster, api)
+    assert dry_run_stderr(cluster, deployment("api", namespace, container(**one_gi))) == ""  # 4Gi fits
+    # Terminating: only pods with a deadline are counted; a suspended Job runs none
+    timed = job("report", 3, 3, deadline=600)
+    assert dry_run_stderr(cluster, timed) == ""
+    timed["spec"]["suspend"] = False
+    out = dry_run_stderr(cluster, timed)
+    assert "report 3 x 1Gi = 3Gi, total 3Gi > quota batch requests.memory 2Gi" in out, out
+    assert "quota mem" in out  # and the namespace's unscoped quota: 2 + 1 + 3 = 6Gi
+
+
 def test_guards_through_the_webhook_follow_the_api_server(cluster: Cluster, webhook: Webhook,
                                                           namespace: str) -> None:
     """Classes 3 and 4 with the webhook in the path (docs/fidelity.md):

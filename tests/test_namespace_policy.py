@@ -13,6 +13,7 @@ from app.namespace_policy import (
     cpu_limit_needs,
     is_best_effort,
     limit_range_orders,
+    pods_at_once,
     quota_matches_pod,
     quota_scope_text,
 )
@@ -157,3 +158,35 @@ def test_a_pod_past_limitranger_gets_no_defaults_back() -> None:
         'LimitRange "m" type Container max cpu 2: container c has no CPU limit']
     small = lr("small", {"type": "Container", "default": {"cpu": "100m"}})
     assert cpu_limit_needs(NO_CPU_LIMIT, [small], [], limit_range_defaults=False) == []
+
+
+FAILED = {"type": "Failed", "status": "True"}
+
+
+@pytest.mark.parametrize(("kind", "obj", "count"), [
+    ("Pod", {}, 1),
+    ("Pod", {"status": {"phase": "Succeeded"}}, 0),  # pods.go QuotaV1Pod: terminal pods are free
+    ("Pod", {"status": {"phase": "Running"}}, 1),
+    ("Deployment", {"spec": {}}, 1),
+    ("Deployment", {"spec": {"replicas": 7}}, 7),
+    ("Deployment", {"spec": {"replicas": "7"}}, 1),  # refused by the API server: the default
+    ("StatefulSet", {"spec": {"replicas": -3}}, 0),
+    ("ReplicationController", {"spec": {"replicas": 2}}, 2),
+    ("ReplicaSet", {"spec": {"replicas": True}}, 1),
+    ("ReplicaSet", {"spec": [1]}, 1),
+    ("Job", {"spec": {"parallelism": 8, "completions": 3}}, 3),
+    ("Job", {"spec": {"parallelism": 8, "completions": 3}, "status": {"succeeded": 2}}, 1),
+    ("Job", {"spec": {"parallelism": 2, "completions": 30}, "status": {"succeeded": "x"}}, 2),
+    ("Job", {"spec": {"parallelism": "x", "completions": 30}}, 1),
+    ("Job", {"spec": {"parallelism": 3, "completions": 1.5}}, 3),
+    ("Job", {"spec": {"parallelism": 3, "suspend": True}}, 0),
+    ("Job", {"spec": {"parallelism": 3}, "status": {"conditions": [FAILED]}}, 0),
+    ("Job", {"spec": {"parallelism": 3}, "status": {"conditions": [{**FAILED, "status": "False"}]}}, 3),
+    ("CronJob", {"spec": {"jobTemplate": {"spec": {"parallelism": 4, "completions": 9}}}}, 4),
+    ("CronJob", {"spec": {"concurrencyPolicy": "Allow", "jobTemplate": {"spec": {}}}}, 1),
+    ("CronJob", {"spec": {"suspend": True, "jobTemplate": {"spec": {"parallelism": 4}}}}, 0),
+    ("CronJob", {"spec": {"jobTemplate": "x"}}, 1),
+    ("DaemonSet", {"spec": {"replicas": 3}}, 0),
+])
+def test_pods_at_once_as_the_controllers_run_them(kind: str, obj: dict[str, Any], count: int) -> None:
+    assert pods_at_once(kind, obj) == count

@@ -43,6 +43,7 @@ from kubernetes.client import Configuration
 from app.cluster.kube import ApiError, KubeClient, loads, pages
 from app.cluster.view import Index, Store
 from app.kinds import KINDS, Kind, read_kinds
+from app.namespace_policy import pods_at_once
 
 __all__ = ["LIVENESS_GRACE", "RESOURCES", "TRIMS", "Informer", "LiveView", "Resource", "Shared",
            "resources_for", "share"]
@@ -140,24 +141,62 @@ def _trim_pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("initContainers"):
         out["initContainers"] = containers(spec["initContainers"],
                                            ("name", "resources", "restartPolicy"))
-    for key in ("overhead", "resources", "nodeSelector"):
+    # What a quota's scopes read of a pod (app/namespace_policy.py quota_matches_pod).
+    for key in ("overhead", "resources", "nodeSelector", "activeDeadlineSeconds", "priorityClassName"):
         if key in spec:
             out[key] = spec[key]
+    affinity = spec.get("affinity")
+    if isinstance(affinity, dict):
+        pod_terms = {k: affinity[k] for k in ("podAffinity", "podAntiAffinity") if k in affinity}
+        if pod_terms:
+            out["affinity"] = share(pod_terms)
     return out
 
 
+def _trim_job_spec(spec: Any) -> dict[str, Any]:
+    spec = spec if isinstance(spec, dict) else {}
+    template = (spec.get("template") or {}).get("spec") or {}
+    out = {k: spec[k] for k in ("parallelism", "completions", "suspend") if k in spec}
+    out["template"] = share({"spec": _trim_pod_spec(template)})
+    return out
+
+
+def _owners(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences")
+    return [{k: r[k] for k in ("kind", "name", "uid", "controller") if k in r}
+            for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict)]
+
+
 def trim_workload(kind: str) -> Trim:
-    """Replica count and pod-template resources: what the namespace memory budget needs."""
+    """What the namespace memory budget needs (``namespace-memory-composition``): the
+    pod count's fields (replicas; a Job's parallelism, completions, suspend, succeeded
+    and finished conditions; a CronJob's suspend and its Job template), the pod
+    template's resources and the fields quota scopes read, the uid and controller
+    owner references (a ReplicaSet is counted through its Deployment, a Job through
+    its CronJob, when that owner exists). An object that runs no pods now (a ReplicaSet
+    scaled to 0 — a Deployment's old revisions —, a finished Job) is not kept."""
 
     def trim(obj: dict[str, Any]) -> dict[str, Any] | None:
-        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-        if kind == "ReplicaSet" and any(o.get("kind") == "Deployment" for o in owners):
-            return None  # counted through its Deployment
-        out = _base(obj, kind)
+        if not pods_at_once(kind, obj):
+            return None  # runs no pods: nothing to count
+        out = _base(obj, kind, "uid")
+        owners = _owners(obj)
+        if owners:
+            out["metadata"]["ownerReferences"] = owners
         spec = obj.get("spec") or {}
-        template = (spec.get("template") or {}).get("spec") or {}
-        out["spec"] = {"replicas": spec.get("replicas", 1),
-                       "template": share({"spec": _trim_pod_spec(template)})}
+        if kind == "Job":
+            out["spec"] = _trim_job_spec(spec)
+            status = obj.get("status") or {}
+            conditions = [{k: c.get(k) for k in ("type", "status")} for c in status.get("conditions") or []
+                          if isinstance(c, dict) and c.get("type") in ("Complete", "Failed")]
+            out["status"] = {"succeeded": status.get("succeeded", 0), "conditions": conditions}
+        elif kind == "CronJob":
+            out["spec"] = {k: spec[k] for k in ("suspend", "concurrencyPolicy") if k in spec}
+            out["spec"]["jobTemplate"] = {"spec": _trim_job_spec((spec.get("jobTemplate") or {}).get("spec"))}
+        else:
+            template = (spec.get("template") or {}).get("spec") or {}
+            out["spec"] = {"replicas": spec.get("replicas", 1),
+                           "template": share({"spec": _trim_pod_spec(template)})}
         return out
 
     return trim

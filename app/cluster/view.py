@@ -73,9 +73,11 @@ class ClusterView(Protocol):
         """Why what the view holds of ``kinds`` cannot be trusted now (empty: it can)."""
         ...
 
-    def version(self, kind: str) -> int:
+    def version(self, kind: str, namespace: str | None = None) -> int:
         """Changes on every change to ``kind``, unique across views (0: never had any):
-        lets a rule cache what it derives, keyed by the version alone."""
+        lets a rule cache what it derives, keyed by the version alone. With
+        ``namespace``: on every change to ``kind`` in that namespace (and every re-list of
+        the kind), so what a rule derives from one namespace outlives changes elsewhere."""
         ...
 
     def count(self, kind: str) -> int:
@@ -127,6 +129,10 @@ class Store:
         self._index_of: dict[str, tuple[Index, ...]] = {}
         self._indexes: dict[Index, dict[str, dict[Key, dict[str, Any]]]] = {}
         self._versions: dict[str, int] = {}
+        self._ns_versions: dict[tuple[str, str], int] = {}
+        """The version of the last change of a kind in one namespace."""
+        self._relisted: dict[str, int] = {}
+        """The version of the last ``replace`` of a kind (every namespace changed)."""
         self._counts: dict[Index, tuple[int, dict[str, int]]] = {}
         for index in indexes:
             self._build(index)
@@ -168,7 +174,7 @@ class Store:
                 if old == obj:
                     return  # e.g. a Node heartbeat: nothing a rule reads changed
                 self._unlink(kind, key, old)
-            self._versions[kind] = next(_CHANGES)
+            self._versions[kind] = self._ns_versions[(kind, key[0])] = next(_CHANGES)
             self._by_kind.setdefault(kind, {})[key] = obj
             self._link(kind, key, obj)
 
@@ -178,7 +184,7 @@ class Store:
             old = self._by_kind.get(kind, {}).pop(key, None)
             if old is not None:
                 self._unlink(kind, key, old)
-                self._versions[kind] = next(_CHANGES)
+                self._versions[kind] = self._ns_versions[(kind, key[0])] = next(_CHANGES)
 
     def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
         """Swap every object of ``kind`` at once (after a re-list): the new tables are
@@ -199,10 +205,12 @@ class Store:
             for index in self._index_of.get(kind, ()):
                 found = built.get(index)
                 self._indexes[index] = found if found is not None else _table(index, by_key)
-            self._versions[kind] = next(_CHANGES)
+            self._versions[kind] = self._relisted[kind] = next(_CHANGES)
 
-    def version(self, kind: str) -> int:
-        return self._versions.get(kind, 0)
+    def version(self, kind: str, namespace: str | None = None) -> int:
+        if namespace is None:
+            return self._versions.get(kind, 0)
+        return max(self._ns_versions.get((kind, namespace), 0), self._relisted.get(kind, 0))
 
     def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
         return []
@@ -294,9 +302,9 @@ class ScopedView:
     def problems(self, kinds: Iterable[str] | None = None) -> builtins.list[str]:
         return self._view.problems(self._kinds if kinds is None else kinds)
 
-    def version(self, kind: str) -> int:
+    def version(self, kind: str, namespace: str | None = None) -> int:
         self._check(kind)
-        return self._view.version(kind)
+        return self._view.version(kind, namespace)
 
     def count(self, kind: str) -> int:
         self._check(kind)

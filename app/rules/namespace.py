@@ -13,8 +13,9 @@ and ``app/scheduling.py``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -22,17 +23,23 @@ from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, p
 from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
-from app.defaulting import default_pod, effective_pod_requests
+from app.defaulting import apply_limit_range_defaults, default_pod, effective_pod_requests
 from app.disclosure import node_reference
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
-from app.namespace_policy import CpuLimitNeed, cpu_limit_needs
+from app.namespace_policy import (
+    CpuLimitNeed,
+    cpu_limit_needs,
+    pods_at_once,
+    quota_hard,
+    quota_matches_pod,
+    quota_scope_key,
+)
 from app.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
     pod_resources,
     pod_spec,
-    replicas_of,
     well_formed,
 )
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
@@ -372,74 +379,243 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 # --- namespace memory composition -------------------------------------------------
 
-COUNTED_KINDS = ("Deployment", "StatefulSet", "ReplicaSet")
+COUNTED_KINDS = ("Deployment", "StatefulSet", "ReplicaSet", "ReplicationController", "Job", "CronJob")
+"""The workloads whose pods the namespace's memory quota is charged for. Bare Pods are
+not read (the webhook would watch every Pod of the cluster): a Pod write is counted as
+itself, against the workloads."""
+_OWNER_OF = {"ReplicaSet": "Deployment", "Job": "CronJob"}
+"""A child whose pods its controller's object is counted for (its controller owner)."""
 _QUOTA_KEYS = {"requests.memory": "requests", "memory": "requests", "limits.memory": "limits"}
+_SPEC_PATH = {kind: path for (_, kind), path in POD_SPEC_PATHS.items()}
+"""Where each workload kind keeps its pod spec, by view name (the workload kinds' names
+are unique)."""
+_SEEN = (*COUNTED_KINDS, "LimitRange")
+"""The kinds a namespace's sums are derived from: remembered until one of them changes in
+that namespace (``view.version(kind, namespace)``)."""
 
 
-Row = tuple[str, str, int, Decimal]
-_rows: Memo[tuple[str, str, int, int, int], tuple[list[Row], Decimal]] = Memo(1024)
+def _counted_by_owner(view: ClusterView, kind: str, obj: Mapping[str, Any], namespace: str) -> bool:
+    """Is this a ReplicaSet whose controller is a Deployment in the view (a Job, a
+    CronJob)? Its pods are counted through that owner (the Deployment's replicas, one
+    Job of the CronJob), not twice. An ownerReference is a claim anyone can write: it
+    counts only when the owner exists (same name, and the same uid when both say one);
+    a child that names a missing owner is counted itself."""
+    parent = _OWNER_OF.get(kind)
+    meta = obj.get("metadata")
+    refs = meta.get("ownerReferences") if parent is not None and isinstance(meta, Mapping) else None
+    for ref in refs if isinstance(refs, list) else []:
+        if not (isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == parent
+                and isinstance(ref.get("name"), str)):
+            continue
+        owner = view.get(str(parent), ref["name"], namespace)
+        owner_meta = owner.get("metadata") if owner is not None else None
+        uid = owner_meta.get("uid") if isinstance(owner_meta, Mapping) else None
+        if owner is not None and (uid is None or ref.get("uid") is None or uid == ref.get("uid")):
+            return True
+    return False
 
 
-def _namespace_rows(view: ClusterView, namespace: str, section: str) -> tuple[list[Row], Decimal]:
-    """(kind, name, replicas, pod memory) of every counted workload in the namespace, and
-    their total, remembered until one of those kinds changes in the view: a request (or
-    an audit of every object) sums the namespace once, not once per object."""
-    first, second, third = COUNTED_KINDS
-    key = (namespace, section, view.version(first), view.version(second), view.version(third))
-    found = _rows.get(key)
+@dataclass(frozen=True)
+class _Pods:
+    """One workload's pods as the quota counts them: how many at once, the pod spec as
+    stored (LimitRanger's container defaults applied) and its memory per quota section
+    (None: a quantity that does not parse — the quantities rule names it there)."""
+
+    kind: str
+    name: str
+    count: int
+    spec: Mapping[str, Any]
+    memory: Mapping[str, Decimal | None]
+
+
+def _charged_spec(spec: Mapping[str, Any], limit_ranges: list[dict[str, Any]]) -> Mapping[str, Any]:
+    """The pod spec the quota sees: a Pod made from the template gets LimitRanger's
+    container defaults before the quota admission charges it (both plugins,
+    ``plugin/pkg/admission/limitranger`` mutating, ``.../resourcequota`` validating);
+    the LimitRanges in the view's order (LimitRanger's own is a Go map's)."""
+    return apply_limit_range_defaults(spec, limit_ranges) if limit_ranges else spec
+
+
+def _amount(spec: Mapping[str, Any], section: str) -> Decimal | None:
+    try:
+        return clamp_quantity(pod_amount(dict(spec), "memory", section))
+    except (TypeError, AttributeError, ValueError, QuantityError):
+        return None  # the quantities rule names the value on its own object
+
+
+def _pods_of(kind: str, name: str, obj: Mapping[str, Any],
+             limit_ranges: list[dict[str, Any]]) -> _Pods | None:
+    """None when the object's pods cannot be read (a pod spec of the wrong type: the
+    quantities rule names it on that object) or it runs none."""
+    node: Any = obj
+    for key in _SPEC_PATH.get(kind, ()):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    count = pods_at_once(kind, obj)
+    if not isinstance(node, Mapping) or not count:
+        return None
+    try:
+        spec = _charged_spec(node, limit_ranges)
+    except (TypeError, AttributeError, ValueError, QuantityError):
+        return None
+    return _Pods(kind, name, count, spec, {s: _amount(spec, s) for s in ("requests", "limits")})
+
+
+_derived: Memo[tuple[int, int], tuple[Mapping[str, Any], _Pods | None]] = Memo(1 << 17)
+"""Each stored object's pods, by the object's identity and the namespace's LimitRanges'
+version (the value keeps the object, so its id is not reused while it is here): the
+store keeps an unchanged object as the same dict, and files a new one on every change
+(objects in a view are never changed in place), so a namespace summed again after one
+change derives only what changed. As ``rules/quotas/usage.py`` ``_READ`` does."""
+
+_pods: Memo[tuple[Any, ...], list[_Pods]] = Memo(256)
+
+
+def _namespace_pods(view: ClusterView, namespace: str) -> list[_Pods]:
+    """Every counted workload of the namespace that runs pods, once per state of the
+    kinds they are derived from in the namespace (``view.version(kind, namespace)``): an
+    ``envelope check`` or an audit of every object reads the namespace once, not once
+    per object, and the webhook again only after a change in that namespace."""
+    key = (namespace, *(view.version(k, namespace) for k in _SEEN))
+    found = _pods.get(key)
     if found is not None:
         return found
-    rows: list[Row] = []
+    limit_ranges = view.list("LimitRange", namespace)
+    ranges = view.version("LimitRange", namespace)
+    out = []
     for kind in COUNTED_KINDS:
         for w in view.list(kind, namespace):
-            replicas = (w.get("spec") or {}).get("replicas", 1)
-            n = int(replicas) if isinstance(replicas, int) else 1
-            if n:
-                template = ((w.get("spec") or {}).get("template") or {}).get("spec") or {}
-                rows.append((kind, _name(w), n, pod_amount(template, "memory", section)))
-    return _rows.put(key, (rows, sum((n * m for _, _, n, m in rows), Decimal(0))))
+            if _counted_by_owner(view, kind, w, namespace):
+                continue
+            known = _derived.get((id(w), ranges))
+            if known is not None and known[0] is w:
+                pods = known[1]
+            else:
+                pods = _derived.put((id(w), ranges), (w, _pods_of(kind, _name(w), w, limit_ranges)))[1]
+            if pods is not None:
+                out.append(pods)
+    return _pods.put(key, out)
+
+
+_SHOWN = 16
+"""How many of the largest shares a sum keeps for the message: an item is at least 13
+characters (``a 1 x 1B = 1B``) and a separator, and the total's text follows, so at most
+``110 // 15 = 7`` fit; 16 leaves room for the written object's stored copy, skipped."""
+
+
+@dataclass(frozen=True)
+class _Sum:
+    """What one quota (a section, a scope) is charged for by the namespace's workloads:
+    the total, each workload's share by (kind, name), how many there are, and the
+    largest shares first (ties in the view's order) for the message."""
+
+    total: Decimal
+    share: dict[tuple[str, str], Decimal]
+    count: int
+    ranked: list[tuple[str, str, int, Decimal]]
+
+
+_sums: Memo[tuple[Any, ...], _Sum] = Memo(1024)
+
+
+def _matches(quota: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    try:
+        return quota_matches_pod(quota, spec)
+    except (TypeError, AttributeError, ValueError, QuantityError):
+        return False
+
+
+def _namespace_sum(view: ClusterView, namespace: str, quota: Mapping[str, Any], section: str) -> _Sum:
+    """The pods of the namespace's workloads that ``quota`` counts (its scopes and
+    scopeSelector, ``quota_matches_pod``, as the guards read them), summed once per
+    namespace state, section and scope: linear in the workloads over a whole run."""
+    scope = quota_scope_key(quota)
+    key = (namespace, section, scope, *(view.version(k, namespace) for k in _SEEN))
+    found = _sums.get(key)
+    if found is not None:
+        return found
+    share: dict[tuple[str, str], Decimal] = {}
+    rows: list[tuple[str, str, int, Decimal]] = []
+    unscoped = scope == "[]"  # no scope: every pod is counted
+    for pods in _namespace_pods(view, namespace):
+        memory = pods.memory[section]
+        if memory and (unscoped or _matches(quota, pods.spec)):
+            share[(pods.kind, pods.name)] = pods.count * memory  # one object per kind and name
+            rows.append((pods.kind, pods.name, pods.count, memory))
+    # nlargest is sorted(..., reverse=True)[:n]: a stable sort's order, ties as listed
+    ranked = heapq.nlargest(_SHOWN, rows, key=lambda r: r[2] * r[3])
+    return _sums.put(key, _Sum(sum(share.values(), Decimal(0)), share, len(rows), ranked))
+
+
+def _breakdown(parts: Iterator[tuple[str, int, Decimal]], count: int, tail: str) -> str:
+    """The largest shares first, as many as fit in ~110 characters, then ``+N more``."""
+    shown: list[str] = []
+    for name, n, m in parts:
+        item = f"{name} {n} x {format_bytes(m)} = {format_bytes(n * m)}"
+        if len(", ".join([*shown, item, tail])) > 110:
+            break
+        shown.append(item)
+    if len(shown) < count:
+        shown.append(f"+{count - len(shown)} more")
+    return ", ".join([*shown, tail])
+
+
+def _merged(ranked: list[tuple[str, str, int, Decimal]], skip: tuple[str, str] | None,
+            mine: tuple[str, int, Decimal]) -> Iterator[tuple[str, int, Decimal]]:
+    """The namespace's shares without the written object's stored copy, with the written
+    object's own after those at least as large: the order of a stable sort of the
+    shares with the written object appended, read lazily (the message needs a few)."""
+    own = mine[1] * mine[2]
+    placed = False
+    for kind, name, n, m in ranked:
+        if (kind, name) == skip:
+            continue
+        if not placed and n * m < own:
+            placed = True
+            yield mine
+        yield name, n, m
+    if not placed:
+        yield mine
 
 
 @rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
       "replicas x pod memory over the namespace's workloads fits its memory quota",
-      reads={"ResourceQuota", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
+      reads={"ResourceQuota", "LimitRange", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
       requires=well_formed)
 def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  policy: Policy) -> list[Finding]:
+    """The namespace as this write leaves it — its workloads' pods as their controllers
+    run them (``pods_at_once``: Job concurrency, one Job per CronJob, a ReplicaSet or a
+    Job counted through its existing owner) less the written object's stored copy
+    (``AfterWrite.writes``), plus the written object's — against every memory quota that
+    counts this write's pods. Each quota's sum is the namespace's, computed once per
+    state of the view (``_namespace_sum``); a review costs a lookup and a short merge."""
     quotas = [(q, key, value) for q in view.list("ResourceQuota", subject.namespace)
-              for key, value in ((q.get("spec") or {}).get("hard") or {}).items()
-              if key in _QUOTA_KEYS]
-    if not quotas:
-        return []
-    spec = pod_spec(subject, obj)
-    mine = (subject.name or "(this)", replicas_of(subject, obj), spec) if spec is not None else None
-    # The namespace as this write leaves it: the rows are the view's (summed once per
-    # namespace), less the written object's cached copy, plus the written object.
+              for key, value in quota_hard(q).items() if key in _QUOTA_KEYS]
+    if not quotas or _counted_by_owner(view, subject.kind, obj, subject.namespace):
+        return []  # no memory quota; or a child whose owner's write counts its pods
+    mine = _pods_of(subject.kind, subject.name, obj, view.list("LimitRange", subject.namespace))
+    if mine is None:
+        return []  # this write runs no pods (a DaemonSet, a suspended Job): nothing it adds
+    name = subject.name or "(this)"
     after = AfterWrite(view, subject.kind, subject.name, obj, namespace=subject.namespace)
     findings = []
     for quota, key, hard in quotas:
         section = _QUOTA_KEYS[key]
-        rows, total = _namespace_rows(view, subject.namespace, section)
-        cached = [(kind, name) for kind, name, _, _ in rows if after.writes(kind, name, subject.namespace)]
-        total -= sum((n * m for kind, name, n, m in rows if (kind, name) in cached), Decimal(0))
-        amount = pod_amount(mine[2], "memory", section) if mine is not None and mine[1] else None
-        if amount is not None and mine is not None:
-            total += mine[1] * amount
-        if total <= parse_quantity(hard):
+        amount = mine.memory[section]
+        try:
+            limit = parse_quantity(hard)
+        except QuantityError:
+            continue  # the quota's own write was refused for it
+        if not amount or not _matches(quota, mine.spec):
+            continue  # this write's pods are not charged to this quota
+        charged = _namespace_sum(view, subject.namespace, quota, section)
+        stored = (subject.kind, subject.name)
+        skip = stored if stored in charged.share and after.writes(*stored, subject.namespace) else None
+        total = charged.total - (charged.share[skip] if skip else 0) + mine.count * amount
+        if total <= limit:
             continue
-        parts = [(name, n, m) for kind, name, n, m in rows if (kind, name) not in cached]
-        if amount is not None and mine is not None:
-            parts.append((mine[0], mine[1], amount))
-        parts.sort(key=lambda p: p[1] * p[2], reverse=True)
+        count = charged.count - (1 if skip else 0) + 1
         tail = f"total {format_bytes(total)} > quota {_name(quota)} {key} {hard}"
-        shown: list[str] = []
-        for name, n, m in parts:
-            item = f"{name} {n} x {format_bytes(m)} = {format_bytes(n * m)}"
-            if len(", ".join([*shown, item, tail])) > 110:
-                break
-            shown.append(item)
-        if len(shown) < len(parts):
-            shown.append(f"+{len(parts) - len(shown)} more")
-        findings.append(error("metadata.namespace", ", ".join([*shown, tail])))
+        parts = _merged(charged.ranked, skip, (name, mine.count, amount))
+        findings.append(error("metadata.namespace", _breakdown(parts, count, tail)))
     return findings
-
