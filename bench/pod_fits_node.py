@@ -105,7 +105,7 @@ def main() -> None:
     indexes = getattr(namespace, "INDEXES", ())
     for size in (int(s) for s in args.sizes.split(",")):
         store = StaticView(nodes(size, args.shapes), indexes)
-        view = ScopedView(store, frozenset({"Node", "NodePool.karpenter.sh"}), "pod-fits-node")
+        view = ScopedView(store, pod_fits_node.rule.reads, "pod-fits-node")  # type: ignore[attr-defined]
         pod_fits_node(subject, CASES["first node fits"], view, policy)  # warm any cache
         for name, obj in CASES.items():
             findings = pod_fits_node(subject, obj, view, policy)
