@@ -104,13 +104,15 @@ def fits_errors(obj: dict[str, Any], view: StaticView) -> list[str]:
     ('"model" in device.attributes["gpu.example.com"]', None),
     ("true", True),
 ])
-def test_the_cel_subset_is_decided_exactly_and_the_rest_is_not(expression: str, expected: bool | None) -> None:
+def test_the_cel_subset_is_decided_exactly_and_the_rest_is_not(expression: str,
+                                                               expected: bool | None) -> None:
     attrs = {"gpu.example.com/model": "H100", "gpu.example.com/memoryGiB": 80, "gpu.example.com/mig": False}
     assert cel_match(expression, DRIVER, attrs) is expected
 
 
 def test_cel_references_name_what_a_device_must_carry() -> None:
-    assert cel_references('device.attributes["d.io"].a == "1" && device.driver == "x"') == {"d.io/a", "driver"}
+    found = cel_references('device.attributes["d.io"].a == "1" && device.driver == "x"')
+    assert found == {"d.io/a", "driver"}
     assert cel_references("device.attributes.size() > 0") is None
 
 
@@ -118,11 +120,10 @@ def test_cel_references_name_what_a_device_must_carry() -> None:
 
 
 def test_mapped_names_prefer_the_newest_class_then_the_lower_name_and_the_implicit_name_always() -> None:
-    classes = {
-        "old": DeviceClass("old", extended_resource_name="nvidia.com/gpu", created="2026-01-01T00:00:00Z"),
-        "new-b": DeviceClass("new-b", extended_resource_name="nvidia.com/gpu", created="2026-02-01T00:00:00Z"),
-        "new-a": DeviceClass("new-a", extended_resource_name="nvidia.com/gpu", created="2026-02-01T00:00:00Z"),
-    }
+    gpu_name, jan, feb = "nvidia.com/gpu", "2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z"
+    classes = {"old": DeviceClass("old", extended_resource_name=gpu_name, created=jan),
+               "new-b": DeviceClass("new-b", extended_resource_name=gpu_name, created=feb),
+               "new-a": DeviceClass("new-a", extended_resource_name=gpu_name, created=feb)}
     mapped = extended_resource_classes(classes)
     assert mapped["nvidia.com/gpu"] == "new-a"
     assert mapped["deviceclass.resource.kubernetes.io/old"] == "old"

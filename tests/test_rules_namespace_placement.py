@@ -90,7 +90,8 @@ def test_a_daemonset_is_judged_with_the_tolerations_its_controller_adds() -> Non
     view = StaticView([node("cordoned", "4", "16Gi", unschedulable=True)])
     ds = workload("DaemonSet", [container(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "1Gi"})])
     assert findings(ds, view) == []  # the unschedulable:NoSchedule toleration is added
-    big = workload("DaemonSet", [container(requests={"cpu": "1", "memory": "64Gi"}, limits={"memory": "64Gi"})])
+    big = workload("DaemonSet", [container(requests={"cpu": "1", "memory": "64Gi"},
+                                           limits={"memory": "64Gi"})])
     [message] = errors(big, view)
     assert "offers 16Gi memory" in message
 
