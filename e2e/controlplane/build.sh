@@ -22,7 +22,8 @@
 #                               kube-scheduler, kube-controller-manager, kubectl) at that
 #                               version under their own cache key: the second minor of the
 #                               version matrix (SECOND_KUBERNETES_VERSION). etcd and helm are
-#                               not built there; the harness takes them from the default key.
+#                               built there too (the same pinned versions: from the Go build
+#                               cache, seconds), so either bin dir is a whole control plane.
 #   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
 #
 # Only the Go toolchain and the Go module proxy are needed: no Docker, no
@@ -290,10 +291,8 @@ ensure kube-scheduler build_kube_scheduler "${KUBERNETES_VERSION}" "Kubernetes $
 ensure kube-controller-manager build_kube_controller_manager "${KUBERNETES_VERSION}" \
     "Kubernetes ${KUBERNETES_VERSION}" --version
 ensure kubectl build_kubectl "${KUBERNETES_VERSION}" "${KUBERNETES_VERSION}" version --client
-if [[ -z "${KUBERNETES_ONLY}" ]]; then
-    ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
-    ensure helm build_helm "${HELM_VERSION}" "${HELM_VERSION}" version --short
-fi
+ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
+ensure helm build_helm "${HELM_VERSION}" "${HELM_VERSION}" version --short
 
 if [[ "${built_any}" == "1" ]]; then
     log "control plane built in $(($(date +%s) - total_start))s (times: ${TIMES})"

@@ -6,9 +6,12 @@ outside the clone), certificates are made with ``cryptography``, and the
 processes run on free ports on 127.0.0.1. kube-scheduler is started on
 demand (``start_scheduler``) with one profile, ``envelope-oracle``, and binds
 only Pods that name it to Node objects the tests create (no kubelet, as KWOK).
-No controllers run: Deployments
-create no Pods, namespaces never finish deleting, nothing is garbage
-collected.
+On the session's shared API server no controllers run: Deployments create no Pods,
+namespaces never finish deleting, nothing is garbage collected. The convergence
+oracles start a control plane of their own with kube-controller-manager
+(``start_controller_manager``, the workload controllers, the garbage collector, quota
+status, ResourceClaims; never the node lifecycle controller, which would evict pods
+from Nodes that have no kubelet).
 
 The pytest fixtures live in ``e2e/conftest.py``; everything here is plain
 functions and classes so it can be reused outside pytest, e.g.::
@@ -19,7 +22,8 @@ functions and classes so it can be reused outside pytest, e.g.::
 
 The package has one module per part, in the order they build on each other: ``base``
 (paths, names, errors), ``ports``, ``certificates``, ``processes``, ``binaries``,
-``cluster`` (etcd + kube-apiserver), ``scheduler`` (kube-scheduler) and ``webhook``.
+``cluster`` (etcd + kube-apiserver), ``scheduler`` (kube-scheduler), ``controllers``
+(kube-controller-manager) and ``webhook``.
 Everything is re-exported here, so ``import harness`` and ``from harness import
 Cluster`` are all a test needs.
 """
@@ -142,6 +146,15 @@ from .cluster import (
 )
 from .cluster import (
     wait_until as wait_until,
+)
+from .controllers import (
+    CONVERGENCE_CONTROLLERS as CONVERGENCE_CONTROLLERS,
+)
+from .controllers import (
+    ControllerManager as ControllerManager,
+)
+from .controllers import (
+    start_controller_manager as start_controller_manager,
 )
 from .ports import (
     free_port as free_port,
