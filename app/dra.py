@@ -24,10 +24,12 @@ Which devices a node can reach (``structured/internal/stable/pools_stable.go``
 ``GatherPools``): slices with ``spec.nodeName`` of the node, ``allNodes``, a
 ``nodeSelector`` that matches it, or ``perDeviceNodeSelection`` (each device's own
 node selection); per pool (driver, pool name) only the slices of the newest generation;
-a pool with fewer slices than ``resourceSliceCount`` is incomplete and one with duplicate
-device names invalid: nothing is allocated from either, and a request for All devices
-fails on a node that reaches one. A device is taken when a ResourceClaim's
-``status.allocation.devices.results`` names it (``allocateddevices.go``), unless that
+a pool with duplicate device names is invalid: nothing is allocated from it, and a
+request for All devices fails on a node that reaches one. A pool with fewer slices than
+``resourceSliceCount`` is incomplete: kube-scheduler does the same until the driver has
+published the rest, which is a passing state — its devices are counted and All is not
+decided there (a deliberate difference: never a refusal for a driver mid-update). A
+device is taken when a ResourceClaim's ``status.allocation.devices.results`` names it (``allocateddevices.go``), unless that
 result has ``adminAccess`` or the device allows multiple allocations.
 
 What is **not decided** (treated as "may match" / left out, so it can only let a pod
@@ -349,12 +351,14 @@ Shape = tuple[str, tuple[tuple[str, object], ...]]
 @dataclass(frozen=True)
 class DeviceState:
     """The devices one node can reach, projected on what the pod's selectors read:
-    how many of each shape are free and how many taken, and whether the node reaches an
-    incomplete or invalid pool (a request for All devices fails there)."""
+    how many of each shape are free and how many taken; whether the node reaches an
+    incomplete pool (``unsettled_pool``: the driver is publishing it) or an invalid one
+    (duplicate device names)."""
 
     free: tuple[tuple[Shape, int], ...] = ()
     used: tuple[tuple[Shape, int], ...] = ()
     unsettled_pool: bool = False
+    invalid_pool: bool = False
 
 
 EMPTY = DeviceState()
@@ -471,7 +475,7 @@ def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Map
                 _add(relevant, s, [])
         free: Counter[Shape] = Counter()
         used: Counter[Shape] = Counter()
-        unsettled = False
+        unsettled = invalid = False
         for pid, items in relevant.items():
             gens = [_generation(s) for s, _ in items]
             top = max(gens)
@@ -483,11 +487,13 @@ def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Map
                 if seen is not None and seen.generation > top:
                     continue  # obsolete: the driver is replacing this generation
                 if seen is None or seen.slices != want:
-                    unsettled = True  # incomplete: nothing is allocated from it
-                    continue
+                    # Incomplete: kube-scheduler allocates nothing from it until the driver
+                    # has published every slice, and fails a request for All devices. A
+                    # passing state: its devices are counted (docs/fidelity.md).
+                    unsettled = True
             names = [_str(d.get("name")) for _, ds in current for d in ds]
             if len(set(names)) != len(names):
-                unsettled = True  # invalid: duplicate device names
+                invalid = True  # invalid: duplicate device names (a driver bug): nothing from it
                 continue
             for _, devices in current:
                 for d in devices:
@@ -496,9 +502,9 @@ def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Map
                         used[shape] += 1
                     else:
                         free[shape] += 1
-        if free or used or unsettled:
+        if free or used or unsettled or invalid:
             out[name] = DeviceState(tuple(sorted(free.items(), key=repr)),
-                                    tuple(sorted(used.items(), key=repr)), unsettled)
+                                    tuple(sorted(used.items(), key=repr)), unsettled, invalid)
     return out
 
 
@@ -621,17 +627,22 @@ def device_shortfalls(requests: Sequence[DeviceRequest], state: DeviceState | No
     free = dict(state.free)
     total = Counter(free)
     total.update(dict(state.used))
+    claimed: set[Shape] = set()  # devices an earlier All request of the pod takes
     for i, r in enumerate(requests):
         if not r.all_:
             continue
         matching = [s for s in total if matcher.may_match(i, r, s)]
         taken = sum(n for s, n in state.used if s in matching and _definitely(matcher, i, r, s))
-        if state.unsettled_pool or not matching or taken:
+        taken += sum(total[s] for s in matching if s in claimed and _definitely(matcher, i, r, s))
+        if state.unsettled_pool:
+            continue  # fails while a pool is incomplete: passing, not decided
+        if state.invalid_pool or not matching or taken:
             return [DeviceShortfall(r.label + " (all devices)", max(1, sum(total[s] for s in matching)),
                                     sum(free.get(s, 0) for s in matching), sum(total[s] for s in matching))]
         for s in matching:  # all of them go to this request (the undecided ones may not)
             if _definitely(matcher, i, r, s):
                 free[s] = 0
+                claimed.add(s)
     exact = [(i, r) for i, r in enumerate(requests) if not r.all_]
     if not exact:
         return []

@@ -150,13 +150,20 @@ def test_allocated_devices_are_taken_and_only_the_newest_generation_counts() -> 
     assert (short.requested, short.free, short.total) == (3, 2, 4)
 
 
-def test_an_incomplete_pool_gives_nothing_and_fails_all_mode() -> None:
+def test_an_incomplete_pool_is_a_passing_state_and_an_invalid_one_gives_nothing() -> None:
+    """kube-scheduler allocates nothing from an incomplete pool while the driver publishes
+    it; Envelope counts its devices and does not decide All there (never a refusal for a
+    driver mid-update). Duplicate device names make a pool invalid: nothing from it."""
+    every = DeviceRequest("all", "gpu", (DRIVER_ONLY,), all_=True)
     slices = [slice_("n1", [gpu("g0"), gpu("g1")], count=2)]  # the second slice is missing
     got = states(slices)["n1"]
-    assert got.unsettled_pool and not got.free
-    assert device_shortfalls([REQ], got)
+    assert got.unsettled_pool and sum(n for _, n in got.free) == 2
+    assert device_shortfalls([REQ], got) == [] and device_shortfalls([every], got) == []
     complete = states([*slices, slice_("n1", [gpu("g2")], count=2, name="second")])["n1"]
-    assert device_shortfalls([DeviceRequest("all", "gpu", (DRIVER_ONLY,), all_=True)], complete) == []
+    assert not complete.unsettled_pool and device_shortfalls([every], complete) == []
+    invalid = states([slice_("n1", [gpu("g0"), gpu("g0")])])["n1"]
+    assert invalid.invalid_pool and not invalid.free
+    assert device_shortfalls([REQ], invalid) and device_shortfalls([every], invalid)
 
 
 def test_all_mode_needs_every_matching_device_free_and_at_least_one() -> None:
@@ -164,6 +171,11 @@ def test_all_mode_needs_every_matching_device_free_and_at_least_one() -> None:
     every = DeviceRequest("all", "gpu", (DRIVER_ONLY,), all_=True)
     assert device_shortfalls([every], got)
     assert device_shortfalls([every], states([])["n1"] if states([]) else None)
+    # Two All requests of one pod want the same devices: the second finds them taken
+    # (the DRA oracle's case 71).
+    free = states([slice_("n1", [gpu("g0")])])["n1"]
+    assert device_shortfalls([every], free) == []
+    assert device_shortfalls([every, DeviceRequest("all 2", "gpu", (DRIVER_ONLY,), all_=True)], free)
 
 
 def test_shared_and_selected_slices_reach_the_nodes_they_select() -> None:
