@@ -29,8 +29,9 @@ request for All devices fails on a node that reaches one. A pool with fewer slic
 ``resourceSliceCount`` is incomplete: kube-scheduler does the same until the driver has
 published the rest, which is a passing state — its devices are counted and All is not
 decided there (a deliberate difference: never a refusal for a driver mid-update). A
-device is taken when a ResourceClaim's ``status.allocation.devices.results`` names it (``allocateddevices.go``), unless that
-result has ``adminAccess`` or the device allows multiple allocations.
+device is taken when a ResourceClaim's ``status.allocation.devices.results`` names it
+(``allocateddevices.go``), unless that result has ``adminAccess`` or the device allows
+multiple allocations.
 
 What is **not decided** (treated as "may match" / left out, so it can only let a pod
 through, never refuse it): CEL beyond the subset below, request ``firstAvailable``

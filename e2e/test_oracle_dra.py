@@ -267,7 +267,8 @@ def _run_batch(dra: DraCluster, namespace: str, batch: list[Scenario]) -> tuple[
             left = [(p["metadata"]["name"], p.get("status"), pending[p["metadata"]["name"]][0].pod["spec"])
                     for p in listed["items"] if p["metadata"]["name"] in pending
                     and p["metadata"]["name"] not in outcomes]
-            raise HarnessError(f"kube-scheduler decided {len(outcomes)} of {len(pending)} pods in 120s: {left}")
+            raise HarnessError(f"kube-scheduler decided {len(outcomes)} of {len(pending)} pods "
+                               f"in 120s: {left}")
         time.sleep(0.5)
     disagreements = []
     for name, (scn, stored) in pending.items():
