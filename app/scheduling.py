@@ -1,7 +1,6 @@
 """Does a pod fit a node? kube-scheduler's filters, one node at a time.
 
-Pure functions over plain Kubernetes dicts; no I/O. Matched against
-Kubernetes v1.34.12 (the e2e control plane) and checked there by the scheduling
+Pure functions over plain Kubernetes dicts; no I/O. Checked by the scheduling
 oracle (``e2e/test_oracle_scheduling.py``), which puts the same nodes and pod
 through the real kube-scheduler:
 
@@ -28,8 +27,17 @@ through the real kube-scheduler:
   ``k8s.io/apimachinery/pkg/labels/selector.go`` ``Requirement.Matches``,
   ``matchFields`` on ``metadata.name`` with In/NotIn of one value).
 
-Not modelled (they need objects this module is not given): inter-pod
-(anti-)affinity, topology spread, host ports, volumes and DRA claims.
+- DRA (``app/dra.py``): on a node with none of an extended resource in allocatable,
+  a DeviceClass that maps it takes the request (``fit.go`` ``shouldDelegateResourceToDRA``),
+  and the pod's claims; both counted against the node's devices (``Node.devices``);
+- ``decider=KUBELET``: what the kubelet admits of a pod bound to it
+  (``pkg/kubelet/lifecycle/predicate.go``: no cordon, NoExecute taints only, extended
+  resources the node has none of not checked, no DRA) — for ``spec.nodeName`` pods and
+  pods another scheduler places.
+
+Kubernetes v1.37.2 (checked by the scheduling oracle on v1.37.2 and v1.35.4, and the DRA
+oracle ``e2e/test_oracle_dra.py`` on v1.37.2). Not modelled (they need objects this module
+is not given): inter-pod (anti-)affinity, topology spread, host ports, volumes.
 
 Why one module of ~600 lines: the filters, the node model they read and the node
 classes (``class_key`` must read exactly what ``_fit`` reads, or two nodes of a class

@@ -275,18 +275,17 @@ def _device_split(view: ClusterView, keys: frozenset[str]) -> tuple[dict[str, De
     found = _splits.get(memo_key)
     if found is not None:
         return found
-    members: list[tuple[str, str, SchedNode]] = []
+    members: list[tuple[str, str, dict[str, Any]]] = []
     for key in view.index_counts(NODE_CLASS):
-        stand_in = class_node(key)
         for obj in view.by_index(NODE_CLASS, key):
-            node = _own(stand_in, obj)
-            members.append((key, node.name, node))
+            members.append((key, _name(obj), obj))
 
-    def matcher(node: SchedNode) -> Callable[[Mapping[str, Any]], bool]:
-        return lambda selector: node_selector_matches(selector, node)
+    def matcher(key: str, obj: dict[str, Any]) -> Callable[[Mapping[str, Any]], bool]:
+        """Built only for a slice that selects nodes (most name theirs)."""
+        return lambda selector: node_selector_matches(selector, _own(class_node(key), obj))
 
     states = node_device_states(view.list("ResourceSlice"), view.list("ResourceClaim"),
-                                ((name, matcher(node)) for _, name, node in members), keys)
+                                ((name, matcher(key, obj)) for key, name, obj in members), keys)
     by: dict[str, dict[DeviceState | None, list[str]]] = {}
     for key, name, _ in members:
         by.setdefault(key, {}).setdefault(states.get(name), []).append(name)
