@@ -398,22 +398,28 @@ def _pods_of(subject: Subject, spec: dict[str, Any], view: ClusterView) -> dict[
     if subject.kind == "Pod":
         return spec
     out = dict(spec)
+
+    def listed(value: object) -> list[Any]:
+        return value if isinstance(value, list) else []
+
     name = spec.get("runtimeClassName")
     runtime = view.get("RuntimeClass", name) if isinstance(name, str) and name else None
     if runtime is not None:
-        overhead = (runtime.get("overhead") or {}).get("podFixed")
-        if isinstance(overhead, dict) and not spec.get("overhead"):
-            out["overhead"] = overhead
-        scheduling = runtime.get("scheduling") or {}
-        selector = scheduling.get("nodeSelector") if isinstance(scheduling, dict) else None
+        overhead = runtime.get("overhead")
+        fixed = overhead.get("podFixed") if isinstance(overhead, dict) else None
+        if isinstance(fixed, dict) and not spec.get("overhead"):
+            out["overhead"] = fixed
+        scheduling = runtime.get("scheduling")
+        scheduling = scheduling if isinstance(scheduling, dict) else {}
+        selector, own = scheduling.get("nodeSelector"), spec.get("nodeSelector")
         if isinstance(selector, dict) and selector:
-            out["nodeSelector"] = {**selector, **(spec.get("nodeSelector") or {})}
-        tolerations = scheduling.get("tolerations") if isinstance(scheduling, dict) else None
-        if isinstance(tolerations, list) and tolerations:
-            out["tolerations"] = [*(spec.get("tolerations") or []), *tolerations]
+            out["nodeSelector"] = {**selector, **(own if isinstance(own, dict) else {})}
+        tolerations = listed(scheduling.get("tolerations"))
+        if tolerations:
+            out["tolerations"] = [*listed(spec.get("tolerations")), *tolerations]
     if subject.kind == "DaemonSet":
         extra = [*DAEMON_TOLERATIONS, *([_NETWORK_UNAVAILABLE] if spec.get("hostNetwork") else [])]
-        out["tolerations"] = [*(out.get("tolerations") or []), *extra]
+        out["tolerations"] = [*listed(out.get("tolerations")), *extra]
     return out
 
 
