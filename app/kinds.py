@@ -130,6 +130,15 @@ KINDS: tuple[Kind, ...] = _table(
     # Which runtime handler (and pod overhead, node scheduling) a pod's runtimeClassName
     # selects: read by the convergence work; built in since 1.20, so not optional.
     Kind("node.k8s.io", ("v1",), "RuntimeClass", "runtimeclasses", False, "whole"),
+    # Dynamic resource allocation (resource.k8s.io/v1, GA since 1.34): the devices
+    # pod-fits-node counts (app/dra.py). Served only from 1.34 on: optional (a 404 lists
+    # nothing). A claim's allocation is in its status (the devices it holds).
+    Kind("resource.k8s.io", ("v1",), "DeviceClass", "deviceclasses", False, "whole", True),
+    Kind("resource.k8s.io", ("v1",), "ResourceSlice", "resourceslices", False, "whole", True),
+    Kind("resource.k8s.io", ("v1",), "ResourceClaim", "resourceclaims", True, "whole", True,
+         status=("allocation",)),
+    Kind("resource.k8s.io", ("v1",), "ResourceClaimTemplate", "resourceclaimtemplates", True,
+         "whole", True),
 )
 
 _BY_REF: dict[Ref, Kind] = {k.ref: k for k in KINDS}

@@ -1,7 +1,6 @@
 """Does a pod fit a node? kube-scheduler's filters, one node at a time.
 
-Pure functions over plain Kubernetes dicts; no I/O. Matched against
-Kubernetes v1.34.12 (the e2e control plane) and checked there by the scheduling
+Pure functions over plain Kubernetes dicts; no I/O. Checked by the scheduling
 oracle (``e2e/test_oracle_scheduling.py``), which puts the same nodes and pod
 through the real kube-scheduler:
 
@@ -28,8 +27,17 @@ through the real kube-scheduler:
   ``k8s.io/apimachinery/pkg/labels/selector.go`` ``Requirement.Matches``,
   ``matchFields`` on ``metadata.name`` with In/NotIn of one value).
 
-Not modelled (they need objects this module is not given): inter-pod
-(anti-)affinity, topology spread, host ports, volumes and DRA claims.
+- DRA (``app/dra.py``): on a node with none of an extended resource in allocatable,
+  a DeviceClass that maps it takes the request (``fit.go`` ``shouldDelegateResourceToDRA``),
+  and the pod's claims; both counted against the node's devices (``Node.devices``);
+- ``decider=KUBELET``: what the kubelet admits of a pod bound to it
+  (``pkg/kubelet/lifecycle/predicate.go``: no cordon, NoExecute taints only, extended
+  resources the node has none of not checked, no DRA) — for ``spec.nodeName`` pods and
+  pods another scheduler places.
+
+Kubernetes v1.37.2 (checked by the scheduling oracle on v1.37.2 and v1.35.4, and the DRA
+oracle ``e2e/test_oracle_dra.py`` on v1.37.2). Not modelled (they need objects this module
+is not given): inter-pod (anti-)affinity, topology spread, host ports, volumes.
 
 Why one module of ~600 lines: the filters, the node model they read and the node
 classes (``class_key`` must read exactly what ``_fit`` reads, or two nodes of a class
@@ -47,12 +55,16 @@ from typing import Any
 
 import orjson
 
+from app.dra import DeviceRequest, DeviceState, device_shortfalls
 from app.quantity import QuantityError, parse_quantity
 
 __all__ = [
     "CORDONED",
+    "KUBELET",
     "PER_NODE_LABELS",
+    "SCHEDULER",
     "STAND_IN",
+    "DeviceDemand",
     "Mentions",
     "Node",
     "NodeGroup",
@@ -67,6 +79,7 @@ __all__ = [
     "fit_node",
     "mentions",
     "node_from_object",
+    "node_selector_matches",
     "place_pod",
     "pod_requests",
     "tolerates",
@@ -252,6 +265,9 @@ class Node:
     requested: Mapping[str, int] = field(default_factory=dict)
     pods: int = 0
     potential: bool = False
+    devices: DeviceState | None = None
+    """The DRA devices the node reaches (``app.dra.node_device_states``), when the pod
+    asks for any; not part of ``class_key`` (classes are split by it when it matters)."""
 
 
 def node_from_object(node: Mapping[str, Any], pods_on_node: Iterable[Mapping[str, Any]] = ()) -> Node:
@@ -308,11 +324,12 @@ def _tolerations(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [t for t in items if isinstance(t, Mapping)] if isinstance(items, list) else []
 
 
-def untolerated_taint(spec: Mapping[str, Any], node: Node) -> Mapping[str, str] | None:
-    """The first NoSchedule/NoExecute taint of ``node`` the pod does not tolerate."""
+def untolerated_taint(spec: Mapping[str, Any], node: Node,
+                      effects: Sequence[str] = _FILTERED_EFFECTS) -> Mapping[str, str] | None:
+    """The first NoSchedule/NoExecute taint (of ``effects``) of ``node`` the pod does not tolerate."""
     tolerations = _tolerations(spec)
     for taint in node.taints:
-        if taint.get("effect") not in _FILTERED_EFFECTS:
+        if taint.get("effect") not in effects:
             continue
         if not any(tolerates(t, taint) for t in tolerations):
             return taint
@@ -362,6 +379,14 @@ def _term_matches(term: Mapping[str, Any], node: Node) -> bool:
         return False
     # nodeaffinity.go: matchFields are checked only when the node has a name.
     return not (fields and node.name and not all(_field_matches(e, node.name) for e in fields))
+
+
+def node_selector_matches(selector: Mapping[str, Any], node: Node) -> bool:
+    """A v1.NodeSelector (terms ORed, empty terms skipped) matches ``node``
+    (``nodeaffinity.NewNodeSelector(...).Match``; a ResourceSlice's ``nodeSelector``)."""
+    terms = [t for t in selector.get("nodeSelectorTerms") or [] if isinstance(t, Mapping)
+             and (t.get("matchExpressions") or t.get("matchFields"))]
+    return any(_term_matches(t, node) for t in terms)
 
 
 def required_affinity_matches(spec: Mapping[str, Any], node: Node) -> bool:
@@ -422,24 +447,56 @@ class NodeVerdict:
         return (len(self.shortfalls), ratio)
 
 
+SCHEDULER = "kube-scheduler"
+KUBELET = "kubelet"
+"""Who decides: kube-scheduler's filters, or the kubelet's admission of a pod bound to it
+(``pkg/kubelet/lifecycle/predicate.go``: ``removeMissingExtendedResources`` — an extended
+resource the node has no allocatable for is not checked —, then
+``scheduler.AdmissionCheck``: NodeResourcesFit without DRA, node affinity, node name;
+and NoExecute taints only; no cordon)."""
+
+
+@dataclass(frozen=True)
+class DeviceDemand:
+    """What a pod asks of DRA devices: its claims' requests, and the requests an
+    extended resource mapped by a DeviceClass becomes on a node with none of it in
+    allocatable (``resource`` -> the class's request; its count is the pod's request)."""
+
+    claims: tuple[DeviceRequest, ...] = ()
+    mapped: Mapping[str, DeviceRequest] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.claims or self.mapped)
+
+
 def fit_node(spec: Mapping[str, Any], node: Node,
-             requests: Mapping[str, Decimal] | None = None) -> NodeVerdict:
-    """The scheduler's filters for one node. ``spec`` is the *stored* pod spec
-    (defaulted: see ``app.defaulting.default_pod``); ``requests`` overrides ``pod_requests(spec)``."""
+             requests: Mapping[str, Decimal] | None = None, *, decider: str = SCHEDULER,
+             devices: DeviceDemand | None = None) -> NodeVerdict:
+    """The scheduler's filters for one node (or the kubelet's admission, ``decider``).
+    ``spec`` is the *stored* pod spec (defaulted: see ``app.defaulting.default_pod``);
+    ``requests`` overrides ``pod_requests(spec)``."""
     counted = _counted(requests if requests is not None else pod_requests(spec))
-    return _fit(spec, node, counted, _tolerations(spec))
+    return _fit(spec, node, counted, _tolerations(spec), decider, devices)
+
+
+def _is_extended(name: str) -> bool:
+    """``v1helper.IsExtendedResourceName``: not native (a "/" and no ``kubernetes.io/``)."""
+    return "/" in name and "kubernetes.io/" not in name and is_scalar_resource(name)
 
 
 def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
-         tolerations: list[Mapping[str, Any]]) -> NodeVerdict:
+         tolerations: list[Mapping[str, Any]], decider: str = SCHEDULER,
+         devices: DeviceDemand | None = None) -> NodeVerdict:
     blocked: list[str] = []
-    if node.unschedulable and not any(
+    kubelet = decider == KUBELET
+    if not kubelet and node.unschedulable and not any(
         tolerates(t, {"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}) for t in tolerations
     ):
         blocked.append(CORDONED)
     if not required_affinity_matches(spec, node):
         blocked.append(NOT_SELECTED)
-    taint = untolerated_taint(spec, node) if node.taints else None
+    taint = untolerated_taint(spec, node, ("NoExecute",) if kubelet else _FILTERED_EFFECTS) \
+        if node.taints else None
     if taint is not None:
         value = f"={taint.get('value')}" if taint.get("value") else ""
         blocked.append(f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}")
@@ -447,14 +504,24 @@ def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
     allowed_pods = node.allocatable.get("pods", 0)
     if node.pods + 1 > allowed_pods:
         shortfalls.append(Shortfall("pods", 1, allowed_pods - node.pods, allowed_pods))
+    delegated: list[DeviceRequest] = []
     for name in sorted(counted):
         want = counted[name]
         if want <= 0:
             continue
+        if kubelet and name not in node.allocatable and _is_extended(name):
+            continue  # removeMissingExtendedResources
         alloc = node.allocatable.get(name, 0)
+        if devices and alloc <= 0 and name in devices.mapped:
+            # fit.go shouldDelegateResourceToDRA: no allocatable, a class maps it
+            delegated.append(replace(devices.mapped[name], count=want))
+            continue
         free = alloc - node.requested.get(name, 0)
         if want > free:
             shortfalls.append(Shortfall(name, want, free, alloc))
+    if devices and not kubelet:
+        for short in device_shortfalls([*devices.claims, *delegated], node.devices):
+            shortfalls.append(Shortfall(short.label, short.requested, short.free, short.total))
     return NodeVerdict(node=node, blocked=tuple(blocked), shortfalls=tuple(shortfalls))
 
 
@@ -586,18 +653,19 @@ class PodPlacement:
 def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> PodPlacement:
     return PodPlacement(False, closest=closest, count=sum(n for n, _ in judged),
                      reasons=tuple(sorted({r for _, v in judged for r in v.blocked})),
-                     cordoned_only=any(v.blocked == (CORDONED,) for _, v in judged))
+                     cordoned_only=any(v.blocked == (CORDONED,) and not v.shortfalls for _, v in judged))
 
 
 def place_pod(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Mapping[str, Decimal],
-              limit: int, *, name_closest: bool = True) -> PodPlacement:
+              limit: int, *, name_closest: bool = True, decider: str = SCHEDULER,
+              devices: DeviceDemand | None = None) -> PodPlacement:
     """kube-scheduler's filters over groups of nodes (see ``NodeGroup``): the same ``PodPlacement`` as
     judging every member on its own, when no class holds a node the pod mentions
     (``mentions``; those are given as groups of one). Stops at the first group that takes
     the pod; judges at most ``limit`` groups (then ``complete`` is False).
     ``name_closest=False``: the caller will not show the closest node's name, so a class
     that is closest alone keeps its stand-in's name (its members' names are read only to
-    break a tie between classes)."""
+    break a tie between classes). ``decider``, ``devices``: as ``fit_node``."""
     counted = _counted(requests)
     tolerations = _tolerations(spec)
     judged: list[tuple[NodeGroup, NodeVerdict]] = []
@@ -605,7 +673,7 @@ def place_pod(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Ma
     for group in groups:
         if len(judged) >= limit:
             return PodPlacement(False, complete=False, count=total)
-        verdict = _fit(spec, group.node, counted, tolerations)
+        verdict = _fit(spec, group.node, counted, tolerations, decider, devices)
         if verdict.fits:
             return PodPlacement(True)
         judged.append((group, verdict))

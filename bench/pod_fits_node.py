@@ -18,6 +18,14 @@ size). Wall time and the thread's CPU time are both shown: on a shared machine t
 p99 is mostly the time other processes held the core. ``--shapes N`` gives every node
 one of N allocatable sizes instead: the worst case, where classes are many (capped at
 ``MAX_NODE_GROUPS`` per review).
+
+``--dra``: the GPU nodes' GPUs are DRA devices instead (issue 27 items 3 and 5): no
+``nvidia.com/gpu`` allocatable, one ResourceSlice of 8 devices (each with a unique
+``uuid`` attribute, as NVIDIA's driver publishes) per GPU node, a DeviceClass mapping
+``nvidia.com/gpu``, every other GPU node's first two devices held by a ResourceClaim, and
+two more cases: a pod whose claim template asks 4 H100s (fits) and one asking 9 (refused).
+The first review after a change of Nodes, ResourceSlices or ResourceClaims splits the
+classes by their devices (shown as "split"); the rounds after it reuse it.
 """
 
 from __future__ import annotations
@@ -39,8 +47,8 @@ from app.rules.base import Subject  # noqa: E402
 from app.rules.namespace import pod_fits_node  # noqa: E402
 
 
-def nodes(n: int, shapes: int = 0) -> list[dict[str, Any]]:
-    out = []
+def nodes(n: int, shapes: int = 0, dra: bool = False) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for i in range(n):
         gpu = i % 10 == 9
         name = f"ip-10-0-{i // 250}-{i % 250}.ec2.internal"
@@ -60,9 +68,37 @@ def nodes(n: int, shapes: int = 0) -> list[dict[str, Any]]:
             "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}] if gpu else []},
             "status": {"allocatable": {"cpu": cpu, "memory": "256Gi", "pods": "110",
                                        "ephemeral-storage": "100Gi",
-                                       "nvidia.com/gpu": "8" if gpu else "0"}},
+                                       "nvidia.com/gpu": "8" if gpu and not dra else "0"}},
         })
+        if dra and gpu:
+            out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                        "metadata": {"name": f"{name}-gpu"},
+                        "spec": {"driver": DRIVER, "nodeName": name,
+                                 "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                                 "devices": [{"name": f"gpu-{d}", "attributes": {
+                                     "model": {"string": "H100"}, "uuid": {"string": f"GPU-{i}-{d}"}}}
+                                     for d in range(8)]}})
+            if i % 20 == 9:
+                out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": f"held-{i}", "namespace": "a"},
+                            "spec": {"devices": {"requests": []}},
+                            "status": {"allocation": {"devices": {"results": [
+                                {"request": "r", "driver": DRIVER, "pool": name, "device": f"gpu-{d}"}
+                                for d in range(2)]}}}})
+    if dra:
+        out.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"},
+                    "spec": {"extendedResourceName": "nvidia.com/gpu",
+                             "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
+        for want in (4, 9):
+            out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                        "metadata": {"name": f"h100-{want}", "namespace": "a"},
+                        "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                            "deviceClassName": "gpu", "count": want, "selectors": [{"cel": {
+                                "expression": f'device.attributes["{DRIVER}"].model == "H100"'}}]}}]}}}})
     return out
+
+
+DRIVER = "gpu.nvidia.com"
 
 
 def deployment(resources: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -86,6 +122,15 @@ CASES = {
 }
 
 
+def claiming(want: int) -> dict[str, Any]:
+    obj = deployment(SMALL, {"tolerations": [{"key": "gpu", "operator": "Exists"}],
+                             "resourceClaims": [{"name": "g", "resourceClaimTemplateName": f"h100-{want}"}]})
+    return obj
+
+
+DRA_CASES = {"DRA claim of 4 H100 fits": claiming(4), "DRA claim of 9 (refused)": claiming(9)}
+
+
 def p(times: list[float], pct: int) -> float:
     """The ``pct`` percentile of ``times``, in ms (p50: the median)."""
     ordered = sorted(times)
@@ -99,15 +144,23 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,1000,5000")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--shapes", type=int, default=0, help="distinct allocatable sizes (0: 12 classes)")
+    parser.add_argument("--dra", action="store_true", help="GPUs as DRA devices (ResourceSlices)")
     args = parser.parse_args()
     policy = Policy()
     subject = Subject("apps", "v1", "Deployment", namespace="a", name="w")
     indexes = getattr(namespace, "INDEXES", ())
     for size in (int(s) for s in args.sizes.split(",")):
-        store = StaticView(nodes(size, args.shapes), indexes)
-        view = ScopedView(store, frozenset({"Node", "NodePool.karpenter.sh"}), "pod-fits-node")
+        store = StaticView(nodes(size, args.shapes, args.dra), indexes)
+        view = ScopedView(store, pod_fits_node.rule.reads, "pod-fits-node")  # type: ignore[attr-defined]
         pod_fits_node(subject, CASES["first node fits"], view, policy)  # warm any cache
-        for name, obj in CASES.items():
+        cases = {**CASES, **(DRA_CASES if args.dra else {})}
+        if args.dra:
+            for name in ("every 10th node fits", "DRA claim of 4 H100 fits"):
+                start_cpu = time.thread_time()
+                pod_fits_node(subject, cases[name], view, policy)
+                print(f"{size:>5} nodes  split by devices ({name}): "
+                      f"{(time.thread_time() - start_cpu) * 1e3:.1f} ms cpu, once per change", flush=True)
+        for name, obj in cases.items():
             findings = pod_fits_node(subject, obj, view, policy)
             verdict = "refused" if any(f.severity == "error" for f in findings) else \
                 "warned" if findings else "allowed"

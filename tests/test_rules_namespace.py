@@ -84,7 +84,7 @@ def test_limitrange_default_below_request_warns_on_the_workload() -> None:
 
 
 def test_pod_that_fits_no_node_is_refused_with_numbers() -> None:
-    view = StaticView([node("n1", "16", "32Gi"), node("n2", "8", "64Gi", unschedulable=True)])
+    view = StaticView([node("n1", "16", "32Gi"), node("n2", "8", "48Gi", unschedulable=True)])
     obj = workload("Deployment", [container(requests={"memory": "64Gi"}, limits={"memory": "64Gi"})])
     [error] = run(obj, view=view).errors
     assert error.rule == "pod-fits-node"
@@ -93,6 +93,18 @@ def test_pod_that_fits_no_node_is_refused_with_numbers() -> None:
     assert "reserve 0 cpu, 0 memory" in error.message
     fits = workload("Deployment", [container(requests={"memory": "32Gi"}, limits={"memory": "32Gi"})])
     assert run(fits, view=view).errors == []
+
+
+def test_a_pod_only_a_cordoned_node_takes_is_not_refused_beside_a_smaller_uncordoned_one() -> None:
+    """docs/fidelity.md's deliberate difference (#28 class 4): the cordoned n2 would take
+    the pod, so the smaller uncordoned n1 being "closest" must not turn it into a refusal;
+    a cordoned node that is too small itself does not count."""
+    obj = workload("Deployment", [container(requests={"memory": "64Gi"}, limits={"memory": "64Gi"})])
+    view = StaticView([node("n1", "16", "32Gi"), node("n2", "8", "64Gi", unschedulable=True)])
+    assert not [f for f in run(obj, view=view).findings if f.rule == "pod-fits-node"]
+    small = StaticView([node("n1", "16", "32Gi"), node("n2", "8", "48Gi", unschedulable=True)])
+    [error] = run(obj, view=small).errors
+    assert "offers 32Gi memory" in error.message
 
 
 def test_node_selector_narrows_the_nodes_and_reserve_counts() -> None:

@@ -59,7 +59,7 @@ def per_node(view: StaticView, spec: dict[str, Any], requests: dict[str, Any], r
     closest = min(short, key=lambda v: (v.distance(), v.node.name)) if short else None
     return PodPlacement(False, closest=closest, count=len(verdicts),
                         reasons=tuple(sorted({r for v in verdicts for r in v.blocked})),
-                        cordoned_only=any(v.blocked == (CORDONED,) for v in verdicts))
+                        cordoned_only=any(v.blocked == (CORDONED,) and not v.shortfalls for v in verdicts))
 
 
 def grouped(view: StaticView, spec: dict[str, Any], requests: dict[str, Any], rc: int, rm: int) -> Any:
@@ -154,12 +154,12 @@ def test_the_rule_says_what_judging_every_node_says(
     obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w", "namespace": "team-a"},
            "spec": {"template": {"spec": spec}}}
     view = StaticView([n for _, n in nodes])
-    scoped = ScopedView(view, frozenset({"Node", "NodePool.karpenter.sh"}), "pod-fits-node")
+    scoped = ScopedView(view, pod_fits_node.rule.reads, "pod-fits-node")
     mine = pod_fits_node(SUBJECT, copy.deepcopy(obj), scoped, policy)
     # Same nodes, each made a class of its own by a label no other node has.
     alone = StaticView([{**n, "metadata": {**n["metadata"], "labels": {
         **n["metadata"].get("labels", {}), f"own/{name}": "1"}}} for name, n in nodes])
-    scoped_alone = ScopedView(alone, frozenset({"Node", "NodePool.karpenter.sh"}), "pod-fits-node")
+    scoped_alone = ScopedView(alone, pod_fits_node.rule.reads, "pod-fits-node")
     theirs = pod_fits_node(SUBJECT, copy.deepcopy(obj), scoped_alone, policy)
     assert len(alone.index_counts(NODE_CLASS)) == len([n for _, n in nodes if _node_of(n)])
     assert [(f.path, f.message, f.severity) for f in mine] == \

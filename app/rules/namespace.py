@@ -14,9 +14,10 @@ and ``app/scheduling.py``.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
@@ -25,6 +26,16 @@ from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
 from app.defaulting import apply_limit_range_defaults, default_pod, effective_pod_requests
 from app.disclosure import node_reference
+from app.dra import (
+    DeviceClass,
+    DeviceRequest,
+    DeviceState,
+    device_classes,
+    extended_resource_classes,
+    node_device_states,
+    pod_claim_requests,
+    selector_references,
+)
 from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
 from app.namespace_policy import (
     CpuLimitNeed,
@@ -45,16 +56,21 @@ from app.podspec import (
 from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
 from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
-from app.scheduling import Node as SchedNode
 from app.scheduling import (
+    KUBELET,
+    SCHEDULER,
+    DeviceDemand,
     NodeGroup,
+    NodeVerdict,
     clamp_quantity,
     class_key,
     class_node,
     mentions,
     node_from_object,
+    node_selector_matches,
     place_pod,
 )
+from app.scheduling import Node as SchedNode
 from app.util import Memo
 
 __all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS"]
@@ -250,18 +266,56 @@ def _own(stand_in: SchedNode, obj: dict[str, Any]) -> SchedNode:
                    labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {})
 
 
+DRA_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate")
+"""resource.k8s.io/v1 kinds ``pod-fits-node`` reads (app/dra.py)."""
+
+Split = dict[str, list[tuple[DeviceState | None, list[str]]]]
+_splits: Memo[tuple[int, int, int, int, frozenset[str]], tuple[dict[str, DeviceState], Split]] = Memo(16)
+
+
+def _device_split(view: ClusterView, keys: frozenset[str]) -> tuple[dict[str, DeviceState], Split]:
+    """Each node's DRA devices (projected on the attributes ``keys`` the pod's selectors
+    read) and each node class split by them: computed once per change of Nodes,
+    ResourceSlices or ResourceClaims (and set of keys), not once per review."""
+    memo_key = (view.version("Node"), view.version("ResourceSlice"), view.version("ResourceClaim"),
+                view.version("DeviceClass"), keys)
+    found = _splits.get(memo_key)
+    if found is not None:
+        return found
+    members: list[tuple[str, str, dict[str, Any]]] = []
+    for key in view.index_counts(NODE_CLASS):
+        for obj in view.by_index(NODE_CLASS, key):
+            members.append((key, _name(obj), obj))
+
+    def matcher(key: str, obj: dict[str, Any]) -> Callable[[Mapping[str, Any]], bool]:
+        """Built only for a slice that selects nodes (most name theirs)."""
+        return lambda selector: node_selector_matches(selector, _own(class_node(key), obj))
+
+    states = node_device_states(view.list("ResourceSlice"), view.list("ResourceClaim"),
+                                ((name, matcher(key, obj)) for key, name, obj in members), keys)
+    by: dict[str, dict[DeviceState | None, list[str]]] = {}
+    for key, name, _ in members:
+        by.setdefault(key, {}).setdefault(states.get(name), []).append(name)
+    split: Split = {key: list(groups.items()) for key, groups in by.items()}
+    return _splits.put(memo_key, (states, split))
+
+
 def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
-            reserve_memory: int) -> Iterator[NodeGroup]:
+            reserve_memory: int, keys: frozenset[str] | None = None) -> Iterator[NodeGroup]:
     """The nodes to judge, built as ``place_pod`` asks for them: each node the pod mentions
     (a name in ``matchFields``, a per-node label value) on its own, then one stand-in per
-    class for the rest (app.scheduling ``place_pod``)."""
+    class for the rest (app.scheduling ``place_pod``). ``keys``: the pod asks for DRA
+    devices (the attributes its selectors read): classes are split by their members'
+    devices, and each node carries its own."""
     counts = view.index_counts(NODE_CLASS)
+    states, split = _device_split(view, keys) if keys is not None else ({}, {})
     said = mentions(spec)
     if said.per_node:  # judge every node on its own
         for key in counts:
             stand_in = _class(key, reserve_cpu, reserve_memory)
             for obj in view.by_index(NODE_CLASS, key):
-                yield NodeGroup(_own(stand_in, obj))
+                node = _own(stand_in, obj)
+                yield NodeGroup(replace(node, devices=states.get(node.name)) if keys is not None else node)
         return
     named: dict[str, dict[str, Any]] = {}
     for name in sorted(said.names):
@@ -280,9 +334,18 @@ def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
         if node_key is None or node_key not in counts:
             continue  # not a node the rule judges (a quantity does not parse), or just added
         taken[node_key] = taken.get(node_key, 0) + 1
-        own.append(NodeGroup(_own(_class(node_key, reserve_cpu, reserve_memory), obj)))
+        node = _own(_class(node_key, reserve_cpu, reserve_memory), obj)
+        own.append(NodeGroup(replace(node, devices=states.get(node.name)) if keys is not None else node))
     yield from own
     for key, count in counts.items():
+        if keys is not None:
+            stand_in = _class(key, reserve_cpu, reserve_memory)
+            for state, names_of in split.get(key, ()):
+                rest_names = [n for n in names_of if n not in named] if named else names_of
+                if rest_names:
+                    yield NodeGroup(replace(stand_in, devices=state), len(rest_names),
+                                    partial(list, rest_names))
+            continue
         rest = count - taken.get(key, 0)
         if rest <= 0:
             continue
@@ -292,6 +355,92 @@ def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
             return [n for n in found if n not in named] if named else found
 
         yield NodeGroup(_class(key, reserve_cpu, reserve_memory), rest, names)
+
+
+_classes_memo: Memo[int, tuple[dict[str, DeviceClass], dict[str, str]]] = Memo(8)
+
+
+def _device_demand(subject: Subject, spec: dict[str, Any], view: ClusterView,
+                   requests: Mapping[str, Decimal]) -> DeviceDemand:
+    """What the pod asks of DRA devices (app/dra.py): its claims' requests, and each
+    extended resource it requests that a DeviceClass maps."""
+    if not view.count("DeviceClass"):
+        return DeviceDemand()  # no class: no claim can be allocated, nothing is mapped
+    version = view.version("DeviceClass")
+    found = _classes_memo.get(version)
+    if found is None:
+        classes = device_classes(view.list("DeviceClass"))
+        found = _classes_memo.put(version, (classes, extended_resource_classes(classes)))
+    classes, mapped = found
+    wanted = {name: mapped[name] for name, value in requests.items() if value > 0 and name in mapped}
+    claims = pod_claim_requests(spec, subject.namespace,
+                                lambda kind, name, ns: view.get(kind, name, ns), classes) \
+        if spec.get("resourceClaims") else []
+    return DeviceDemand(tuple(claims), {name: DeviceRequest(name, cls, classes[cls].selectors, resource=name)
+                                        for name, cls in wanted.items()})
+
+
+DAEMON_TOLERATIONS = (
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+)
+"""pkg/controller/daemon/util/daemonset_util.go ``AddOrUpdateDaemonPodTolerations``: what
+the DaemonSet controller adds to every pod it creates (and
+``node.kubernetes.io/network-unavailable`` for a hostNetwork pod)."""
+
+_NETWORK_UNAVAILABLE = {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
+                        "effect": "NoSchedule"}
+
+
+def _pods_of(subject: Subject, spec: dict[str, Any], view: ClusterView) -> dict[str, Any]:
+    """The pod spec the scheduler will see for a template's pods: what the RuntimeClass
+    admission plugin adds (``plugin/pkg/admission/runtimeclass``: ``overhead.podFixed``
+    when the pod has no overhead, ``scheduling.nodeSelector`` merged into the pod's,
+    ``scheduling.tolerations`` appended) and the DaemonSet controller's tolerations. A Pod
+    reaches the webhook after the RuntimeClass plugin: nothing to add then."""
+    if subject.kind == "Pod":
+        return spec
+    out = dict(spec)
+
+    def listed(value: object) -> list[Any]:
+        return value if isinstance(value, list) else []
+
+    name = spec.get("runtimeClassName")
+    runtime = view.get("RuntimeClass", name) if isinstance(name, str) and name else None
+    if runtime is not None:
+        overhead = runtime.get("overhead")
+        fixed = overhead.get("podFixed") if isinstance(overhead, dict) else None
+        if isinstance(fixed, dict) and not spec.get("overhead"):
+            out["overhead"] = fixed
+        scheduling = runtime.get("scheduling")
+        scheduling = scheduling if isinstance(scheduling, dict) else {}
+        selector, own = scheduling.get("nodeSelector"), spec.get("nodeSelector")
+        if isinstance(selector, dict) and selector:
+            out["nodeSelector"] = {**selector, **(own if isinstance(own, dict) else {})}
+        tolerations = listed(scheduling.get("tolerations"))
+        if tolerations:
+            out["tolerations"] = [*listed(spec.get("tolerations")), *tolerations]
+    if subject.kind == "DaemonSet":
+        extra = [*DAEMON_TOLERATIONS, *([_NETWORK_UNAVAILABLE] if spec.get("hostNetwork") else [])]
+        out["tolerations"] = [*listed(out.get("tolerations")), *extra]
+    return out
+
+
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def _decider(spec: dict[str, Any]) -> str:
+    """Who places the pod: kube-scheduler, or only the kubelet's admission (a pod bound
+    by ``spec.nodeName``, or placed by another scheduler such as KAI: whatever binds it,
+    the kubelet admits it or fails it, ``pkg/kubelet/lifecycle/predicate.go``)."""
+    name = spec.get("schedulerName")
+    if spec.get("nodeName") or (name not in (None, "", DEFAULT_SCHEDULER)):
+        return KUBELET
+    return SCHEDULER
 
 
 def _units(resource: str, units: int) -> str:
@@ -310,16 +459,23 @@ def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
 
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
-      reads={"Node", KARPENTER_NODEPOOL}, judges=pod_resources, ratchet=Ratchet.WARN,
-      requires=well_formed)
+      reads={"Node", KARPENTER_NODEPOOL, "RuntimeClass", *DRA_KINDS}, judges=pod_resources,
+      ratchet=Ratchet.WARN, requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
     """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
     the real kube-scheduler by the scheduling oracle): schedulable, nodeSelector and
     required node affinity, NoSchedule/NoExecute taints vs tolerations, and the pod's
     effective request (sidecars, init containers, overhead, pod-level resources) on
-    cpu, memory, ephemeral-storage and every extended resource. Refused when no node
-    takes it; the message names the closest node and what it lacks.
+    cpu, memory, ephemeral-storage and every extended resource, and the DRA devices its
+    claims and its DeviceClass-mapped extended resources ask for (app/dra.py). Refused
+    when no node takes it; the message names the closest node and what it lacks.
+
+    A template's pods are judged as the RuntimeClass admission plugin and the DaemonSet
+    controller make them (``_pods_of``). A pod with ``spec.nodeName`` is judged on that
+    node only, as the kubelet admits it; a pod for another scheduler (``schedulerName``,
+    e.g. KAI's) by the kubelet's checks on every node (docs/fidelity.md). A DaemonSet whose
+    selection takes no node makes no pod: never refused for that.
 
     Autoscaled clusters (class 10, app/autoscaling.py): a pod no current node takes but
     a node the autoscaler can create would (``nodes.autoscaledShapes``, Karpenter
@@ -329,6 +485,8 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
                         and not _karpenter_pools(view)):
         return []  # no nodes known: nothing to judge against
+    spec = _pods_of(subject, spec, view)
+    decider = _decider(spec)
     reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
     reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
         parse_quantity(settings.sandbox_parent_reserve_memory))
@@ -338,15 +496,29 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
             else effective_pod_requests(spec, is_pod=False)
     except QuantityError:
         return []  # the quantities rule names the value that does not parse
-    groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory))
-    verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages)
+    path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
+    bound = spec.get("nodeName")
+    if isinstance(bound, str) and bound:
+        return _bound_pod(spec, bound, view, requests, path, policy, int(reserve_cpu * 1000),
+                          int(reserve_memory))
+    devices = _device_demand(subject, spec, view, requests) if decider == SCHEDULER else DeviceDemand()
+    keys = selector_references([*devices.claims, *devices.mapped.values()]) if devices else None
+    groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory), keys)
+    verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages,
+                        decider=decider, devices=devices or None)
     if verdict.fits:
         return []
-    path = ".".join(POD_SPEC_PATHS[(subject.group, subject.kind)])
     if not verdict.complete:
         return [warning(path, f"pod-fits-node did not decide: the nodes come in more than "
                               f"{MAX_NODE_GROUPS} classes and none of the first "
                               f"{MAX_NODE_GROUPS} takes the pods")]
+    if verdict.cordoned_only:
+        return []  # a cordoned node would take it: maintenance, not a bad spec (docs/fidelity.md)
+    closest = verdict.closest
+    if closest is None and subject.kind == "DaemonSet" and verdict.count:
+        return []  # its selection takes no node: the controller creates no pod at all
+    by = "" if decider == SCHEDULER else \
+        f" (schedulerName {spec.get('schedulerName')}: judged as the kubelet admits it)"
     pools = [pool_shape(p) for p in _karpenter_pools(view)]
     shapes = policy_nodes(settings.autoscaled_shapes, int(reserve_cpu * 1000), int(reserve_memory))
     new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools,
@@ -357,24 +529,51 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return [warning(path, f"fits no current node; would fit a node that {new_node.source} can "
                               f"create{maybe}: it waits for the autoscaler")]
     autoscaled = f"; no autoscaled node takes it either ({'; '.join(why_not)})" if why_not else ""
-    closest = verdict.closest
     if closest is None:
-        if verdict.cordoned_only:
-            return []  # only cordoned nodes would take it: maintenance, not a bad spec
         if not verdict.count:
             return [error(path, f"no node exists and no node the autoscaler can create takes the "
                                 f"pods{autoscaled}")]
         selector = spec.get("nodeSelector") or {}
         which = f"node matching nodeSelector {selector}" if selector else "node the pod may land on"
         return [error(path, f"no {which} is known; the pods cannot be placed "
-                            f"({verdict.count} nodes: {'; '.join(verdict.reasons)}){autoscaled}")]
+                            f"({verdict.count} nodes: {'; '.join(verdict.reasons)}){autoscaled}{by}")]
+    return [error(path, _no_room(closest, settings.name_in_messages, reserve_cpu, reserve_memory,
+                                 "no node it may land on has room: the closest") + autoscaled + by)]
+
+
+def _no_room(closest: NodeVerdict, name_in_messages: bool, reserve_cpu: Decimal,
+             reserve_memory: Decimal, lead: str) -> str:
     short = closest.shortfalls
     needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
     offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
     reserve = f"reserve {format_cpu(reserve_cpu)} cpu, {format_bytes(reserve_memory)} memory"
-    where = node_reference(closest.node, settings.name_in_messages, (s.resource for s in short))
-    return [error(path, f"each pod needs {needs}; no node it may land on has room: the closest "
-                        f"({where}) offers {offers} ({reserve}){autoscaled}")]
+    where = node_reference(closest.node, name_in_messages, (s.resource for s in short))
+    return f"each pod needs {needs}; {lead} ({where}) offers {offers} ({reserve})"
+
+
+def _bound_pod(spec: dict[str, Any], node_name: str, view: ClusterView, requests: Mapping[str, Decimal],
+               path: str, policy: Policy, reserve_cpu: int, reserve_memory: int) -> list[Finding]:
+    """A pod bound by ``spec.nodeName`` (set by hand, or a scheduled Pod being resized):
+    no scheduler places it; its node's kubelet admits it (``pkg/kubelet/lifecycle/
+    predicate.go``: resources, node name, node affinity, NoExecute taints) or fails it.
+    Judged on that node only; a node the view does not hold is not judged."""
+    obj = view.get("Node", node_name)
+    key = next(iter(_node_class(obj)), None) if obj is not None else None
+    if obj is None or key is None:
+        return []
+    node = _own(_class(key, reserve_cpu, reserve_memory), obj)
+    verdict = place_pod(spec, [NodeGroup(node)], requests, 1, decider=KUBELET)
+    if verdict.fits:
+        return []
+    closest = verdict.closest
+    settings = policy.nodes
+    where = node_reference(node, settings.name_in_messages)
+    if closest is None:
+        return [error(f"{path}.nodeName", f"the kubelet of node {where} (spec.nodeName) rejects the pod: "
+                                          f"{'; '.join(verdict.reasons)}")]
+    return [error(f"{path}.nodeName", _no_room(
+        closest, settings.name_in_messages, Decimal(reserve_cpu) / 1000, Decimal(reserve_memory),
+        "its node (spec.nodeName: the kubelet admits it, no scheduler) has no room:"))]
 
 
 # --- namespace memory composition -------------------------------------------------
