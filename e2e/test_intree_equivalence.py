@@ -239,7 +239,8 @@ def configurations(name: str, policy: Policy, webhook: harness.Webhook,
             manifest["spec"]["matchConstraints"]["namespaceSelector"] = selector
         else:
             manifest["spec"]["policyName"] = f"intree-e2e-{name}"
-            manifest["spec"]["matchResources"]["namespaceSelector"] = selector
+            manifest["spec"]["matchResources"]["namespaceSelector"] = {
+                **selector, "matchExpressions": compiled.namespace_requirements}
     if mutilate is not None:
         text = json.dumps(manifests)
         assert mutilate[0] in text, f"the clause {mutilate[0]!r} is not in the generated policy"
@@ -304,6 +305,9 @@ def _answer(pool: urllib3.PoolManager, cluster: Cluster, obj: dict[str, Any],
     stored = None
     message = ""
     if response.status == 201 and isinstance(body, dict):
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid:  # a Job's selector and template labels carry its own uid
+            body = json.loads(json.dumps(body).replace(uid, "<uid>"))
         meta = body.get("metadata") or {}
         stored = {**body, "metadata": {k: v for k, v in meta.items() if k not in _VOLATILE}}
         stored.pop("status", None)
@@ -328,7 +332,8 @@ def _wait_loaded(pool: urllib3.PoolManager, cluster: Cluster, roles: dict[str, d
         if all(a["stored"] and "limits" not in a["stored"]["spec"]["template"]["spec"]["containers"][0]
                ["resources"] for a in answers) and denials == [403, 403]:
             return
-        assert time.monotonic() < deadline, f"the configurations were never loaded: {answers}"
+        assert time.monotonic() < deadline, (
+            f"the configurations were never loaded: {[(a['status'], a['message'][-700:]) for a in answers]}")
         time.sleep(0.5)
 
 

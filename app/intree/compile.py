@@ -41,7 +41,8 @@ Left out of the domain (answered by the webhook):
 - objects an exception or the exemption annotation may exempt from a compiled rule;
 - with the namespace guards (``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``)
   on: namespaces without the fact label (:data:`FACT_LABEL` = :data:`FACT_VALUE`: no
-  LimitRange and no ResourceQuota there, kept current by ``app.intree.facts``);
+  LimitRange and no ResourceQuota there). That part is the binding's namespaceSelector,
+  not the domain: matchConditions see no ``namespaceObject``;
 - whatever an enabled mutate rule that is not compiled may act on
   (``env-envelope-cpu``: a limits string envelope that mentions ``cpu`` or holds a
   ``$(VAR)`` reference; ``cpu-limits``/``memory-limit`` in ``warn`` mode: any CPU limit
@@ -107,6 +108,9 @@ class Compiled:
     """The MutatingAdmissionPolicy and its binding (none when nothing is compiled)."""
     webhook_condition: str = "true"
     """The reduced mutating webhook's matchCondition: what is left to ``/mutate``."""
+    namespace_requirements: list[dict[str, Any]] = field(default_factory=list)
+    """matchExpressions the binding's namespaceSelector adds (the namespace fact, the
+    namespaces an exception may exempt)."""
 
     def webhook_patch(self) -> dict[str, Any]:
         """A strategic-merge patch for the chart's MutatingWebhookConfiguration that sets
@@ -180,9 +184,44 @@ def _exception(exception: RuleException) -> str:
         parts.append(f"request.namespace in {json.dumps(list(exception.namespaces))}")
     if exception.object_selector is not None:
         parts.append(_selector(exception.object_selector, _labels("object.metadata")))
-    if exception.namespace_selector is not None:
-        parts.append(_selector(exception.namespace_selector, _labels("namespaceObject.metadata")))
+    # A namespaceSelector is not read here: matchConditions see no namespaceObject. An
+    # exception with other conditions too is matched on those alone (a superset: the
+    # rest goes to the webhook); one with only a namespaceSelector is the binding's
+    # (:func:`_exception_requirements`).
     return "(" + " && ".join(parts or ["true"]) + ")"
+
+
+def _negated(selector: LabelSelector) -> dict[str, Any] | None:
+    """One requirement that holds only where ``selector`` does not: the negation of its
+    first term (exact for a one-term selector, a subset of the complement otherwise).
+    None for an empty selector (it selects every namespace)."""
+    flip = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
+    for key, value in (selector.match_labels or {}).items():
+        return {"key": key, "operator": "NotIn", "values": [value]}
+    for req in selector.match_expressions or []:
+        out: dict[str, Any] = {"key": req.key, "operator": flip[req.operator]}
+        if req.operator in ("In", "NotIn"):
+            out["values"] = list(req.values or [])
+        return out
+    return None
+
+
+def _namespace_only(exception: RuleException) -> bool:
+    return exception.namespace_selector is not None and not (
+        exception.kinds or exception.namespaces or exception.object_selector is not None)
+
+
+def _exception_requirements(policy: Policy, compiled: Sequence[str]) -> list[dict[str, Any]]:
+    """What the binding's namespaceSelector adds for exceptions that name only a
+    namespaceSelector: namespaces they may exempt are left to the webhook."""
+    out = []
+    for exception in policy.exceptions:
+        if {"*", *compiled} & set(exception.rules) and _namespace_only(exception):
+            assert exception.namespace_selector is not None
+            negated = _negated(exception.namespace_selector)
+            out.append(negated if negated is not None else
+                       {"key": "kubernetes.io/metadata.name", "operator": "DoesNotExist"})
+    return out
 
 
 def _cpu_limit(r: str) -> str:
@@ -270,12 +309,8 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
         there, _ = _annotation_value("object.metadata", policy.exempt_annotation)
         parts.append(f"!{there}")
     for exception in policy.exceptions:
-        if {"*", *compiled} & set(exception.rules):
+        if {"*", *compiled} & set(exception.rules) and not _namespace_only(exception):
             parts.append(f"!{_exception(exception)}")
-    if any(g in on for g in _GUARDS):
-        labels = _labels("namespaceObject.metadata")
-        parts.append(f"({_s(FACT_LABEL)} in {labels} && {labels}[{_s(FACT_LABEL)}] == "
-                     f"{_s(FACT_VALUE)})")
     parts.append(_template_exists(" && ".join(body)))
     return " && ".join(p for p in parts if p != "true")
 
@@ -290,21 +325,29 @@ def _at(pointer: str, suffix: str) -> str:
     return f"{pointer} + {_s(suffix)}"
 
 
-def _ops(r: str, has_r: str, pointer: str, rule_id: str, opted_out: str) -> str:
+def _ops(r: str, has_r: str, pointer: str, rule_id: str,
+         opted_out: str) -> list[tuple[str, str]]:
     """The JSONPatch operations of one rule on one resources block ``r`` at ``pointer``
-    (a CEL string expression)."""
+    (a CEL string expression): (when, the ``JSONPatch``), each over the block's holder.
+    Each is written as a filter and a transform rather than a ternary over lists, so the
+    whole expression types as ``list(JSONPatch)``."""
     if rule_id == "cpu-limits":
         limit = f"{r}.limits.cpu"
-        add_one = _patch("add", _at(pointer, "/requests/cpu"), limit)
-        add_map = _patch("add", _at(pointer, "/requests"), '{"cpu": ' + limit + "}")
-        request = f"({_in(r, 'requests', 'cpu')} ? [] : has({r}.requests) ? [{add_one}] : [{add_map}])"
-        remove = _patch("remove", _at(pointer, "/limits/cpu"))
-        return f"(!{opted_out} && {has_r} && {_cpu_limit(r)} ? [{remove}] + {request} : [])"
+        moved = f"!{opted_out} && {has_r} && {_cpu_limit(r)}"
+        return [
+            (moved, _patch("remove", _at(pointer, "/limits/cpu"))),
+            (f"{moved} && has({r}.requests) && !(\"cpu\" in {r}.requests)",
+             _patch("add", _at(pointer, "/requests/cpu"), limit)),
+            (f"{moved} && !has({r}.requests)",
+             _patch("add", _at(pointer, "/requests"), '{"cpu": ' + limit + "}")),
+        ]
     request = f"{r}.requests.memory"
-    add_one = _patch("add", _at(pointer, "/limits/memory"), request)
-    add_map = _patch("add", _at(pointer, "/limits"), '{"memory": ' + request + "}")
-    return (f"({has_r} && {_memory_without_limit(r)} ? "
-            f"(has({r}.limits) ? [{add_one}] : [{add_map}]) : [])")
+    filled = f"{has_r} && {_memory_without_limit(r)}"
+    return [
+        (f"{filled} && has({r}.limits)", _patch("add", _at(pointer, "/limits/memory"), request)),
+        (f"{filled} && !has({r}.limits)",
+         _patch("add", _at(pointer, "/limits"), '{"memory": ' + request + "}")),
+    ]
 
 
 def _places(r: str, has_r: str, rule_id: str) -> str:
@@ -334,14 +377,15 @@ def _patch_expression(compiled: Sequence[str], policy: Policy) -> tuple[list[dic
         for field_name in ("initContainers", "containers"):
             items = f"(has({s}.{field_name}) ? {s}.{field_name} : [])"
             pointer = f"variables.base + \"/{field_name}/\" + string(i) + \"/resources\""
-            each = _ops("c.resources", "has(c.resources)", pointer, rule_id, opted_out)
-            ops.append(f"{items}.transformList(i, c, {each}).flatten(1)")
+            for when, patch in _ops("c.resources", "has(c.resources)", pointer, rule_id, opted_out):
+                ops.append(f"{items}.transformList(i, c, {when}, {patch})")
             changed = _places("c.resources", "has(c.resources)", rule_id)
             names.append(f"{items}.transformList(i, c, {changed}, "
                          f"has(c.name) ? c.name : \"{field_name}[\" + string(i) + \"]\")")
-        has_pod = f"has({s}.resources)"
-        ops.append(_ops(f"{s}.resources", has_pod, "variables.base + \"/resources\"", rule_id, opted_out))
-        names.append(f"({_places(f'{s}.resources', has_pod, rule_id)} ? [\"pod\"] : [])")
+        for when, patch in _ops("p.resources", "has(p.resources)", "variables.base + \"/resources\"",
+                                rule_id, opted_out):
+            ops.append(f"[{s}].filter(p, {when}).map(p, {patch})")
+        names.append(f"({_places(f'{s}.resources', f'has({s}.resources)', rule_id)} ? [\"pod\"] : [])")
         found = f"({' + '.join(names)}).distinct()"
         variables.append({"name": _var(rule_id), "expression":
                           f"{opted_out} ? [] : {found}" if rule_id == "cpu-limits" else found})
@@ -353,12 +397,12 @@ def _patch_expression(compiled: Sequence[str], policy: Policy) -> tuple[list[dic
                             for rid, v in place_lists)
         variables.append({"name": "mutations", "expression": f"({pieces}).join(\";\")"})
         pods = "true" if policy.annotate_pods else "object.kind != \"Pod\""
-        annotation = (f"(variables.mutations != \"\" && {pods} ? "
-                      f"(has(object.metadata.annotations) ? "
-                      f"[JSONPatch{{op: \"add\", path: \"/metadata/annotations/\" + "
-                      f"jsonpatch.escapeKey({_s(key)}), value: variables.mutations}}] : "
-                      f"[JSONPatch{{op: \"add\", path: \"/metadata/annotations\", "
-                      f"value: {{{_s(key)}: variables.mutations}}}}]) : [])")
+        when = f"variables.mutations != \"\" && {pods}"
+        one = _patch("add", f"\"/metadata/annotations/\" + jsonpatch.escapeKey({_s(key)})",
+                     "variables.mutations")
+        whole = _patch("add", "\"/metadata/annotations\"", f"{{{_s(key)}: variables.mutations}}")
+        annotation = (f"[object].filter(o, {when} && has(o.metadata.annotations)).map(o, {one}) + "
+                      f"[object].filter(o, {when} && !has(o.metadata.annotations)).map(o, {whole})")
         expression = f"{expression} + {annotation}"
     return variables, expression
 
@@ -381,9 +425,19 @@ def _resource_rules() -> list[dict[str, Any]]:
              "operations": ["CREATE", "UPDATE"]} for group, resources in by_group.items()]
 
 
-def _namespace_selector(excluded: Sequence[str]) -> dict[str, Any]:
+def _namespace_selector(excluded: Sequence[str],
+                        required: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     return {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                  "values": list(dict.fromkeys(excluded))}]}
+                                  "values": list(dict.fromkeys(excluded))}, *required]}
+
+
+def _fact_requirements(on: dict[str, Mode]) -> list[dict[str, Any]]:
+    """With a namespace guard on, the binding selects only namespaces with the fact. (It
+    cannot be a matchCondition: the API server gives a policy's matchConditions no
+    ``namespaceObject`` — ``webhook/matchconditions/matcher.go`` passes none.)"""
+    if not any(g in on for g in _GUARDS):
+        return []
+    return [{"key": FACT_LABEL, "operator": "In", "values": [FACT_VALUE]}]
 
 
 def compile_in_tree(rules: RuleSet, policy: Policy, *,
@@ -400,6 +454,7 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
     if not compiled:
         return Compiled((), why, "false", [], old)
     domain = _domain(on, compiled, policy)
+    required = _fact_requirements(on) + _exception_requirements(policy, compiled)
     variables, expression = _patch_expression(compiled, policy)
     policy_manifest = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -420,7 +475,11 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
         "kind": "MutatingAdmissionPolicyBinding",
         "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "envelope"}},
         "spec": {"policyName": POLICY_NAME, "matchResources": {
-            "namespaceSelector": _namespace_selector(excluded_namespaces)}},
+            "namespaceSelector": _namespace_selector(excluded_namespaces, required)}},
     }
-    condition = f"({old}) && !({domain})" if old != "false" else "false"
-    return Compiled(compiled, why, domain, [policy_manifest, binding], condition)
+    # A webhook's matchConditions cannot read the namespace either: when the binding
+    # selects fewer namespaces than the webhook (the fact, an exception's namespace
+    # selector), the webhook keeps its own condition (which, evaluated on the object the
+    # policy already mutated, is false for almost all of the policy's writes anyway).
+    condition = old if required or old == "false" else f"({old}) && !({domain})"
+    return Compiled(compiled, why, domain, [policy_manifest, binding], condition, required)
