@@ -5,9 +5,11 @@ webhook left for what needs the rest of the cluster.
 - :mod:`app.intree.compile`: from the rule set and the policy, the policies and their
   bindings, the CEL *domain* (the writes they answer exactly as ``/mutate`` would) and
   the reduced mutating webhook's matchConditions (what is left to the webhook);
-- :mod:`app.intree.facts`: the per-namespace fact the policies read instead of the
-  LimitRanges and ResourceQuotas they cannot see (``namespaceObject`` labels), kept
-  current by ``serve``'s leader.
+- :mod:`app.intree.facts`: the per-namespace fact the binding selects on instead of the
+  LimitRanges and ResourceQuotas a policy cannot see (a Namespace label), kept current
+  by :class:`~app.intree.facts.FactKeeper` outside the admission path (not yet started
+  by ``serve``: docs/in-tree.md);
+- :mod:`app.intree.chartfile`: the chart's copy of the policy (files/intree.yaml).
 
 What is compiled, what is not and why: docs/in-tree.md.
 """
