@@ -45,7 +45,9 @@ def render(rules: RuleSet, values_path: Path = CHART / "values.yaml") -> str:
     data = {"policyJson": policy_json(values), "rules": list(compiled.rules),
             "resourceRules": spec["matchConstraints"]["resourceRules"],
             "matchConditions": spec["matchConditions"], "variables": spec["variables"],
-            "mutations": spec["mutations"], "webhookCondition": compiled.webhook_condition}
+            "mutations": spec["mutations"],
+            "namespaceRequirements": compiled.namespace_requirements,
+            "webhookCondition": compiled.webhook_condition}
     return HEADER + yaml.safe_dump(data, sort_keys=False, width=1 << 20)
 
 
