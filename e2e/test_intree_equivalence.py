@@ -12,12 +12,14 @@ and namespace labels), one Envelope webhook process serves two sets of namespace
   with the reduced condition (``Compiled.webhook_condition``).
 
 Both sets share one validating webhook. Each set has a plain namespace (holding the
-namespace fact label, as the leader's fact loop writes it), one with a ResourceQuota on
+namespace fact label, as app/intree/facts.py writes it), one with a ResourceQuota on
 ``limits.cpu`` (no fact: the guards report there) and, for the variant, one an exception
-exempts by its labels. Every generated object (every workload kind; the resource shapes
+exempts by its labels and one whose LimitRange gives Pods default CPU and memory limits
+(the guards are off there, so the policy runs after LimitRanger). Every generated object (every workload kind; the resource shapes
 of the admission oracles: limits only, requests only, both, sidecars, pod-level
 resources; string envelopes; opt-out and exemption annotations; object labels an
-exception selects) is created with ``dryRun=All`` in both sets. The answers must match:
+exception selects) is created with ``dryRun=All`` in both sets, then stored for real
+and UPDATEd (dry run) with another pod spec (every kind but Pod). The answers must match:
 the HTTP status, the object the API server would store (bar names, uid, timestamps),
 the refusal message and the warnings (the webhook's ``envelope[rule]: ...`` texts;
 nothing in the in-tree path words a warning differently, because the policy is only
@@ -260,7 +262,8 @@ def _namespaces(cluster: Cluster, name: str, policy: Policy) -> dict[str, dict[s
     roles: dict[str, dict[str, str]] = {}
     guards = any(policy.rules.get(g, "warn") != "off"
                  for g in ("quota-needs-cpu-limits", "limitrange-needs-cpu-limits"))
-    for role in ("plain", "quota", *(["exempt"] if policy.exceptions else [])):
+    extra = (["exempt"] if policy.exceptions else []) + ([] if guards else ["limitrange"])
+    for role in ("plain", "quota", *extra):
         roles[role] = {}
         for which in ("webhook", "intree"):
             ns = harness.unique_name(f"e2e-it-{name[:3]}-{role}-{which[:2]}", max_length=50)
@@ -279,6 +282,13 @@ def _namespaces(cluster: Cluster, name: str, policy: Policy) -> dict[str, dict[s
                     "status": {"hard": {"limits.cpu": "1000", "requests.cpu": "1000"},
                                "used": {"limits.cpu": "0", "requests.cpu": "0"}}},
                     content_type="application/merge-patch+json")
+            if role == "limitrange":
+                # LimitRanger puts a default CPU limit on Pods before either path runs (and
+                # again after it, on reinvocation): both must strip it alike.
+                cluster.api("POST", f"/api/v1/namespaces/{ns}/limitranges", {
+                    "apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "defaults"},
+                    "spec": {"limits": [{"type": "Container", "default": {"cpu": "3", "memory": "512Mi"},
+                                         "defaultRequest": {"cpu": "1", "memory": "512Mi"}}]}})
             roles[role][which] = ns
     return roles
 
