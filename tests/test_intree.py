@@ -8,6 +8,7 @@ bookkeeping."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import yaml
@@ -46,7 +47,7 @@ def test_the_default_policy_compiles_both_enforced_mutations() -> None:
     kinds = [m["kind"] for m in compiled.manifests]
     assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
     binding = compiled.manifests[1]
-    assert binding["spec"]["policyName"] == POLICY_NAME  # type: ignore[index]
+    assert binding["spec"]["policyName"] == POLICY_NAME
     spec = _map(compiled.manifests)["spec"]
     assert spec["mutations"][0]["patchType"] == "JSONPatch"  # type: ignore[index]
     assert spec["matchConditions"][0]["expression"] == compiled.domain  # type: ignore[index]
@@ -54,7 +55,7 @@ def test_the_default_policy_compiles_both_enforced_mutations() -> None:
     # matchCondition sees no namespaceObject)
     fact = {"key": FACT_LABEL, "operator": "In", "values": [FACT_VALUE]}
     assert compiled.namespace_requirements == [fact]
-    assert fact in binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]  # type: ignore[index]
+    assert fact in binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert "namespaceObject" not in compiled.domain
     # env-envelope-cpu is on and not compiled: string envelopes are left to the webhook
     assert 'e.name == "RESOURCE_LIMITS"' in compiled.domain
@@ -196,7 +197,7 @@ def test_cli_prints_the_policy_binding_and_reduced_webhook(capsys: pytest.Captur
     assert listed["kind"] == "List" and len(listed["items"]) == 3
 
 
-def _ns(name: str, **labels: str) -> dict[str, object]:
+def _ns(name: str, **labels: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels}}
 
 
@@ -215,7 +216,7 @@ def test_fact_changes_label_exactly_the_namespaces_without_guarded_objects() -> 
 class _Client:
     """A KubeClient stand-in: LIST answers by path, PATCHes recorded."""
 
-    def __init__(self, lists: dict[str, list[dict[str, object]]]) -> None:
+    def __init__(self, lists: dict[str, list[dict[str, Any]]]) -> None:
         self.lists = lists
         self.patches: list[tuple[str, object]] = []
 
@@ -237,3 +238,16 @@ def test_fact_keeper_removes_before_it_adds() -> None:
     assert keeper.run_once() == {"a": FACT_VALUE, "b": None}
     assert client.patches == [("/api/v1/namespaces/b", {"metadata": {"labels": {FACT_LABEL: None}}}),
                               ("/api/v1/namespaces/a", {"metadata": {"labels": {FACT_LABEL: FACT_VALUE}}})]
+
+
+def test_fact_keeper_command_runs_one_round(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import app.cluster.kube
+    import app.intree.facts
+
+    client = _Client({"/api/v1/namespaces": [_ns("a")]})
+    monkeypatch.setattr(app.cluster.kube, "kube_configuration", lambda path: path)
+    monkeypatch.setattr(app.intree.facts, "KubeClient", lambda configuration: client)
+    assert app.intree.facts.main(["--once", "--kubeconfig", "x"]) == 0
+    assert capsys.readouterr().out == f"a: {FACT_LABEL}={FACT_VALUE}\n"
+    assert client.patches == [("/api/v1/namespaces/a", {"metadata": {"labels": {FACT_LABEL: FACT_VALUE}}})]

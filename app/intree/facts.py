@@ -102,3 +102,33 @@ class FactKeeper:
             except Exception:  # a failed round is retried; the label stays as it was
                 log.exception("namespace facts: round failed")
             stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m app.intree.facts [--kubeconfig PATH] [--interval S] [--once]``: run the
+    keeper until interrupted (until ``serve``'s leader runs it). Needs list on
+    namespaces, limitranges and resourcequotas and patch on namespaces."""
+    import argparse
+
+    from app.cluster.kube import kube_configuration
+
+    parser = argparse.ArgumentParser(prog="python -m app.intree.facts", description=main.__doc__)
+    parser.add_argument("--kubeconfig", default=None, help="default: in-cluster, else $KUBECONFIG")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")
+    parser.add_argument("--once", action="store_true", help="one round, print the changes")
+    args = parser.parse_args(argv)
+    keeper = FactKeeper(KubeClient(kube_configuration(args.kubeconfig)), args.interval)
+    if args.once:
+        for name, value in sorted(keeper.run_once().items()):
+            print(f"{name}: {FACT_LABEL}={value}" if value else f"{name}: {FACT_LABEL} removed")
+        return 0
+    stop = threading.Event()
+    try:
+        keeper.run(stop)
+    except KeyboardInterrupt:
+        stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
