@@ -4,13 +4,16 @@ and its binding, and shrink the mutating webhook to the writes the policy does n
 answer.
 
 The policy is generated for one *domain*: a CEL predicate over the write (``object``,
-``request``, ``namespaceObject``) that holds only where the policy's patch is exactly
-the patch ``/mutate`` would answer — the same stored object, the same
-``envelope.io/mutations`` annotation, and no warning or refusal that only the webhook
-could give. The domain is the policy's ``matchConditions``; the reduced webhook's
-condition is the old one (``app.matchconditions``) *and not* the domain, so every write
-is answered by exactly one of them. Outside the domain nothing is approximated: the
-write goes to the webhook as before.
+``request``; the API server gives a policy's matchConditions no ``namespaceObject``) that
+holds only where the policy's patch is exactly the patch ``/mutate`` would answer — the
+same stored object, the same ``envelope.io/mutations`` annotation, and no warning or
+refusal that only the webhook could give. The domain is the policy's
+``matchConditions``; what depends on the namespace is the binding's namespaceSelector.
+The policy runs before the mutating webhooks, whose own condition (``app.matchconditions``)
+is then false for what it changed; where the binding selects every namespace the webhook
+does, the reduced webhook condition is the old one *and not* the domain. Outside the
+domain nothing is approximated: the write goes to the webhook as before.
+The proof is e2e/test_intree_equivalence.py.
 
 What is compiled (``enforce`` mode only; see docs/in-tree.md for the rest and why):
 
@@ -38,7 +41,8 @@ Left out of the domain (answered by the webhook):
   cannot warn;
 - an opt-out annotation whose value has whitespace or non-ASCII text (Python's
   ``strip``/``lower`` and CEL's ``lowerAscii`` differ there);
-- objects an exception or the exemption annotation may exempt from a compiled rule;
+- objects an exception or the exemption annotation may exempt from a compiled rule (an
+  exception with only a namespaceSelector: in the binding's namespaceSelector, negated);
 - with the namespace guards (``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``)
   on: namespaces without the fact label (:data:`FACT_LABEL` = :data:`FACT_VALUE`: no
   LimitRange and no ResourceQuota there). That part is the binding's namespaceSelector,
@@ -49,7 +53,7 @@ Left out of the domain (answered by the webhook):
   / any memory request without a limit).
 
 CEL used: two-variable comprehensions (``transformList``, Kubernetes 1.32+), the lists
-extension (``flatten``, ``distinct``, 1.34+), ``lowerAscii`` and ``join`` (strings
+extension (``distinct``, 1.34+), ``lowerAscii`` and ``join`` (strings
 extension) and ``jsonpatch.escapeKey`` — all on every API server that serves
 MutatingAdmissionPolicy v1 (1.36+; ``k8s.io/apiserver/pkg/cel/environment/base.go``).
 """
