@@ -93,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="policy file whose modes decide the conditions (env ENVELOPE_CONFIG)")
     config.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                         help="yaml or json")
+    config.add_argument("--in-tree", action="store_true",
+                        help="also print the MutatingAdmissionPolicy and binding (Kubernetes "
+                             ">= 1.36) that apply the policy's enforced cpu-limits and "
+                             "memory-limit inside the API server, and shrink the webhook's "
+                             "matchConditions to the writes they do not answer (docs/in-tree.md)")
+    config.add_argument("--exclude-namespace", action="append", default=None, metavar="NS",
+                        help="with --in-tree: a namespace the mutating webhook never sees, "
+                             "which the policy's binding must exclude too (repeatable; "
+                             "kube-system always)")
     _reference_parsers(sub)
     from app.gitops import add_parser as add_gitops_parser  # envelope gitops-config
 
@@ -139,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "quotas":
         return run_quotaview(args, rules, policy)
     if args.command == "webhook-config":
-        return run_webhook_config(rules, policy, args.output)
+        return run_webhook_config(rules, policy, args.output, in_tree=args.in_tree,
+                                  excluded=args.exclude_namespace or [])
     if args.command == "gitops-config":
         from app.gitops import run_gitops_config
 

@@ -4,6 +4,7 @@ webhook-config`` (the matchConditions a policy needs)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -70,16 +71,32 @@ def run_explain(rules: RuleSet, rule_id: str) -> int:
     return 0
 
 
-def run_webhook_config(rules: RuleSet, policy: Policy, output: str) -> int:
+def run_webhook_config(rules: RuleSet, policy: Policy, output: str, *, in_tree: bool = False,
+                       excluded: Sequence[str] = ()) -> int:
     from app.matchconditions import UnknownRule, webhook_config_patch
+    docs: list[dict[str, Any]]
     try:
-        patch = webhook_config_patch(rules, policy)
+        if in_tree:
+            from app.intree import NotCompilable, compile_in_tree
+            try:
+                compiled = compile_in_tree(rules, policy,
+                                           excluded_namespaces=["kube-system", *excluded])
+            except NotCompilable as exc:
+                print(f"envelope: {exc}", file=sys.stderr)
+                return 2
+            docs = [*compiled.manifests, compiled.webhook_patch()]
+            for rule_id, why in compiled.not_compiled.items():
+                print(f"envelope: {rule_id} stays in the webhook: {why}", file=sys.stderr)
+        else:
+            docs = [webhook_config_patch(rules, policy)]
     except UnknownRule as exc:
         print(f"envelope: {exc}", file=sys.stderr)
         return 2
     if output == "json":
-        sys.stdout.write(orjson.dumps(patch, option=orjson.OPT_INDENT_2).decode() + "\n")
+        body: Any = docs[0] if len(docs) == 1 else {"apiVersion": "v1", "kind": "List",
+                                                    "items": docs}
+        sys.stdout.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         import yaml
-        sys.stdout.write(yaml.safe_dump(patch, sort_keys=False, width=1 << 20))
+        sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, width=1 << 20))
     return 0

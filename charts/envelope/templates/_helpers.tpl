@@ -277,3 +277,19 @@ false
 {{- printf "%s.exists(t, has(t.spec) && [t.spec].exists(s, %s))" $roots (join " || " $clauses) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+"true" when the in-tree MutatingAdmissionPolicy is rendered (templates/intree.yaml):
+inTree.enabled, the workloads' webhooks on, and an API server that serves
+admissionregistration.k8s.io/v1 MutatingAdmissionPolicy; "" otherwise. Fails when
+.Values.policy is not the policy files/intree.yaml was compiled from.
+*/}}
+{{- define "envelope.inTree" -}}
+{{- if and .Values.inTree.enabled .Values.webhooks.workloads.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") -}}
+{{- $gen := .Files.Get "files/intree.yaml" | fromYaml -}}
+{{- if ne (toJson .Values.policy) $gen.policyJson -}}
+{{- fail "inTree.enabled: the chart carries the policy compiled for its default `policy` values only; for this policy run `envelope webhook-config --in-tree --config <policy file>`, apply its output, and leave inTree.enabled false" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}

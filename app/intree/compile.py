@@ -1,0 +1,489 @@
+"""Compile the workload mutations Envelope makes over one object into a
+MutatingAdmissionPolicy (``admissionregistration.k8s.io/v1``, ``patchType: JSONPatch``)
+and its binding, and shrink the mutating webhook to the writes the policy does not
+answer.
+
+The policy is generated for one *domain*: a CEL predicate over the write (``object``,
+``request``; the API server gives a policy's matchConditions no ``namespaceObject``) that
+holds only where the policy's patch is exactly the patch ``/mutate`` would answer — the
+same stored object, the same ``envelope.io/mutations`` annotation, and no warning or
+refusal that only the webhook could give. The domain is the policy's
+``matchConditions``; what depends on the namespace is the binding's namespaceSelector.
+The policy runs before the mutating webhooks, whose own condition (``app.matchconditions``)
+is then false for what it changed; where the binding selects every namespace the webhook
+does, the reduced webhook condition is the old one *and not* the domain. Outside the
+domain nothing is approximated: the write goes to the webhook as before.
+The proof is e2e/test_intree_equivalence.py.
+
+What is compiled (``enforce`` mode only; see docs/in-tree.md for the rest and why):
+
+- ``cpu-limits``: every container and init container (restartable sidecars included;
+  ephemeral containers have no resources) and the pod-level ``spec.resources``: the CPU
+  limit is removed and, where no CPU request is written, the limit becomes the request
+  (``app.envelope.move_cpu_limit_to_request``); unless the opt-out annotation on the
+  object or its pod template is ``"true"`` (``app.rules.workloads.keeps_cpu_limit``).
+- ``memory-limit``: a memory request without a memory limit gets the limit (every
+  holder).
+- the mutations annotation, named as ``app.engine._annotated`` names it
+  (``cpu-limits:app,sidecar;memory-limit:app``), on every kind but Pods unless
+  ``annotatePods``.
+
+Left out of the domain (answered by the webhook):
+
+- Pod UPDATEs (``pod_resources``: the webhook judges only changed resources, and the
+  API server refuses most Pod spec changes anyway);
+- a pod-level CPU limit without a pod-level CPU request when some container asks for
+  CPU: the request the webhook writes is the containers' aggregate
+  (``app.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
+  quantity string the webhook writes;
+- pods where every container has CPU and memory limits: the webhook may warn that they
+  lose exclusive cores (``_guaranteed_with_whole_cores``), and a MutatingAdmissionPolicy
+  cannot warn;
+- an opt-out annotation whose value has whitespace or non-ASCII text (Python's
+  ``strip``/``lower`` and CEL's ``lowerAscii`` differ there);
+- objects an exception or the exemption annotation may exempt from a compiled rule (an
+  exception with only a namespaceSelector: in the binding's namespaceSelector, negated);
+- with the namespace guards (``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``)
+  on: namespaces without the fact label (:data:`FACT_LABEL` = :data:`FACT_VALUE`: no
+  LimitRange and no ResourceQuota there). That part is the binding's namespaceSelector,
+  not the domain: matchConditions see no ``namespaceObject``;
+- whatever an enabled mutate rule that is not compiled may act on
+  (``env-envelope-cpu``: a limits string envelope that mentions ``cpu`` or holds a
+  ``$(VAR)`` reference; ``cpu-limits``/``memory-limit`` in ``warn`` mode: any CPU limit
+  / any memory request without a limit).
+
+CEL used: two-variable comprehensions (``transformList``, Kubernetes 1.32+), the lists
+extension (``distinct``, 1.34+), ``lowerAscii`` and ``join`` (strings
+extension) and ``jsonpatch.escapeKey`` — all on every API server that serves
+MutatingAdmissionPolicy v1 (1.36+; ``k8s.io/apiserver/pkg/cel/environment/base.go``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.config import Mode, Policy, RuleException
+from app.kinds import KINDS
+from app.matchconditions import MUTATING_WEBHOOK, mutate_expression
+from app.podspec import WORKLOAD_KINDS
+from app.ruleset import RuleSet
+from app.selectors import LabelSelector
+
+__all__ = ["FACT_LABEL", "FACT_VALUE", "POLICY_NAME", "Compiled", "NotCompilable",
+           "compile_in_tree"]
+
+POLICY_NAME = "envelope-workloads.envelope.io"
+"""The MutatingAdmissionPolicy's name (and its binding's)."""
+DOMAIN_CONDITION = "envelope-in-tree"
+"""The name of the policy's matchCondition: the domain."""
+FACT_LABEL = "in-tree.envelope.io/cpu-limit-guards"
+"""A Namespace label Envelope's leader keeps current (app/intree/facts.py)."""
+FACT_VALUE = "clear"
+"""The label's value when the namespace holds no LimitRange and no ResourceQuota, so
+neither namespace guard can report on any of its workloads."""
+
+#: Mutate-phase workload rules and what the compiler does with each.
+_COMPILABLE = ("cpu-limits", "memory-limit")
+_GUARDS = ("quota-needs-cpu-limits", "limitrange-needs-cpu-limits")
+_KNOWN = frozenset({*_COMPILABLE, *_GUARDS, "env-envelope-cpu"})
+_SPEC_POINTER = {"Pod": "/spec", "CronJob": "/spec/jobTemplate/spec/template/spec"}
+_ALL = "((has(s.initContainers) ? s.initContainers : []) + (has(s.containers) ? s.containers : []))"
+
+
+class NotCompilable(ValueError):
+    """A mutate-phase rule the compiler knows nothing about: no policy can be generated
+    (the webhook must keep seeing every write)."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What ``compile_in_tree`` makes of a rule set and a policy."""
+
+    rules: tuple[str, ...]
+    """The rule ids the MutatingAdmissionPolicy applies, in the engine's order."""
+    not_compiled: dict[str, str]
+    """Enabled mutate-phase rule id -> why it stays in the webhook."""
+    domain: str
+    """The CEL predicate of the writes the policy answers (its matchCondition)."""
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    """The MutatingAdmissionPolicy and its binding (none when nothing is compiled)."""
+    webhook_condition: str = "true"
+    """The reduced mutating webhook's matchCondition: what is left to ``/mutate``."""
+    namespace_requirements: list[dict[str, Any]] = field(default_factory=list)
+    """matchExpressions the binding's namespaceSelector adds (the namespace fact, the
+    namespaces an exception may exempt)."""
+
+    def webhook_patch(self) -> dict[str, Any]:
+        """A strategic-merge patch for the chart's MutatingWebhookConfiguration that sets
+        the reduced condition (as ``envelope webhook-config`` prints without --in-tree)."""
+        return {"apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "webhooks": [{"name": MUTATING_WEBHOOK, "matchConditions": [
+                    {"name": "envelope-may-mutate", "expression": self.webhook_condition}]}]}
+
+
+def _s(text: str) -> str:
+    """A CEL string literal (JSON's escapes are CEL's)."""
+    return json.dumps(text)
+
+
+def _has(root: str, *path: str) -> str:
+    return " && ".join(f"has({root}.{'.'.join(path[:i + 1])})" for i in range(len(path)))
+
+
+def _in(root: str, section: str, name: str) -> str:
+    return f"(has({root}.{section}) && {_s(name)} in {root}.{section})"
+
+
+def _labels(meta: str) -> str:
+    return f"(has({meta}.labels) ? {meta}.labels : {{}})"
+
+
+def _annotation_value(meta: str, key: str) -> tuple[str, str]:
+    """(the annotation is there, its value) over a metadata expression such as
+    ``t.metadata`` (every field of the path is tested: a pod template may have none)."""
+    parts = meta.split(".")
+    cut_at = 2 if parts[0] == "variables" else 1
+    root, path = ".".join(parts[:cut_at]), parts[cut_at:]
+    return f"({_has(root, *path, 'annotations')} && {_s(key)} in {meta}.annotations)", \
+        f"{meta}.annotations[{_s(key)}]"
+
+
+def _opted_out(meta: str, key: str) -> str:
+    there, value = _annotation_value(meta, key)
+    return f"({there} && {value}.lowerAscii() == \"true\")"
+
+
+def _plain_annotation(meta: str, key: str) -> str:
+    """The annotation is absent or printable ASCII without spaces: Python's
+    ``strip().lower()`` and CEL's ``lowerAscii()`` then agree on it."""
+    there, value = _annotation_value(meta, key)
+    return f"(!{there} || {value}.matches('^[!-~]*$'))"
+
+
+def _selector(selector: LabelSelector, labels: str) -> str:
+    """``metav1.LabelSelector`` matching (``app.selectors``) over a CEL labels map."""
+    parts = [f"({_s(k)} in {labels} && {labels}[{_s(k)}] == {_s(v)})"
+             for k, v in (selector.match_labels or {}).items()]
+    for req in selector.match_expressions or []:
+        key, values = _s(req.key), json.dumps(list(req.values or []))
+        parts.append({"In": f"({key} in {labels} && {labels}[{key}] in {values})",
+                      "NotIn": f"(!({key} in {labels}) || !({labels}[{key}] in {values}))",
+                      "Exists": f"({key} in {labels})",
+                      "DoesNotExist": f"!({key} in {labels})"}[req.operator])
+    return "(" + (" && ".join(parts) or "true") + ")"
+
+
+def _exception(exception: RuleException) -> str:
+    """When ``exception`` matches the write (``app.exemptions._matches``)."""
+    parts = []
+    if exception.kinds:
+        kinds = json.dumps(list(exception.kinds))
+        parts.append(f"(request.kind.kind in {kinds} || "
+                     f"(request.kind.group + \"/\" + request.kind.kind) in {kinds})")
+    if exception.namespaces:
+        parts.append(f"request.namespace in {json.dumps(list(exception.namespaces))}")
+    if exception.object_selector is not None:
+        parts.append(_selector(exception.object_selector, _labels("object.metadata")))
+    # A namespaceSelector is not read here: matchConditions see no namespaceObject. An
+    # exception with other conditions too is matched on those alone (a superset: the
+    # rest goes to the webhook); one with only a namespaceSelector is the binding's
+    # (:func:`_exception_requirements`).
+    return "(" + " && ".join(parts or ["true"]) + ")"
+
+
+def _negated(selector: LabelSelector) -> dict[str, Any] | None:
+    """One requirement that holds only where ``selector`` does not: the negation of its
+    first term (exact for a one-term selector, a subset of the complement otherwise).
+    None for an empty selector (it selects every namespace)."""
+    flip = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
+    for key, value in (selector.match_labels or {}).items():
+        return {"key": key, "operator": "NotIn", "values": [value]}
+    for req in selector.match_expressions or []:
+        out: dict[str, Any] = {"key": req.key, "operator": flip[req.operator]}
+        if req.operator in ("In", "NotIn"):
+            out["values"] = list(req.values or [])
+        return out
+    return None
+
+
+def _namespace_only(exception: RuleException) -> bool:
+    return exception.namespace_selector is not None and not (
+        exception.kinds or exception.namespaces or exception.object_selector is not None)
+
+
+def _exception_requirements(policy: Policy, compiled: Sequence[str]) -> list[dict[str, Any]]:
+    """What the binding's namespaceSelector adds for exceptions that name only a
+    namespaceSelector: namespaces they may exempt are left to the webhook."""
+    out = []
+    for exception in policy.exceptions:
+        if {"*", *compiled} & set(exception.rules) and _namespace_only(exception):
+            assert exception.namespace_selector is not None
+            negated = _negated(exception.namespace_selector)
+            out.append(negated if negated is not None else
+                       {"key": "kubernetes.io/metadata.name", "operator": "DoesNotExist"})
+    return out
+
+
+def _cpu_limit(r: str) -> str:
+    return _in(r, "limits", "cpu")
+
+
+def _memory_without_limit(r: str) -> str:
+    return f"({_in(r, 'requests', 'memory')} && !{_in(r, 'limits', 'memory')})"
+
+
+def _asks_cpu(r: str) -> str:
+    return f"({_in(r, 'requests', 'cpu')} || {_in(r, 'limits', 'cpu')})"
+
+
+def _template_exists(body: str) -> str:
+    """``body`` over ``t`` (the pod template, or the Pod) and ``s`` (its spec); false when
+    the object has none."""
+    def at(path: tuple[str, ...]) -> str:
+        return f"({_has('object', *path)} ? [object.{'.'.join(path)}] : [])"
+    roots = (f"(object.kind == \"Pod\" ? [object] : object.kind == \"CronJob\" ? "
+             f"{at(('spec', 'jobTemplate', 'spec', 'template'))} : {at(('spec', 'template'))})")
+    return f"{roots}.exists(t, has(t.spec) && [t.spec].exists(s, {body}))"
+
+
+def _modes(rules: RuleSet, policy: Policy) -> tuple[dict[str, Mode], list[str]]:
+    """Each enabled mutate-phase workload rule's mode, and their order in the engine."""
+    modes = rules.modes(policy)
+    order = [r.id for r, _ in rules.applicable("apps", "Deployment", "mutate", "CREATE", policy)]
+    on = {rid: modes[rid] for rid, r in rules.items()
+          if r.phase == "mutate" and r.kinds & WORKLOAD_KINDS and modes[rid] is not Mode.OFF}
+    unknown = sorted(set(on) - _KNOWN)
+    if unknown:
+        raise NotCompilable(f"no in-tree translation is known for the mutate rule(s) "
+                            f"{', '.join(unknown)}: teach app/intree/compile.py what they do, "
+                            f"or run without --in-tree")
+    return on, [rid for rid in order if rid in on]
+
+
+def _not_compiled(on: dict[str, Mode]) -> dict[str, str]:
+    why: dict[str, str] = {}
+    for rid, mode in on.items():
+        if rid in _COMPILABLE and mode is Mode.WARN:
+            why[rid] = ("warn mode: its warnings come from the mutating webhook, and a "
+                        "MutatingAdmissionPolicy cannot warn")
+        elif rid == "env-envelope-cpu":
+            why[rid] = ("the kubelet's $(VAR) expansion, the last duplicate entry winning and "
+                        "Python's whitespace rules in the key=value parser are not CEL's; "
+                        "string envelopes stay in the webhook")
+        elif rid in _GUARDS:
+            why[rid] = ("reads the namespace's LimitRanges and ResourceQuotas, which a policy "
+                        f"cannot see: the policy runs only in namespaces labelled "
+                        f"{FACT_LABEL}={FACT_VALUE}")
+    return why
+
+
+def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str:
+    """The writes the policy answers exactly (see the module's docstring)."""
+    opt_out = policy.opt_out_annotation
+    body = [
+        _plain_annotation("t.metadata", opt_out) if "cpu-limits" in compiled else "true",
+        # the pod-level request the webhook would write is a sum
+        f"!(has(s.resources) && {_cpu_limit('s.resources')} && "
+        f"!{_in('s.resources', 'requests', 'cpu')} && "
+        f"{_ALL}.exists(c, has(c.resources) && {_asks_cpu('c.resources')}))",
+        # the webhook may warn that the pods lose exclusive cores
+        f"!(size({_ALL}) > 0 && {_ALL}.all(c, has(c.resources) && "
+        f"{_cpu_limit('c.resources')} && \"memory\" in c.resources.limits))",
+    ]
+    if on.get("env-envelope-cpu"):
+        name = _s(policy.envelope_env.limits)
+        body.append(f"!{_ALL}.exists(c, has(c.env) && c.env.exists(e, e.name == {name} && "
+                    f"has(e.value) && e.value.matches('(?i)cpu|[$]')))")
+    if on.get("cpu-limits") is Mode.WARN:
+        body.append(f"!({_ALL}.exists(c, has(c.resources) && {_cpu_limit('c.resources')}) || "
+                    f"(has(s.resources) && {_cpu_limit('s.resources')}))")
+    if on.get("memory-limit") is Mode.WARN:
+        body.append(f"!({_ALL}.exists(c, has(c.resources) && "
+                    f"{_memory_without_limit('c.resources')}) || "
+                    f"(has(s.resources) && {_memory_without_limit('s.resources')}))")
+    parts = [
+        "!(request.operation == \"UPDATE\" && request.kind.kind == \"Pod\")",
+        _plain_annotation("object.metadata", opt_out) if "cpu-limits" in compiled else "true",
+    ]
+    if policy.allow_object_exemptions:
+        there, _ = _annotation_value("object.metadata", policy.exempt_annotation)
+        parts.append(f"!{there}")
+    for exception in policy.exceptions:
+        if {"*", *compiled} & set(exception.rules) and not _namespace_only(exception):
+            parts.append(f"!{_exception(exception)}")
+    parts.append(_template_exists(" && ".join(body)))
+    return " && ".join(p for p in parts if p != "true")
+
+
+def _patch(op: str, pointer: str, value: str | None = None) -> str:
+    """One CEL ``JSONPatch`` literal; ``pointer`` and ``value`` are CEL expressions."""
+    return (f"JSONPatch{{op: {_s(op)}, path: {pointer}"
+            + (f", value: {value}" if value is not None else "") + "}")
+
+
+def _at(pointer: str, suffix: str) -> str:
+    return f"{pointer} + {_s(suffix)}"
+
+
+def _ops(r: str, has_r: str, pointer: str, rule_id: str,
+         opted_out: str) -> list[tuple[str, str]]:
+    """The JSONPatch operations of one rule on one resources block ``r`` at ``pointer``
+    (a CEL string expression): (when, the ``JSONPatch``), each over the block's holder.
+    Each is written as a filter and a transform rather than a ternary over lists, so the
+    whole expression types as ``list(JSONPatch)``."""
+    if rule_id == "cpu-limits":
+        limit = f"{r}.limits.cpu"
+        moved = f"!{opted_out} && {has_r} && {_cpu_limit(r)}"
+        return [
+            (moved, _patch("remove", _at(pointer, "/limits/cpu"))),
+            (f"{moved} && has({r}.requests) && !(\"cpu\" in {r}.requests)",
+             _patch("add", _at(pointer, "/requests/cpu"), limit)),
+            (f"{moved} && !has({r}.requests)",
+             _patch("add", _at(pointer, "/requests"), '{"cpu": ' + limit + "}")),
+        ]
+    request = f"{r}.requests.memory"
+    filled = f"{has_r} && {_memory_without_limit(r)}"
+    return [
+        (f"{filled} && has({r}.limits)", _patch("add", _at(pointer, "/limits/memory"), request)),
+        (f"{filled} && !has({r}.limits)",
+         _patch("add", _at(pointer, "/limits"), '{"memory": ' + request + "}")),
+    ]
+
+
+def _places(r: str, has_r: str, rule_id: str) -> str:
+    """When ``rule_id`` changes resources block ``r`` (before the opt-out)."""
+    return f"{has_r} && " + (_cpu_limit(r) if rule_id == "cpu-limits" else _memory_without_limit(r))
+
+
+def _patch_expression(compiled: Sequence[str], policy: Policy) -> tuple[list[dict[str, str]], str]:
+    """The policy's variables and its JSONPatch expression."""
+    opted_out = "variables.optedOut"
+    variables = [
+        {"name": "t", "expression": ("object.kind == \"Pod\" ? object : object.kind == \"CronJob\" ? "
+                                     "object.spec.jobTemplate.spec.template : object.spec.template")},
+        {"name": "s", "expression": "variables.t.spec"},
+        {"name": "base", "expression": (f"object.kind == \"Pod\" ? {_s(_SPEC_POINTER['Pod'])} : "
+                                        f"object.kind == \"CronJob\" ? {_s(_SPEC_POINTER['CronJob'])} : "
+                                        f"\"/spec/template/spec\"")},
+        {"name": "optedOut", "expression": (
+            f"{_opted_out('object.metadata', policy.opt_out_annotation)} || "
+            f"{_opted_out('variables.t.metadata', policy.opt_out_annotation)}")},
+    ]
+    s = "variables.s"
+    ops: list[str] = []
+    place_lists: list[tuple[str, str]] = []
+    for rule_id in compiled:
+        names = []
+        for field_name in ("initContainers", "containers"):
+            items = f"(has({s}.{field_name}) ? {s}.{field_name} : [])"
+            pointer = f"variables.base + \"/{field_name}/\" + string(i) + \"/resources\""
+            for when, patch in _ops("c.resources", "has(c.resources)", pointer, rule_id, opted_out):
+                ops.append(f"{items}.transformList(i, c, {when}, {patch})")
+            changed = _places("c.resources", "has(c.resources)", rule_id)
+            names.append(f"{items}.transformList(i, c, {changed}, "
+                         f"has(c.name) ? c.name : \"{field_name}[\" + string(i) + \"]\")")
+        for when, patch in _ops("p.resources", "has(p.resources)", "variables.base + \"/resources\"",
+                                rule_id, opted_out):
+            ops.append(f"[{s}].filter(p, {when}).map(p, {patch})")
+        names.append(f"({_places(f'{s}.resources', f'has({s}.resources)', rule_id)} ? [\"pod\"] : [])")
+        found = f"({' + '.join(names)}).distinct()"
+        variables.append({"name": _var(rule_id), "expression":
+                          f"{opted_out} ? [] : {found}" if rule_id == "cpu-limits" else found})
+        place_lists.append((rule_id, f"variables.{_var(rule_id)}"))
+    expression = " + ".join(ops)
+    key = policy.mutations_annotation
+    if key:
+        pieces = " + ".join(f"(size({v}) > 0 ? [{_s(rid + ':')} + {v}.join(\",\")] : [])"
+                            for rid, v in place_lists)
+        variables.append({"name": "mutations", "expression": f"({pieces}).join(\";\")"})
+        pods = "true" if policy.annotate_pods else "object.kind != \"Pod\""
+        when = f"variables.mutations != \"\" && {pods}"
+        one = _patch("add", f"\"/metadata/annotations/\" + jsonpatch.escapeKey({_s(key)})",
+                     "variables.mutations")
+        whole = _patch("add", "\"/metadata/annotations\"", f"{{{_s(key)}: variables.mutations}}")
+        annotation = (f"[object].filter(o, {when} && has(o.metadata.annotations)).map(o, {one}) + "
+                      f"[object].filter(o, {when} && !has(o.metadata.annotations)).map(o, {whole})")
+        expression = f"{expression} + {annotation}"
+    return variables, expression
+
+
+def _var(rule_id: str) -> str:
+    return "places" + "".join(part.title() for part in rule_id.split("-"))
+
+
+def _resource_rules() -> list[dict[str, Any]]:
+    """The workload kinds, one rule per API group (as the chart's webhook rules)."""
+    by_group: dict[str, list[str]] = {}
+    versions: dict[str, list[str]] = {}
+    for entry in KINDS:
+        if (entry.group, entry.kind) in WORKLOAD_KINDS:
+            by_group.setdefault(entry.group, []).append(entry.resource)
+            versions.setdefault(entry.group, [])
+            if entry.versions[0] not in versions[entry.group]:
+                versions[entry.group].append(entry.versions[0])
+    return [{"apiGroups": [group], "apiVersions": versions[group], "resources": resources,
+             "operations": ["CREATE", "UPDATE"]} for group, resources in by_group.items()]
+
+
+def _namespace_selector(excluded: Sequence[str],
+                        required: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    return {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                  "values": list(dict.fromkeys(excluded))}, *required]}
+
+
+def _fact_requirements(on: dict[str, Mode]) -> list[dict[str, Any]]:
+    """With a namespace guard on, the binding selects only namespaces with the fact. (It
+    cannot be a matchCondition: the API server gives a policy's matchConditions no
+    ``namespaceObject`` — ``webhook/matchconditions/matcher.go`` passes none.)"""
+    if not any(g in on for g in _GUARDS):
+        return []
+    return [{"key": FACT_LABEL, "operator": "In", "values": [FACT_VALUE]}]
+
+
+def compile_in_tree(rules: RuleSet, policy: Policy, *,
+                    excluded_namespaces: Sequence[str] = ("kube-system",),
+                    failure_policy: str = "Fail") -> Compiled:
+    """The MutatingAdmissionPolicy and binding for ``policy``'s enforced workload
+    mutations, and the reduced webhook condition. ``excluded_namespaces`` must be the
+    mutating webhook's (``webhooks.excludeNamespaces`` plus kube-system and the release
+    namespace in the chart)."""
+    on, order = _modes(rules, policy)
+    compiled = tuple(rid for rid in order if rid in _COMPILABLE and on[rid] is Mode.ENFORCE)
+    why = _not_compiled(on)
+    old = mutate_expression(rules, policy)
+    if not compiled:
+        return Compiled((), why, "false", [], old)
+    domain = _domain(on, compiled, policy)
+    required = _fact_requirements(on) + _exception_requirements(policy, compiled)
+    variables, expression = _patch_expression(compiled, policy)
+    policy_manifest = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "envelope"}},
+        "spec": {
+            "failurePolicy": failure_policy,
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": {"resourceRules": _resource_rules(),
+                                 "namespaceSelector": _namespace_selector(excluded_namespaces)},
+            "matchConditions": [{"name": DOMAIN_CONDITION, "expression": domain}],
+            "variables": variables,
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "envelope"}},
+        "spec": {"policyName": POLICY_NAME, "matchResources": {
+            "namespaceSelector": _namespace_selector(excluded_namespaces, required)}},
+    }
+    # A webhook's matchConditions cannot read the namespace either: when the binding
+    # selects fewer namespaces than the webhook (the fact, an exception's namespace
+    # selector), the webhook keeps its own condition (which, evaluated on the object the
+    # policy already mutated, is false for almost all of the policy's writes anyway).
+    condition = old if required or old == "false" else f"({old}) && !({domain})"
+    return Compiled(compiled, why, domain, [policy_manifest, binding], condition, required)
