@@ -26,6 +26,7 @@ from app.envelope import (
     move_cpu_limit_to_request,
     move_pod_level_cpu_limit,
     parse_envelope_string,
+    without_written_cpu,
 )
 from app.envexpand import EnvValue, container_env, references
 from app.podspec import (
@@ -336,9 +337,11 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
     """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
     sizes itself from a string envelope must not see a CPU cap the pod no longer has.
     The entry the container sees is changed (the last of the name), and only when its
-    value is written out: a ``$(VAR)`` reference is never rewritten (a warning says
-    when the value it expands to still holds a cpu pair); ``valueFrom`` is only known
-    on the node."""
+    value is written out. A pair is dropped by its written key, whatever its value
+    holds: ``cpu=$(CPU),memory=29Gi`` -> ``memory=29Gi`` (seed 000: the installer drops
+    every ``cpu=`` pair). A ``$(VAR)`` that stands for whole pairs is never rewritten
+    (a warning says when what it expands to still holds a cpu pair); ``valueFrom`` is
+    only known on the node."""
     if keeps_cpu_limit(subject, obj, policy):
         return []
     findings: list[Finding] = []
@@ -349,17 +352,30 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             continue
         i, text = found.index, found.written
         if references(text):
-            if found.seen.unresolved:
+            stripped_text = without_written_cpu(text)
+            if stripped_text is not None:
+                _rewrite_env(container, i, stripped_text)
+                findings.append(change(f"{path}.env[{i}].value",
+                                      f"{label}: {name} {shown(text, _WRITTEN_LIMIT)} -> "
+                                      f"{shown(stripped_text, _WRITTEN_LIMIT)} (the cpu pair "
+                                      f"dropped by its key)"))
+                refound = _envelope_env(container, name)
+                if refound is None:
+                    continue
+                found = refound
+            value = found.seen.value
+            if value is None or found.seen.unresolved:
                 continue  # env-envelope-consistency says it is left as written
             try:
-                seen = parse_envelope_string(found.seen.value)
+                seen = parse_envelope_string(value)
             except QuantityError:
                 continue  # env-envelope-consistency denies it
-            if seen.without_cpu() != found.seen.value:
+            if seen.without_cpu() != value:
                 findings.append(warning(
                     f"{path}.env[{i}].value",
                     f"{label}: {_shown(name, found)} keeps its cpu pair: Envelope does not "
-                    f"rewrite a $(...) reference; remove cpu from the variable it refers to"))
+                    f"rewrite a $(...) reference that stands for whole pairs; remove cpu from "
+                    f"the variable it refers to"))
             continue
         try:
             envelope = parse_envelope_string(text)
@@ -369,14 +385,18 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             continue  # left as written; env-envelope-consistency denies it
         stripped = envelope.without_cpu()
         if stripped != text:
-            # copy-on-write: the copier shares env lists with the admitted object
-            env = list(container["env"])
-            env[i] = {**env[i], "value": stripped}
-            container["env"] = env
+            _rewrite_env(container, i, stripped)
             findings.append(change(f"{path}.env[{i}].value",
                                   f"{label}: {name} {shown(text, _WRITTEN_LIMIT)} -> "
                                   f"{shown(stripped, _WRITTEN_LIMIT)}"))
     return findings
+
+
+def _rewrite_env(container: dict[str, Any], index: int, value: str) -> None:
+    """Copy-on-write: the copier shares env lists with the admitted object."""
+    env = list(container["env"])
+    env[index] = {**env[index], "value": value}
+    container["env"] = env
 
 
 @rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
