@@ -17,7 +17,7 @@ from typing import Any
 
 from app.cluster.view import ClusterView
 from app.config import Mode, Policy
-from app.defaulting import default_pod
+from app.defaulting import default_pod, limit_range_default
 from app.envelope import (
     EnvelopeString,
     PairError,
@@ -184,28 +184,82 @@ def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clust
     return findings
 
 
+_LIMIT_RANGER_ANNOTATION = "kubernetes.io/limit-ranger"
+"""What LimitRanger writes on a Pod it defaulted: ``LimitRanger plugin set: memory request
+for container app; memory limit for container app`` (``mergePodResourceRequirements``)."""
+
+
+def _set_by_limit_ranger(subject: Subject, obj: dict[str, Any], holder_label: str) -> set[str]:
+    """On a Pod, which memory values of one container LimitRanger's annotation says it set
+    (``{"request", "limit"}``): the Pod reaching the webhook already carries them."""
+    if subject.kind != "Pod":
+        return set()
+    note = dig(obj, ("metadata", "annotations", _LIMIT_RANGER_ANNOTATION))
+    if not isinstance(note, str):
+        return set()
+    word, _, name = holder_label.partition(" ")
+    who = f"{'init container' if word == 'initContainer' else 'container'} {name.strip(chr(34))}"
+    found = set()
+    for part in note.removeprefix("LimitRanger plugin set:").split(";"):
+        names, sep, rest = part.strip().partition(" request for " if " request for " in part
+                                                  else " limit for ")
+        if sep and rest == who and "memory" in [n.strip() for n in names.split(",")]:
+            found.add(sep.split()[0])
+    return found
+
+
+def _limit_range_message(holder_label: str, path: str, requests: dict[str, Any],
+                         limits: dict[str, Any], from_lr: set[str],
+                         limit_ranges: list[dict[str, Any]], pod: bool) -> str:
+    """The mismatch LimitRanger's memory defaults make: which LimitRange, both numbers,
+    and what to write instead."""
+    said = {}
+    for which, section, field in (("request", "requests", "defaultRequest"),
+                                  ("limit", "limits", "default")):
+        value = (requests if which == "request" else limits)["memory"]
+        source = limit_range_default(limit_ranges, section, "memory") if which in from_lr else None
+        said[which] = (f'{value} (LimitRange "{source[0]}" {field}.memory)' if source
+                       else f"{value} (a LimitRange's {field}.memory)" if which in from_lr
+                       else f"{value} (as written)")
+    written = ("no memory request or limit" if from_lr == {"request", "limit"} else
+               f"memory request {requests['memory']} without a limit")
+    whom, refused = (("this Pod", "the Pod is refused") if pod else
+                     ("every Pod of this template",
+                      "each Pod is refused (FailedCreate on its controller)"))
+    keep = limits["memory"] if "request" in from_lr else requests["memory"]
+    block = path.removesuffix(".requests.memory")
+    return (f"{holder_label}: {written}; LimitRanger, which runs before Envelope's Pod webhook, "
+            f"gives {whom} memory request {said['request']} and limit {said['limit']}, which "
+            f"differ, so {refused}; set {block}.requests.memory and limits.memory to one "
+            f"value, e.g. {keep}")
+
+
 @rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
+      "memory request equals memory limit", reads={"LimitRange"}, judges=pod_resources,
+      ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    """Memory request == limit in every resources block — of a pod template, as the API
-    server will default the Pods it makes (``app.defaulting.default_pod``): a pod-level
-    memory limit without a pod-level request gets the containers' summed request, which
-    the Pod webhook would then deny (FailedCreate) while the template passed."""
-    judged, written = obj, obj
-    if subject.kind != "Pod":
-        spec = pod_spec(subject, obj)
-        # Only a pod-level resources block gets a request the template does not show;
-        # a container's defaulted request equals its limit and cannot differ from it.
-        if spec is not None and isinstance(spec.get("resources"), dict):
-            try:
-                defaulted = default_pod({"spec": spec})["spec"]
-            except QuantityError:
-                defaulted = None  # the quantities rule names the value
-            if defaulted is not None:
-                judged = with_pod_spec(subject, obj, defaulted)
+    """Memory request == limit in every resources block — judged on the Pod as it will be
+    stored (``app.defaulting.default_pod`` with the namespace's LimitRanges), for a Pod
+    and for every Pod a template makes: requests from limits, then LimitRanger's
+    container defaults (it runs before Envelope's Pod webhook), then pod-level defaults.
+    A template whose containers set no memory in a namespace whose LimitRange has
+    ``default.memory`` != ``defaultRequest.memory`` passes as written but makes Pods the
+    Pod webhook refuses (FailedCreate): refused here, naming the LimitRange; so is a
+    pod-level memory limit without a request, which gets the containers' summed request."""
+    spec = pod_spec(subject, obj)
+    limit_ranges = view.list("LimitRange", subject.namespace) if subject.namespace else []
+    judged = obj
+    if spec is not None:
+        try:
+            stored = default_pod({"spec": spec}, limit_ranges)["spec"]
+        except QuantityError:
+            stored = None  # the quantities rule names the value
+        if stored is not None:
+            judged = with_pod_spec(subject, obj, stored)
+    written_blocks = {h.path: h.resources for h in holders(subject, obj)}
     findings = []
-    written_pod_requests = dig(pod_spec(subject, written) or {}, ("resources", "requests"))
+    written_pod_requests = dig(spec or {}, ("resources", "requests"))
     for holder in holders(subject, judged):
         requests = holder.resources.get("requests") or {}
         limits = holder.resources.get("limits") or {}
@@ -219,6 +273,18 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
             continue
         if order == 0:
             continue
+        if holder.container is not None:
+            written = written_blocks.get(holder.path) or {}
+            from_lr = _set_by_limit_ranger(subject, obj, holder.label)
+            if not _has(written.get("limits"), "memory"):
+                if not _has(written.get("requests"), "memory"):
+                    from_lr.add("request")
+                from_lr.add("limit")
+            if from_lr:
+                findings.append(error(path, _limit_range_message(
+                    holder.label, path, requests, limits, from_lr, limit_ranges,
+                    subject.kind == "Pod")))
+                continue
         defaulted_here = holder.container is None and not (
             isinstance(written_pod_requests, dict) and "memory" in written_pod_requests)
         if defaulted_here:
@@ -235,6 +301,10 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
             f"{limits['memory']}; memory cannot be borrowed back, so request must "
             f"equal limit"))
     return findings
+
+
+def _has(section: object, name: str) -> bool:
+    return isinstance(section, dict) and name in section
 
 
 @dataclass(frozen=True)
