@@ -12,12 +12,14 @@ helpers only two of them use; the pod-spec helpers every workload rule reads are
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import ROUND_CEILING
 from typing import Any
 
 from app.cluster.view import ClusterView
 from app.config import Mode, Policy
-from app.defaulting import default_pod, limit_range_default
+from app.defaulting import apply_limit_range_defaults, default_pod, limit_range_default
 from app.envelope import (
     EnvelopeString,
     PairError,
@@ -37,6 +39,7 @@ from app.podspec import (
     pod_resources,
     pod_spec,
     shape_problems,
+    spec_text,
     well_formed,
     with_pod_spec,
 )
@@ -74,9 +77,20 @@ def _parses(value: object) -> bool:
 
 
 def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
-    """Guaranteed QoS (every container: cpu and memory limits, requests equal or
-    unset) with at least one whole-core CPU request: the CPU manager's static
-    policy pins exclusive cores for such pods, and stripping CPU limits loses them."""
+    """Guaranteed QoS with whole cores: what the CPU manager's static policy pins
+    exclusive cores for, and stripping CPU limits loses. The QoS class is upstream's
+    (``pkg/apis/core/v1/helper/qos/qos.go`` ``ComputePodQOS`` at v1.37.2): with pod-level
+    resources set (cpu or memory in ``spec.resources``), the pod-level requests and limits
+    as the API server defaults them decide alone (cpu and memory limits, requests equal,
+    a whole-core CPU); otherwise every container needs cpu and memory limits with
+    requests equal or unset, and one of them a whole-core CPU request."""
+    spec = pod_spec(subject, obj)
+    pod_level = spec.get("resources") if spec is not None else None
+    if spec is not None and isinstance(pod_level, dict) and any(
+            isinstance(pod_level.get(section), dict) and
+            ("cpu" in pod_level[section] or "memory" in pod_level[section])
+            for section in ("requests", "limits")):
+        return _pod_level_guaranteed_whole(spec)
     found = list(containers(subject, obj))
     if not found:
         return False
@@ -94,6 +108,24 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
                 return False
         whole = whole or is_integer_cpu(requests.get("cpu", limits["cpu"]))
     return whole
+
+
+def _pod_level_guaranteed_whole(spec: dict[str, Any]) -> bool:
+    """``requirementsQOS`` of the pod-level resources of the Pod made from ``spec``
+    (defaulted: a missing pod-level request is the containers' sum or the limit)."""
+    try:
+        resources = default_pod({"spec": spec})["spec"].get("resources") or {}
+        requests = resources.get("requests") or {}
+        limits = resources.get("limits") or {}
+        for name in ("cpu", "memory"):
+            if name not in limits or name not in requests:
+                return False
+            if compare_quantities(requests[name], limits[name]) != 0 or \
+                    parse_quantity(limits[name]) == 0:
+                return False
+    except QuantityError:
+        return False
+    return is_integer_cpu(limits["cpu"])
 
 
 @rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
@@ -155,6 +187,144 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
         findings.append(change(f"{holder.path}.limits.memory",
                               f"{holder.label}: memory limit set to the request "
                                 f"{requests['memory']}"))
+    return findings
+
+
+_DOWNWARD_CPU_LIMIT = "limits.cpu"
+
+
+@dataclass(frozen=True)
+class _CpuLimitRead:
+    """One ``resourceFieldRef`` on ``limits.cpu``: where it is, who reads it, of which
+    container, with which divisor."""
+
+    path: str
+    reader: str
+    target: str
+    divisor: object
+
+
+def _cpu_limit_reads(spec: dict[str, Any], base: str) -> Iterator[_CpuLimitRead]:
+    """Every ``resourceFieldRef: {resource: limits.cpu}``: env ``valueFrom`` of any
+    container (its own limit unless ``containerName`` names another), ``downwardAPI``
+    volume items and ``projected`` volumes' ``downwardAPI`` sources (``containerName``
+    required there)."""
+    for field, word in (("initContainers", "initContainer"), ("containers", "container")):
+        items = spec.get(field)
+        for i, c in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(c, dict) or not isinstance(c.get("env"), list):
+                continue
+            for j, var in enumerate(c["env"]):
+                ref = dig(var, ("valueFrom", "resourceFieldRef"))
+                if isinstance(ref, dict) and ref.get("resource") == _DOWNWARD_CPU_LIMIT:
+                    target = ref.get("containerName") or c.get("name")
+                    yield _CpuLimitRead(f"{base}.{field}[{i}].env[{j}].valueFrom.resourceFieldRef",
+                                        f'{word} "{c.get("name")}" env {var.get("name")}',
+                                        str(target), ref.get("divisor"))
+    volumes = spec.get("volumes")
+    for v, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if not isinstance(volume, dict):
+            continue
+        lists: list[tuple[str, Any]] = [(f"{base}.volumes[{v}].downwardAPI.items",
+                                         dig(volume, ("downwardAPI", "items")))]
+        sources = dig(volume, ("projected", "sources"))
+        for k, source in enumerate(sources if isinstance(sources, list) else []):
+            lists.append((f"{base}.volumes[{v}].projected.sources[{k}].downwardAPI.items",
+                          dig(source, ("downwardAPI", "items"))))
+        for where, entries in lists:
+            for n, entry in enumerate(entries if isinstance(entries, list) else []):
+                ref = entry.get("resourceFieldRef") if isinstance(entry, dict) else None
+                if isinstance(ref, dict) and ref.get("resource") == _DOWNWARD_CPU_LIMIT:
+                    yield _CpuLimitRead(f"{where}[{n}].resourceFieldRef",
+                                        f'volume "{volume.get("name")}" file {entry.get("path")}',
+                                        str(ref.get("containerName")), ref.get("divisor"))
+
+
+def _named_container(spec: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """``findContainerInPod``: containers first, then init containers."""
+    for field in ("containers", "initContainers"):
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else []:
+            if isinstance(c, dict) and c.get("name") == name:
+                return c
+    return None
+
+
+def _downward_value(spec: dict[str, Any], target: str, section: str, divisor: object) -> str | None:
+    """What the container reads for ``<section>.cpu`` of ``target``: the kubelet's
+    ``defaultPodLimitsForDownwardAPI`` (``pkg/kubelet/kubelet_resources.go``: a container
+    without a CPU limit reads the pod-level CPU limit when there is one, else the node's
+    allocatable CPU; None then) and ``convertResourceCPUToString``
+    (``pkg/api/v1/resource/helpers.go``: the ceiling of value / divisor, divisor 1 when
+    unset or zero)."""
+    container = _named_container(spec, target)
+    if container is None:
+        return None
+    value = dig(container, ("resources", section, "cpu"))
+    if value is None and section == "limits":
+        value = dig(spec, ("resources", "limits", "cpu"))
+    if value is None and section == "requests":
+        value = dig(container, ("resources", "limits", "cpu"))
+    try:
+        amount = parse_quantity(value) if value is not None else None
+        if amount is None or (section == "limits" and amount == 0):
+            return None
+        scale = parse_quantity(divisor) if divisor not in (None, "", 0) else 1
+        scale = scale or 1
+    except QuantityError:
+        return None
+    return format((amount / scale).to_integral_value(rounding=ROUND_CEILING), "f")
+
+
+def _per(divisor: object) -> str:
+    try:
+        plain = divisor in (None, "") or parse_quantity(divisor) in (0, 1)
+    except QuantityError:
+        plain = False
+    return "" if plain else f" (divisor {shown(str(divisor))})"
+
+
+@rule("downward-cpu-limit", "mutate", WORKLOAD_KINDS, Mode.WARN,
+      "a container reading its CPU limit through the downward API reads the node's CPU once it is stripped",
+      mutates=False, order=110, reads={"LimitRange"}, judges=pod_resources, requires=well_formed)
+def downward_cpu_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                       policy: Policy) -> list[Finding]:
+    """Runs after ``cpu-limits`` and compares the object as written with the object as
+    stripped (so it says nothing when the limit is kept: opt-out, a namespace guard, the
+    rule off or warning). A ``resourceFieldRef`` on ``limits.cpu`` (GOMAXPROCS, worker
+    counts) read the limit; without one the kubelet gives the pod-level CPU limit, else
+    the node's allocatable CPU (``pkg/kubelet/kubelet_resources.go``
+    ``defaultPodLimitsForDownwardAPI``): a program sized to 2 cores sizes itself to 64."""
+    written = pod_spec(subject, subject.obj or {})
+    stripped = pod_spec(subject, obj)
+    if written is None or stripped is None or written is stripped:
+        return []
+    reads = list(_cpu_limit_reads(stripped, spec_text(subject)))
+    if not reads:
+        return []
+    # The Pods get LimitRanger's default limits where none is left (for a Pod, again on
+    # reinvocation): a LimitRange default.cpu (or max.cpu) is what the program then reads.
+    limit_ranges = view.list("LimitRange", subject.namespace) if subject.namespace else []
+    written_pod = apply_limit_range_defaults(written, limit_ranges)
+    stripped_pod = apply_limit_range_defaults(stripped, limit_ranges)
+    findings = []
+    for read in reads:
+        before = _downward_value(written_pod, read.target, "limits", read.divisor)
+        after = _downward_value(stripped_pod, read.target, "limits", read.divisor)
+        if before is None or after == before:
+            continue
+        own = _named_container(stripped, read.target)
+        by_limit_range = own is not None and dig(own, ("resources", "limits", "cpu")) is None \
+            and dig(stripped, ("resources", "limits", "cpu")) is None
+        now = ("the node's allocatable CPU" if after is None else
+               f"the LimitRange default {after}" if by_limit_range else
+               f"the pod-level limit {after}")
+        request = _downward_value(stripped, read.target, "requests", read.divisor)
+        use = f"requests.cpu ({request})" if request is not None else "requests.cpu"
+        findings.append(warning(
+            read.path,
+            f'{read.reader} reads limits.cpu of "{read.target}" = {before}{_per(read.divisor)}; '
+            f"stripped, it reads {now}: use {use}"))
     return findings
 
 
