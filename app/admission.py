@@ -23,6 +23,7 @@ import orjson
 from app.cluster.view import ClusterView
 from app.config import Policy
 from app.engine import Evaluation, evaluate
+from app.fieldschema import metadata_problems
 from app.rules.base import Phase, Subject
 from app.ruleset import RuleSet
 from app.util import brief, cut
@@ -273,6 +274,16 @@ class RuleHandler:
 
     def handle(self, request: Request) -> Response:
         policy = self.policy
+        subject = request.subject
+        if isinstance(subject.obj, dict) and "metadata" in subject.obj and self.rules.applicable(
+                subject.group, subject.kind, request.phase, subject.operation, policy):
+            # The API server decodes metadata into ObjectMeta before any webhook, so a label
+            # value true or annotations that are a list never come from it: refused as it
+            # refuses them (app/fieldschema.py), with the uid, never judged.
+            wrong = metadata_problems(subject.obj["metadata"])
+            if wrong:
+                return Response(request.uid, Decision(
+                    False, "; ".join(p.message for p in wrong[:5]), 400))
         try:
             evaluation = evaluate(self.rules, request.subject, self.view, policy, request.phase)
             return Response(request.uid, decide(evaluation, policy.failure_mode), evaluation)

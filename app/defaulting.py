@@ -10,7 +10,15 @@ oracles (``e2e/test_oracle_scheduling.py``, ``e2e/test_oracle_admission.py``):
   generated defaulter's ``SetDefaults_ResourceList`` (every value rounded up to 1m);
 - LimitRanger's container defaults: ``plugin/pkg/admission/limitranger/admission.go``
   ``PodMutateLimitFunc``, with ``SetDefaults_LimitRangeItem`` (``default`` from
-  ``max``, ``defaultRequest`` from ``default``, then from ``min``).
+  ``max``, ``defaultRequest`` from ``default``, then from ``min``). At v1.37.2 it acts
+  on Pod CREATEs only (``SupportsAttributes``: not on a Pod UPDATE, yes on
+  ``pods/resize``), in mutating admission: after the container requests-from-limits
+  defaulting of decoding, before every mutating webhook (Envelope's Pod webhook sees
+  its defaults) and before the pod-level defaulting that v1.37 runs in
+  ``PrepareForCreate`` (``pkg/registry/core/pod/strategy.go``,
+  ``podutil.DefaultPodLevelResources``, gate ``PodLevelResourcesFixDefaulting``), so
+  pod-level requests are aggregated from the containers *with* LimitRanger's defaults.
+  ``default_pod(pod, limit_ranges)`` applies them in that order.
 
 The request the scheduler then charges (component-helpers ``PodRequests``) and the
 filters are ``app/scheduling.py``; which LimitRanges and quotas refuse the defaulted
@@ -33,7 +41,8 @@ from app.scheduling import (
 )
 
 __all__ = ["apply_limit_range_defaults", "copy_for_defaulting", "default_pod", "defaulted_limit_range_item",
-           "effective_pod_requests", "limit_range_items"]
+           "effective_pod_requests", "limit_range_default", "limit_range_items",
+           "merge_limit_range_defaults"]
 
 _HUGEPAGES = "hugepages-"
 
@@ -100,7 +109,8 @@ def _round_lists(spec: dict[str, Any]) -> None:
                 rl[name] = _round_up_milli(rl[name])
 
 
-def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+def default_pod(pod: Mapping[str, Any],
+                limit_ranges: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """A copy of a *Pod* with the resource defaults the API server applies on
     create (pkg/apis/core/v1/defaults.go ``SetDefaults_Pod``, v1.34):
 
@@ -122,6 +132,10 @@ def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
        ("must be greater than or equal to aggregate container requests"; see
        docs/fidelity.md).
 
+    With ``limit_ranges`` (the LimitRanges of the Pod's namespace), the Pod as it is
+    stored: LimitRanger's container defaults (``merge_limit_range_defaults``) come
+    after step 1 and before step 2, the v1.37.2 order (module docstring).
+
     Pod *templates* get no request defaulting (only step 3); apply this to the Pod
     a template makes. New values are written as exact quantity strings.
     """
@@ -129,7 +143,9 @@ def default_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     spec = out.get("spec")
     if not isinstance(spec, dict):
         return out
-    _default_pod_spec(spec)
+    _default_container_lists(spec)
+    merge_limit_range_defaults(spec, limit_ranges)
+    _default_pod_level(spec)
     _round_lists(spec)
     return out
 
@@ -166,12 +182,16 @@ def copy_for_defaulting(pod: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _default_pod_spec(spec: dict[str, Any]) -> None:
-    """Steps 1 and 2 of ``default_pod``, in place."""
+def _default_container_lists(spec: dict[str, Any]) -> None:
+    """Step 1 of ``default_pod``, in place."""
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
             if isinstance(container, dict):
                 _default_container_requests(container)
+
+
+def _default_pod_level(spec: dict[str, Any]) -> None:
+    """Step 2 of ``default_pod``, in place."""
     resources = spec.get("resources")
     if not isinstance(resources, dict):
         return
@@ -242,24 +262,31 @@ def defaulted_limit_range_item(item: Mapping[str, Any]) -> dict[str, dict[str, A
     return {"default": default, "defaultRequest": default_request}
 
 
-def apply_limit_range_defaults(spec: Mapping[str, Any],
-                               limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """A copy of the pod spec with LimitRanger's container defaults filled in
-    (``PodMutateLimitFunc``, every LimitRange in turn; a value already set, or set
-    by an earlier LimitRange, is kept)."""
-    out: dict[str, Any] = copy_for_defaulting({"spec": spec})["spec"]
+def _container_defaults(limit_range: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``defaultContainerResourceRequirements``: (limits, requests) of one LimitRange's
+    ``type: Container`` items (a later item's value replaces an earlier one's)."""
+    limits: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
+    for item in limit_range_items(limit_range):
+        if item.get("type") == "Container":
+            d = defaulted_limit_range_item(item)
+            requests.update(d["defaultRequest"])
+            limits.update(d["default"])
+    return limits, requests
+
+
+def merge_limit_range_defaults(spec: dict[str, Any],
+                               limit_ranges: Iterable[Mapping[str, Any]]) -> None:
+    """``PodMutateLimitFunc`` for every LimitRange in turn, in place on a spec whose
+    containers and resources maps the caller owns (``copy_for_defaulting``): each
+    container and init container gets every default limit and request it does not set
+    (``mergeContainerResources``; a value set by an earlier LimitRange is kept)."""
     for lr in limit_ranges:
-        limits: dict[str, Any] = {}
-        requests: dict[str, Any] = {}
-        for item in limit_range_items(lr):
-            if item.get("type") == "Container":
-                d = defaulted_limit_range_item(item)
-                requests.update(d["defaultRequest"])
-                limits.update(d["default"])
+        limits, requests = _container_defaults(lr)
         if not limits and not requests:
             continue
         for key in ("containers", "initContainers"):
-            for container in out.get(key) or []:
+            for container in spec.get(key) or []:
                 if not isinstance(container, dict):
                     continue
                 res = container.get("resources")
@@ -272,4 +299,26 @@ def apply_limit_range_defaults(spec: Mapping[str, Any],
                         res[which] = current
                     for name, value in defaults.items():
                         current.setdefault(name, value)
+
+
+def apply_limit_range_defaults(spec: Mapping[str, Any],
+                               limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of the pod spec with LimitRanger's container defaults filled in
+    (``merge_limit_range_defaults``)."""
+    out: dict[str, Any] = copy_for_defaulting({"spec": spec})["spec"]
+    merge_limit_range_defaults(out, limit_ranges)
     return out
+
+
+def limit_range_default(limit_ranges: Iterable[Mapping[str, Any]], section: str,
+                        name: str) -> tuple[str, Any] | None:
+    """Which LimitRange gives a container that sets no ``section`` (``limits`` or
+    ``requests``) of ``name`` its value, and the value: the first that has one, as
+    ``merge_limit_range_defaults`` applies them. None when none does."""
+    for lr in limit_ranges:
+        limits, requests = _container_defaults(lr)
+        found = (limits if section == "limits" else requests).get(name)
+        if found is not None:
+            meta = lr.get("metadata")
+            return (str(meta.get("name", "")) if isinstance(meta, Mapping) else ""), found
+    return None

@@ -31,6 +31,7 @@ __all__ = [
     "parse_envelope_string",
     "pod_amount",
     "pod_level_cpu_request_default",
+    "without_written_cpu",
 ]
 
 
@@ -130,6 +131,31 @@ class EnvelopeString:
         if len(kept) == len(self.pairs) or not kept:
             return self.raw
         return ",".join(kept)
+
+
+def without_written_cpu(text: str) -> str | None:
+    """``text`` with every pair whose key is written ``cpu`` removed, whatever its value
+    holds: ``"cpu=$(CPU), memory=29Gi"`` -> ``"memory=29Gi"`` (seed 000's installer drops
+    a pair by its key, so a cpu limit from another variable is dropped too). Chunks are
+    kept as written otherwise (trimmed, empty ones left out), including those whose key
+    is not written out (``$(PAIR)``: what it expands to is only known expanded). None
+    when no pair is dropped, or when every pair would be (a cpu-only envelope stays as
+    written: an empty one reads as "unset" downstream, see
+    :meth:`EnvelopeString.without_cpu`)."""
+    kept: list[str] = []
+    dropped = False
+    for chunk in text.split(","):
+        item = chunk.strip()
+        if not item:
+            continue
+        key, sep, _ = item.partition("=")
+        if sep and "$" not in key and key.strip().lower() == "cpu":
+            dropped = True
+            continue
+        kept.append(item)
+    if not dropped or not kept:
+        return None
+    return ",".join(kept)
 
 
 def _pairs(text: str) -> Iterator[Pair]:

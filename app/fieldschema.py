@@ -32,7 +32,7 @@ import orjson
 
 from app.config import did_you_mean
 
-__all__ = ["FieldProblem", "FieldSchema", "compact", "default_schema", "prune"]
+__all__ = ["FieldProblem", "FieldSchema", "compact", "default_schema", "metadata_problems", "prune"]
 
 DATA = Path(__file__).resolve().parent / "data" / "fieldschema.json.gz"
 
@@ -51,6 +51,120 @@ class FieldProblem:
     message: str
     unknown_field: bool = True
     """False for an unknown kind or version (the object cannot be judged at all)."""
+
+
+OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+
+_STRING, _INT64, _BOOL, _TIME = "string", "int64", "bool", "time"
+_META_FIELDS: dict[str, str | tuple[str, str]] = {
+    "name": _STRING, "generateName": _STRING, "namespace": _STRING, "selfLink": _STRING,
+    "uid": _STRING, "resourceVersion": _STRING, "generation": _INT64,
+    "creationTimestamp": _TIME, "deletionTimestamp": _TIME,
+    "deletionGracePeriodSeconds": _INT64,
+    "labels": ("map", _STRING), "annotations": ("map", _STRING),
+    "finalizers": ("list", _STRING), "ownerReferences": ("list", "ownerReference"),
+    "managedFields": ("list", "managedFields"),
+}
+"""ObjectMeta's Go field types (``k8s.io/apimachinery/pkg/apis/meta/v1/types.go``): what
+the API server's JSON decoding refuses with ``cannot unmarshal bool into Go struct field
+ObjectMeta.metadata.labels of type string``, in every ``--validate`` mode, for built-in
+kinds and custom resources alike (a CR's metadata is decoded into ObjectMeta too)."""
+_OWNER_FIELDS = {"apiVersion": _STRING, "kind": _STRING, "name": _STRING, "uid": _STRING,
+                 "controller": _BOOL, "blockOwnerDeletion": _BOOL}
+_MANAGED_FIELDS = {"manager": _STRING, "operation": _STRING, "apiVersion": _STRING,
+                   "time": _TIME, "fieldsType": _STRING, "subresource": _STRING}
+_INT64_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value if abs(value) < 1e15 else format(value, '.3g')})"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def _scalar_problem(value: object, want: str) -> str | None:
+    """Why Go's JSON decoder refuses ``value`` for a field of type ``want`` (None: it
+    takes it; null always decodes, to the zero value)."""
+    if value is None:
+        return None
+    if want in (_STRING, _TIME):
+        if isinstance(value, str):
+            return None
+        hint = ("; in YAML an unquoted y, yes, on, true, n, no, off or false is a boolean: "
+                "quote it" if isinstance(value, bool) else
+                "; quote it" if isinstance(value, (int, float)) else "")
+        return f"expected a string, got {_json_type(value)}{hint}"
+    if want == _INT64:
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                _INT64_RANGE[0] <= value <= _INT64_RANGE[1]:
+            return None
+        if isinstance(value, float) and value.is_integer() and \
+                _INT64_RANGE[0] <= value <= _INT64_RANGE[1]:
+            return None
+        return f"expected an integer (int64), got {_json_type(value)}"
+    if want == _BOOL:
+        return None if isinstance(value, bool) else f"expected true or false, got {_json_type(value)}"
+    return None
+
+
+def _fields_problems(value: object, fields: Mapping[str, str | tuple[str, str]], path: str,
+                     out: list[FieldProblem]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append(FieldProblem(path, f"{path}: expected an object, got {_json_type(value)}", False))
+        return
+    for key, want in fields.items():
+        if key not in value:
+            continue
+        where = f"{path}.{key}"
+        item = value[key]
+        if isinstance(want, str):
+            why = _scalar_problem(item, want)
+            if why:
+                out.append(FieldProblem(where, f"{where}: {why}", False))
+            continue
+        shape, of = want
+        if item is None:
+            continue
+        if shape == "map":
+            if not isinstance(item, dict):
+                out.append(FieldProblem(where, f"{where}: expected a map of strings, got "
+                                               f"{_json_type(item)}", False))
+                continue
+            for k, v in item.items():
+                why = _scalar_problem(v, of)
+                if why:
+                    out.append(FieldProblem(f"{where}.{k}", f"{where}.{k}: {why}", False))
+            continue
+        if not isinstance(item, list):
+            out.append(FieldProblem(where, f"{where}: expected a list, got {_json_type(item)}", False))
+            continue
+        for i, element in enumerate(item):
+            at = f"{where}[{i}]"
+            if of == "ownerReference":
+                _fields_problems(element, _OWNER_FIELDS, at, out)
+            elif of == "managedFields":
+                _fields_problems(element, _MANAGED_FIELDS, at, out)
+            else:
+                why = _scalar_problem(element, of)
+                if why:
+                    out.append(FieldProblem(at, f"{at}: {why}", False))
+
+
+def metadata_problems(meta: object, path: str = "metadata") -> list[FieldProblem]:
+    """What the API server's decoding refuses in an ObjectMeta at ``path``: a field of the
+    wrong JSON type (a label value ``true``, annotations a list, a name that is a number).
+    ``unknown_field`` is False: no ``--validate`` mode lets it through."""
+    out: list[FieldProblem] = []
+    _fields_problems(meta, _META_FIELDS, path, out)
+    return out
 
 
 def _ref_name(ref: str) -> str:
@@ -159,7 +273,7 @@ class FieldSchema:
         api_version, kind = str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
         group = api_version.rpartition("/")[0]
         if group not in self.groups:
-            return []
+            return metadata_problems(obj.get("metadata")) if "metadata" in obj else []
         by_kind = self.kinds.get(api_version)
         if by_kind is None:
             served = ", ".join(sorted(f"{group}/{v}" if group else v for v in self.groups[group]))
@@ -186,6 +300,8 @@ class FieldSchema:
         stack: list[tuple[Any, Node, str]] = [(value, node, path)]
         while stack:
             value, node, path = stack.pop()
+            if node == OBJECT_META:
+                out.extend(metadata_problems(value, path))
             shape = self._resolve(node)
             if "u" in shape:
                 continue

@@ -119,3 +119,20 @@ def test_a_verified_caller_is_counted_once_per_request(
     assert seen == counted
     if status == 403:
         assert response.json()["error"].startswith("caller token refused (api-group): ")
+
+
+@pytest.mark.parametrize("meta", [{"name": "web", "labels": {"app": True}},
+                                  {"name": "web", "annotations": ["a"]}, {"name": 7}])
+def test_metadata_of_the_wrong_type_is_refused_with_the_uid_never_judged(meta: dict[str, Any]) -> None:
+    # The API server never sends these (it decodes ObjectMeta first); anyone else is refused.
+    obj = {**CPU7, "metadata": meta}
+    uid, subject = parse_review(review(obj))
+    for phase in ("mutate", "validate"):
+        response = RuleHandler(RULES, Policy(), StaticView()).handle(Request(uid, subject, phase))
+        assert not response.decision.allowed and response.decision.code == 400
+        assert response.decision.message.startswith("metadata.")
+        assert json.loads(response.encode())["response"]["uid"] == "u-1"
+    # kinds Envelope does not judge stay allowed unchanged
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+    uid, subject = parse_review(review(other, group="", kind="ConfigMap"))
+    assert RuleHandler(RULES, Policy(), StaticView()).handle(Request(uid, subject, "mutate")).decision.allowed

@@ -155,17 +155,51 @@ def test_last_duplicate_disagreeing_is_denied_at_its_index() -> None:
     assert "memory=1Gi differs from RESOURCE_REQUESTS memory=2Gi" in result.errors[0].message
 
 
-def test_a_reference_is_judged_expanded_and_never_rewritten() -> None:
+def test_a_cpu_pair_is_dropped_by_its_key_and_a_reference_kept_as_written() -> None:
     env_ = [{"name": "MEM", "value": "4Gi"},
             {"name": "RESOURCE_LIMITS", "value": "cpu=2,memory=$(MEM)"},
             {"name": "RESOURCE_REQUESTS", "value": "cpu=2,memory=4Gi"}]
     obj = workload("Deployment", [container(env=env_)])
     result = run(obj)
-    assert result.errors == [] and result.patch == []
-    (text,) = _warnings(result)
-    # the variable is named, its value never shown (issue 25, class 5)
-    assert "(after expanding $(MEM))" in text and "does not rewrite" in text
-    assert "4Gi" not in text
+    assert result.errors == [] and _warnings(result) == []
+    env_after = jsonpatch.apply_patch(obj, result.patch)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env_after] == ["4Gi", "memory=$(MEM)", "cpu=2,memory=4Gi"]
+    assert "4Gi" not in " ".join(c.message for c in result.changes)
+
+
+@pytest.mark.parametrize(("limits", "expected"), [
+    # seed 000: the installer drops a pair by its key, whatever the value holds
+    ("cpu=$(CPU),memory=29Gi", "memory=29Gi"),
+    (" CPU = $(CPU) , memory=29Gi", "memory=29Gi"),
+    ("memory=29Gi,cpu=$(CPU)m", "memory=29Gi"),
+    ("cpu=$(UNDEFINED),memory=$(MEM)", "memory=$(MEM)"),
+    ("cpuset=$(SET),cpu=$(CPU),memory=29Gi", "cpuset=$(SET),memory=29Gi"),
+])
+def test_a_cpu_pair_whose_value_is_a_reference_is_dropped(limits: str, expected: str) -> None:
+    env_ = [{"name": "CPU", "value": "7"}, {"name": "MEM", "value": "29Gi"},
+            {"name": "SET", "value": "0-3"}, {"name": "RESOURCE_LIMITS", "value": limits}]
+    obj = workload("Deployment", [container(env=env_)])
+    result = run(obj)
+    assert result.errors == []
+    assert jsonpatch.apply_patch(obj, result.patch)["spec"]["template"]["spec"]["containers"][0][
+        "env"][3]["value"] == expected
+    (changed,) = [c for c in result.changes if c.rule == "env-envelope-cpu"]
+    assert "dropped by its key" in changed.message
+
+
+@pytest.mark.parametrize("limits", [
+    "cpu=$(CPU)",  # cpu-only: never emptied
+    "$(PAIRS)",  # a reference standing for whole pairs: its key is not written
+    "$(K)=7,memory=29Gi",
+])
+def test_a_cpu_pair_not_written_out_is_not_rewritten(limits: str) -> None:
+    env_ = [{"name": "CPU", "value": "7"}, {"name": "PAIRS", "value": "cpu=7,memory=29Gi"},
+            {"name": "K", "value": "cpu"}, {"name": "RESOURCE_LIMITS", "value": limits}]
+    result = run(workload("Deployment", [container(env=env_)]))
+    assert [c for c in result.changes if c.rule == "env-envelope-cpu"] == []
+    if limits != "cpu=$(CPU)":
+        (text,) = _warnings(result)
+        assert "keeps its cpu pair" in text and "stands for whole pairs" in text
 
 
 def test_an_expanded_reference_that_disagrees_is_denied() -> None:
@@ -180,7 +214,7 @@ def test_an_expanded_reference_that_disagrees_is_denied() -> None:
 
 @pytest.mark.parametrize(("env_", "unresolved"), [
     # undefined: the kubelet leaves $(MEM) as written
-    ([{"name": "RESOURCE_LIMITS", "value": "cpu=1,memory=$(MEM)"}], "$(MEM)"),
+    ([{"name": "RESOURCE_LIMITS", "value": "gpu=1,memory=$(MEM)"}], "$(MEM)"),
     # order matters: MEM is defined only after the entry that refers to it
     ([{"name": "RESOURCE_LIMITS", "value": "memory=$(MEM)"}, {"name": "MEM", "value": "1Gi"}],
      "$(MEM)"),

@@ -186,3 +186,44 @@ def test_a_refused_object_is_not_part_of_the_cluster_the_rules_see(tmp_path: Pat
         "spec: {hard: {limits.cpu: '10'}}\n")
     _rc, objects = check_json(str(tmp_path))
     assert {o["kind"]: o for o in objects}["Deployment"]["changes"] == []
+
+
+# --- metadata of the wrong type (issue 28, class 8): refused in every --validate mode
+
+@pytest.mark.parametrize(("meta", "path", "why"), [
+    ({"name": "d", "labels": {"app": True}}, "metadata.labels.app", "got a boolean (true)"),
+    ({"name": "d", "labels": ["a"]}, "metadata.labels", "expected a map of strings, got a list"),
+    ({"name": "d", "annotations": {"a": 1}}, "metadata.annotations.a", "got a number (1); quote it"),
+    ({"name": 123}, "metadata.name", "expected a string, got a number (123)"),
+    ({"name": "d", "namespace": ["x"]}, "metadata.namespace", "got a list"),
+    ({"name": "d", "generation": 1.5}, "metadata.generation", "expected an integer (int64)"),
+    ({"name": "d", "finalizers": [1]}, "metadata.finalizers[0]", "expected a string"),
+    ({"name": "d", "ownerReferences": [{"kind": "X", "name": False, "controller": "yes"}]},
+     "metadata.ownerReferences[0].controller", "expected true or false, got a string"),
+])
+def test_metadata_of_the_wrong_type_is_refused_with_its_path_and_type(
+        meta: dict[str, Any], path: str, why: str) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta}
+    project = {"apiVersion": "kai.resources/v1alpha1", "kind": "Project", "metadata": meta}
+    for obj in (deployment, project):  # a custom resource's metadata is ObjectMeta too
+        problems = default_schema().check(obj)
+        found = [p for p in problems if p.path == path]
+        assert found and why in found[0].message and not found[0].unknown_field, problems
+
+
+def test_metadata_that_decodes_passes_and_a_template_s_metadata_is_checked() -> None:
+    fine = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "labels": {"app": "true", "empty": None}, "generation": 2,
+                         "creationTimestamp": None, "annotations": None},
+            "spec": {"template": {"metadata": {"labels": {"on": True}}}}}
+    assert [(p.path, p.unknown_field) for p in default_schema().check(fine)] == [
+        ("spec.template.metadata.labels.on", False)]
+
+
+def test_check_refuses_a_yaml_boolean_label_in_every_validate_mode(tmp_path: Path) -> None:
+    path = tmp_path / "d.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  labels: {app: y}\n")
+    for mode in ("strict", "warn", "ignore"):
+        out = envelope("check", "-o", "json", f"--validate={mode}", "-f", str(path))
+        assert out.returncode == 1, (mode, out.stdout, out.stderr)
+        assert "metadata.labels.app: expected a string, got a boolean (true)" in out.stdout

@@ -39,6 +39,7 @@ SECRETS = (TOKEN, PIN)
 def _env(limits: str | None, requests: str | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"name": "TOKEN", "value": TOKEN}, {"name": "PIN", "value": PIN},
                                  {"name": "CHAINED", "value": "x-$(TOKEN)"},
+                                 {"name": "CPUPAIR", "value": f"cpu={PIN}n"},
                                  {"name": "SPEC", "value": f"cpu=7,memory=1Gi,token={TOKEN}"}]
     if limits is not None:
         out.append({"name": "RESOURCE_LIMITS", "value": limits})
@@ -50,7 +51,7 @@ def _env(limits: str | None, requests: str | None = None) -> list[dict[str, Any]
 # (case, RESOURCE_LIMITS, RESOURCE_REQUESTS, the severity the case must produce, a fragment
 # the message must hold: it names the variable instead of its value)
 CASES = [
-    ("cpu not a quantity", "cpu=$(TOKEN),memory=1Gi", None, "error", "cpu from $(TOKEN) is not a quantity"),
+    ("cpu not a quantity", None, "cpu=$(TOKEN),memory=1Gi", "error", "cpu from $(TOKEN) is not a quantity"),
     ("memory not a quantity", "memory=$(TOKEN)", None, "error", "memory from $(TOKEN) is not a quantity"),
     ("memory part-expanded", "memory=1$(TOKEN)Gi", None, "error", "memory from $(TOKEN) is not a quantity"),
     ("chained reference", "memory=$(CHAINED)", None, "error", "memory from $(CHAINED) is not a quantity"),
@@ -61,8 +62,8 @@ CASES = [
      "RESOURCE_LIMITS memory from $(PIN) differs from RESOURCE_REQUESTS memory=1Gi"),
     ("memory mismatch, requests side", "memory=1Gi", "memory=$(PIN)", "error",
      "memory=1Gi differs from RESOURCE_REQUESTS memory from $(PIN)"),
-    ("cpu below request", "cpu=$(PIN)n,memory=1Gi", "cpu=7,memory=1Gi", "error",
-     "RESOURCE_LIMITS cpu from $(PIN) is below RESOURCE_REQUESTS cpu=7"),
+    ("cpu below request", "$(CPUPAIR),memory=1Gi", "cpu=7,memory=1Gi", "error",
+     "RESOURCE_LIMITS cpu from $(CPUPAIR) is below RESOURCE_REQUESTS cpu=7"),
     ("keeps its cpu pair", "$(SPEC)", None, "warning", "(after expanding $(SPEC)) keeps its cpu pair"),
     ("unresolved next to resolved", "cpu=$(TOKEN),memory=$(UNDEFINED)", None, "warning",
      "$(UNDEFINED) is not resolved"),

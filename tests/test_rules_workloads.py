@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jsonpatch
 import pytest
 
+from app.cluster.view import StaticView
 from app.config import Mode, Policy
 from app.podspec import POD_SPEC_PATHS
 from tests.conftest import container, mutate, resources_of, run, workload
@@ -227,3 +230,107 @@ def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) ->
     result = evaluate(crashing, subject(obj), StaticView(), Policy(), "mutate")
     assert result.patch == [] and result.obj is obj
     assert result.internal_errors == [InternalError("memory-limit", "RuntimeError: boom")]
+
+
+# --- what stripping changes for the program inside (issue 28, class 7)
+
+
+def test_pod_level_guaranteed_loses_exclusive_cores_like_a_container_level_one() -> None:
+    # ComputePodQOS: with pod-level resources set, they alone decide the QoS class.
+    pod_level = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    obj = workload("Deployment", [container(requests={"memory": "4Gi"}, limits={"memory": "4Gi"})],
+                   pod_resources=pod_level)
+    (found,) = [w for w in run(obj).warnings if w.rule == "cpu-limits"]
+    assert "losing exclusive cores" in found.message
+    # pod-level limits alone: the requests default to them (Guaranteed) when no container asks
+    only_limits = workload("Pod", [container()], pod_resources={"limits": {"cpu": "4", "memory": "4Gi"}})
+    assert [w.rule for w in run(only_limits).warnings] == ["cpu-limits"]
+    # pod level Burstable decides even when every container is Guaranteed
+    burstable = workload("Deployment", [container(requests={"cpu": "2", "memory": "4Gi"},
+                                                  limits={"cpu": "2", "memory": "4Gi"})],
+                         pod_resources={"requests": {"cpu": "2", "memory": "4Gi"},
+                                        "limits": {"cpu": "3", "memory": "4Gi"}})
+    assert [w for w in run(burstable).warnings if w.rule == "cpu-limits"] == []
+    fractional = workload("Deployment", [container()],
+                          pod_resources={"limits": {"cpu": "1500m", "memory": "4Gi"}})
+    assert [w for w in run(fractional).warnings if w.rule == "cpu-limits"] == []
+
+
+def _reader(env_name: str = "GOMAXPROCS", **ref: str) -> dict[str, Any]:
+    return {"name": env_name, "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", **ref}}}
+
+
+def _downward(result: Any) -> list[Any]:
+    return [w for w in result.warnings if w.rule == "downward-cpu-limit"]
+
+
+def test_a_container_reading_its_cpu_limit_is_warned_with_both_numbers_and_the_fix() -> None:
+    obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"}, env=[_reader()])])
+    (found,) = _downward(run(obj))
+    assert found.path == "spec.template.spec.containers[0].env[0].valueFrom.resourceFieldRef"
+    assert found.message == ('container "app" env GOMAXPROCS reads limits.cpu of "app" = 2; '
+                             "stripped, it reads the node's allocatable CPU: use requests.cpu (2)")
+
+
+@pytest.mark.parametrize(("limit", "request_", "divisor", "before", "after"), [
+    ("1500m", None, None, "2", "2"),  # the ceiling, as convertResourceCPUToString
+    ("750m", "500m", "1m", "750 (divisor '1m')", "500"),
+    ("3", "1", "0", "3", "1"),  # a zero divisor is 1
+])
+def test_another_container_s_limit_through_container_name_and_divisor(
+        limit: str, request_: str | None, divisor: str | None, before: str, after: str) -> None:
+    ref = {"containerName": "side", **({"divisor": divisor} if divisor else {})}
+    side = container("side", requests={"cpu": request_} if request_ else None,
+                     limits={"cpu": limit, "memory": "1Gi"})
+    obj = workload("Deployment", [container(env=[_reader("WORKERS", **ref)]), side])
+    (found,) = _downward(run(obj))
+    assert f'env WORKERS reads limits.cpu of "side" = {before};' in found.message
+    assert found.message.endswith(f"use requests.cpu ({after})")
+
+
+def test_downward_api_volumes_and_projected_volumes_are_read_too() -> None:
+    obj = workload("Deployment", [container(limits={"cpu": "4", "memory": "1Gi"})])
+    item = {"path": "cpu_limit", "resourceFieldRef": {"containerName": "app", "resource": "limits.cpu"}}
+    obj["spec"]["template"]["spec"]["volumes"] = [
+        {"name": "podinfo", "downwardAPI": {"items": [item]}},
+        {"name": "all", "projected": {"sources": [{"configMap": {"name": "x"}},
+                                                  {"downwardAPI": {"items": [item]}}]}}]
+    assert [w.path for w in _downward(run(obj))] == [
+        "spec.template.spec.volumes[0].downwardAPI.items[0].resourceFieldRef",
+        "spec.template.spec.volumes[1].projected.sources[1].downwardAPI.items[0].resourceFieldRef"]
+
+
+def test_a_pod_level_cpu_limit_a_container_read_is_warned_about_when_stripped() -> None:
+    # No container limit: the kubelet gives the pod-level CPU limit (defaultPodLimitsForDownwardAPI).
+    obj = workload("Pod", [container(env=[_reader()])],
+                   pod_resources={"limits": {"cpu": "4", "memory": "1Gi"}})
+    (found,) = _downward(run(obj))
+    assert 'reads limits.cpu of "app" = 4; stripped' in found.message
+
+
+def test_a_limit_range_default_limit_is_what_the_stripped_container_reads() -> None:
+    # LimitRanger gives the Pods max.cpu as their default limit (SetDefaults_LimitRangeItem)
+    lr = {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "lr", "namespace": "team-a"},
+          "spec": {"limits": [{"type": "Container", "max": {"cpu": "8"}}]}}
+    reading = [container(limits={"cpu": "2", "memory": "1Gi"}, env=[_reader()])]
+    (found,) = _downward(run(workload("Deployment", reading), view=StaticView([lr])))
+    assert "= 2; stripped, it reads the LimitRange default 8: use requests.cpu (2)" in found.message
+    same = [container(limits={"cpu": "8", "memory": "1Gi"}, env=[_reader()])]
+    assert _downward(run(workload("Deployment", same), view=StaticView([lr]))) == []
+
+
+def test_no_downward_warning_when_the_limit_stays() -> None:
+    reading = [container(limits={"cpu": "2", "memory": "1Gi"}, env=[_reader()])]
+    opted = workload("Deployment", reading, template_annotations={"envelope.io/keep-cpu-limit": "true"})
+    assert _downward(run(opted)) == []
+    assert _downward(run(workload("Deployment", reading), Policy(rules={"cpu-limits": Mode.WARN}))) == []
+    assert _downward(run(workload("Deployment", reading), Policy(rules={"cpu-limits": Mode.OFF}))) == []
+    # a namespace guard keeps the limit (a quota on limits.cpu): nothing is stripped
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "team-a"},
+             "spec": {"hard": {"limits.cpu": "10"}}}
+    assert _downward(run(workload("Deployment", reading), view=StaticView([quota]))) == []
+    # requests.cpu is kept, so reading it is the fix
+    fixed = [container(limits={"cpu": "2", "memory": "1Gi"},
+                       env=[{"name": "GOMAXPROCS",
+                             "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu"}}}])]
+    assert _downward(run(workload("Deployment", fixed))) == []

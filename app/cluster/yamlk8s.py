@@ -94,6 +94,10 @@ _TIMESTAMPS = (  # go-yaml v2 allowedTimestampFormats, as patterns (explicit !!t
 )
 
 
+_UINT64_DIGITS = {2: 64, 8: 22, 10: 20, 16: 16}
+"""How many digits (leading zeros aside) the largest uint64 has in each base."""
+
+
 def _go_parse_uint(s: str) -> int | None:
     """strconv.ParseUint(s, 0, 64) without underscores (the caller removed them)."""
     if not s:
@@ -107,6 +111,10 @@ def _go_parse_uint(s: str) -> int | None:
             base, s = 8, s[1:]
     digits = _DIGITS[base]
     if any(c not in digits for c in s):
+        return None
+    if len(s.lstrip("0")) > _UINT64_DIGITS[base]:
+        # More digits than any uint64 has: ParseUint's range error, found without
+        # converting (Python's int() refuses more than 4,300 decimal digits).
         return None
     value = int(s, base) if s else 0
     return value if value <= _UINT64_MAX else None

@@ -57,7 +57,7 @@ FAMILY_TEXT = {
 }
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "quota-needs-cpu-limits",
-                             "limitrange-needs-cpu-limits"})
+                             "limitrange-needs-cpu-limits", "downward-cpu-limit"})
 """Rules the ``keep-cpu-limit`` opt-out is about: it is their hint, and no other's."""
 
 FAMILY_HINTS = {

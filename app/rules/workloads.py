@@ -12,12 +12,14 @@ helpers only two of them use; the pod-spec helpers every workload rule reads are
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import ROUND_CEILING
 from typing import Any
 
 from app.cluster.view import ClusterView
 from app.config import Mode, Policy
-from app.defaulting import default_pod
+from app.defaulting import apply_limit_range_defaults, default_pod, limit_range_default
 from app.envelope import (
     EnvelopeString,
     PairError,
@@ -26,6 +28,7 @@ from app.envelope import (
     move_cpu_limit_to_request,
     move_pod_level_cpu_limit,
     parse_envelope_string,
+    without_written_cpu,
 )
 from app.envexpand import EnvValue, container_env, references
 from app.podspec import (
@@ -76,9 +79,20 @@ def _parses(value: object) -> bool:
 
 
 def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
-    """Guaranteed QoS (every container: cpu and memory limits, requests equal or
-    unset) with at least one whole-core CPU request: the CPU manager's static
-    policy pins exclusive cores for such pods, and stripping CPU limits loses them."""
+    """Guaranteed QoS with whole cores: what the CPU manager's static policy pins
+    exclusive cores for, and stripping CPU limits loses. The QoS class is upstream's
+    (``pkg/apis/core/v1/helper/qos/qos.go`` ``ComputePodQOS`` at v1.37.2): with pod-level
+    resources set (cpu or memory in ``spec.resources``), the pod-level requests and limits
+    as the API server defaults them decide alone (cpu and memory limits, requests equal,
+    a whole-core CPU); otherwise every container needs cpu and memory limits with
+    requests equal or unset, and one of them a whole-core CPU request."""
+    spec = pod_spec(subject, obj)
+    pod_level = spec.get("resources") if spec is not None else None
+    if spec is not None and isinstance(pod_level, dict) and any(
+            isinstance(pod_level.get(section), dict) and
+            ("cpu" in pod_level[section] or "memory" in pod_level[section])
+            for section in ("requests", "limits")):
+        return _pod_level_guaranteed_whole(spec)
     found = list(containers(subject, obj))
     if not found:
         return False
@@ -96,6 +110,24 @@ def _guaranteed_with_whole_cores(subject: Subject, obj: dict[str, Any]) -> bool:
                 return False
         whole = whole or is_integer_cpu(requests.get("cpu", limits["cpu"]))
     return whole
+
+
+def _pod_level_guaranteed_whole(spec: dict[str, Any]) -> bool:
+    """``requirementsQOS`` of the pod-level resources of the Pod made from ``spec``
+    (defaulted: a missing pod-level request is the containers' sum or the limit)."""
+    try:
+        resources = default_pod({"spec": spec})["spec"].get("resources") or {}
+        requests = resources.get("requests") or {}
+        limits = resources.get("limits") or {}
+        for name in ("cpu", "memory"):
+            if name not in limits or name not in requests:
+                return False
+            if compare_quantities(requests[name], limits[name]) != 0 or \
+                    parse_quantity(limits[name]) == 0:
+                return False
+    except QuantityError:
+        return False
+    return is_integer_cpu(limits["cpu"])
 
 
 @rule("cpu-limits", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
@@ -203,6 +235,144 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
     return findings
 
 
+_DOWNWARD_CPU_LIMIT = "limits.cpu"
+
+
+@dataclass(frozen=True)
+class _CpuLimitRead:
+    """One ``resourceFieldRef`` on ``limits.cpu``: where it is, who reads it, of which
+    container, with which divisor."""
+
+    path: str
+    reader: str
+    target: str
+    divisor: object
+
+
+def _cpu_limit_reads(spec: dict[str, Any], base: str) -> Iterator[_CpuLimitRead]:
+    """Every ``resourceFieldRef: {resource: limits.cpu}``: env ``valueFrom`` of any
+    container (its own limit unless ``containerName`` names another), ``downwardAPI``
+    volume items and ``projected`` volumes' ``downwardAPI`` sources (``containerName``
+    required there)."""
+    for field, word in (("initContainers", "initContainer"), ("containers", "container")):
+        items = spec.get(field)
+        for i, c in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(c, dict) or not isinstance(c.get("env"), list):
+                continue
+            for j, var in enumerate(c["env"]):
+                ref = dig(var, ("valueFrom", "resourceFieldRef"))
+                if isinstance(ref, dict) and ref.get("resource") == _DOWNWARD_CPU_LIMIT:
+                    target = ref.get("containerName") or c.get("name")
+                    yield _CpuLimitRead(f"{base}.{field}[{i}].env[{j}].valueFrom.resourceFieldRef",
+                                        f'{word} "{c.get("name")}" env {var.get("name")}',
+                                        str(target), ref.get("divisor"))
+    volumes = spec.get("volumes")
+    for v, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if not isinstance(volume, dict):
+            continue
+        lists: list[tuple[str, Any]] = [(f"{base}.volumes[{v}].downwardAPI.items",
+                                         dig(volume, ("downwardAPI", "items")))]
+        sources = dig(volume, ("projected", "sources"))
+        for k, source in enumerate(sources if isinstance(sources, list) else []):
+            lists.append((f"{base}.volumes[{v}].projected.sources[{k}].downwardAPI.items",
+                          dig(source, ("downwardAPI", "items"))))
+        for where, entries in lists:
+            for n, entry in enumerate(entries if isinstance(entries, list) else []):
+                ref = entry.get("resourceFieldRef") if isinstance(entry, dict) else None
+                if isinstance(ref, dict) and ref.get("resource") == _DOWNWARD_CPU_LIMIT:
+                    yield _CpuLimitRead(f"{where}[{n}].resourceFieldRef",
+                                        f'volume "{volume.get("name")}" file {entry.get("path")}',
+                                        str(ref.get("containerName")), ref.get("divisor"))
+
+
+def _named_container(spec: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """``findContainerInPod``: containers first, then init containers."""
+    for field in ("containers", "initContainers"):
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else []:
+            if isinstance(c, dict) and c.get("name") == name:
+                return c
+    return None
+
+
+def _downward_value(spec: dict[str, Any], target: str, section: str, divisor: object) -> str | None:
+    """What the container reads for ``<section>.cpu`` of ``target``: the kubelet's
+    ``defaultPodLimitsForDownwardAPI`` (``pkg/kubelet/kubelet_resources.go``: a container
+    without a CPU limit reads the pod-level CPU limit when there is one, else the node's
+    allocatable CPU; None then) and ``convertResourceCPUToString``
+    (``pkg/api/v1/resource/helpers.go``: the ceiling of value / divisor, divisor 1 when
+    unset or zero)."""
+    container = _named_container(spec, target)
+    if container is None:
+        return None
+    value = dig(container, ("resources", section, "cpu"))
+    if value is None and section == "limits":
+        value = dig(spec, ("resources", "limits", "cpu"))
+    if value is None and section == "requests":
+        value = dig(container, ("resources", "limits", "cpu"))
+    try:
+        amount = parse_quantity(value) if value is not None else None
+        if amount is None or (section == "limits" and amount == 0):
+            return None
+        scale = parse_quantity(divisor) if divisor not in (None, "", 0) else 1
+        scale = scale or 1
+    except QuantityError:
+        return None
+    return format((amount / scale).to_integral_value(rounding=ROUND_CEILING), "f")
+
+
+def _per(divisor: object) -> str:
+    try:
+        plain = divisor in (None, "") or parse_quantity(divisor) in (0, 1)
+    except QuantityError:
+        plain = False
+    return "" if plain else f" (divisor {shown(str(divisor))})"
+
+
+@rule("downward-cpu-limit", "mutate", WORKLOAD_KINDS, Mode.WARN,
+      "a container reading its CPU limit through the downward API reads the node's CPU once it is stripped",
+      mutates=False, order=110, reads={"LimitRange"}, judges=pod_resources, requires=well_formed)
+def downward_cpu_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                       policy: Policy) -> list[Finding]:
+    """Runs after ``cpu-limits`` and compares the object as written with the object as
+    stripped (so it says nothing when the limit is kept: opt-out, a namespace guard, the
+    rule off or warning). A ``resourceFieldRef`` on ``limits.cpu`` (GOMAXPROCS, worker
+    counts) read the limit; without one the kubelet gives the pod-level CPU limit, else
+    the node's allocatable CPU (``pkg/kubelet/kubelet_resources.go``
+    ``defaultPodLimitsForDownwardAPI``): a program sized to 2 cores sizes itself to 64."""
+    written = pod_spec(subject, subject.obj or {})
+    stripped = pod_spec(subject, obj)
+    if written is None or stripped is None or written is stripped:
+        return []
+    reads = list(_cpu_limit_reads(stripped, spec_text(subject)))
+    if not reads:
+        return []
+    # The Pods get LimitRanger's default limits where none is left (for a Pod, again on
+    # reinvocation): a LimitRange default.cpu (or max.cpu) is what the program then reads.
+    limit_ranges = view.list("LimitRange", subject.namespace) if subject.namespace else []
+    written_pod = apply_limit_range_defaults(written, limit_ranges)
+    stripped_pod = apply_limit_range_defaults(stripped, limit_ranges)
+    findings = []
+    for read in reads:
+        before = _downward_value(written_pod, read.target, "limits", read.divisor)
+        after = _downward_value(stripped_pod, read.target, "limits", read.divisor)
+        if before is None or after == before:
+            continue
+        own = _named_container(stripped, read.target)
+        by_limit_range = own is not None and dig(own, ("resources", "limits", "cpu")) is None \
+            and dig(stripped, ("resources", "limits", "cpu")) is None
+        now = ("the node's allocatable CPU" if after is None else
+               f"the LimitRange default {after}" if by_limit_range else
+               f"the pod-level limit {after}")
+        request = _downward_value(stripped, read.target, "requests", read.divisor)
+        use = f"requests.cpu ({request})" if request is not None else "requests.cpu"
+        findings.append(warning(
+            read.path,
+            f'{read.reader} reads limits.cpu of "{read.target}" = {before}{_per(read.divisor)}; '
+            f"stripped, it reads {now}: use {use}"))
+    return findings
+
+
 @rule("quantities", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "pod specs have Kubernetes' shape and resource quantities parse",
       judges=pod_resources, ratchet=Ratchet.WARN)
@@ -229,28 +399,82 @@ def check_resource_quantities(subject: Subject, obj: dict[str, Any], view: Clust
     return findings
 
 
+_LIMIT_RANGER_ANNOTATION = "kubernetes.io/limit-ranger"
+"""What LimitRanger writes on a Pod it defaulted: ``LimitRanger plugin set: memory request
+for container app; memory limit for container app`` (``mergePodResourceRequirements``)."""
+
+
+def _set_by_limit_ranger(subject: Subject, obj: dict[str, Any], holder_label: str) -> set[str]:
+    """On a Pod, which memory values of one container LimitRanger's annotation says it set
+    (``{"request", "limit"}``): the Pod reaching the webhook already carries them."""
+    if subject.kind != "Pod":
+        return set()
+    note = dig(obj, ("metadata", "annotations", _LIMIT_RANGER_ANNOTATION))
+    if not isinstance(note, str):
+        return set()
+    word, _, name = holder_label.partition(" ")
+    who = f"{'init container' if word == 'initContainer' else 'container'} {name.strip(chr(34))}"
+    found = set()
+    for part in note.removeprefix("LimitRanger plugin set:").split(";"):
+        names, sep, rest = part.strip().partition(" request for " if " request for " in part
+                                                  else " limit for ")
+        if sep and rest == who and "memory" in [n.strip() for n in names.split(",")]:
+            found.add(sep.split()[0])
+    return found
+
+
+def _limit_range_message(holder_label: str, path: str, requests: dict[str, Any],
+                         limits: dict[str, Any], from_lr: set[str],
+                         limit_ranges: list[dict[str, Any]], pod: bool) -> str:
+    """The mismatch LimitRanger's memory defaults make: which LimitRange, both numbers,
+    and what to write instead."""
+    said = {}
+    for which, section, field in (("request", "requests", "defaultRequest"),
+                                  ("limit", "limits", "default")):
+        value = (requests if which == "request" else limits)["memory"]
+        source = limit_range_default(limit_ranges, section, "memory") if which in from_lr else None
+        said[which] = (f'{value} (LimitRange "{source[0]}" {field}.memory)' if source
+                       else f"{value} (a LimitRange's {field}.memory)" if which in from_lr
+                       else f"{value} (as written)")
+    written = ("no memory request or limit" if from_lr == {"request", "limit"} else
+               f"memory request {requests['memory']} without a limit")
+    whom, refused = (("this Pod", "the Pod is refused") if pod else
+                     ("every Pod of this template",
+                      "each Pod is refused (FailedCreate on its controller)"))
+    keep = limits["memory"] if "request" in from_lr else requests["memory"]
+    block = path.removesuffix(".requests.memory")
+    return (f"{holder_label}: {written}; LimitRanger, which runs before Envelope's Pod webhook, "
+            f"gives {whom} memory request {said['request']} and limit {said['limit']}, which "
+            f"differ, so {refused}; set {block}.requests.memory and limits.memory to one "
+            f"value, e.g. {keep}")
+
+
 @rule("memory-request-equals-limit", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
-      "memory request equals memory limit", judges=pod_resources, ratchet=Ratchet.WARN, requires=well_formed)
+      "memory request equals memory limit", reads={"LimitRange"}, judges=pod_resources,
+      ratchet=Ratchet.WARN, requires=well_formed)
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    """Memory request == limit in every resources block — of a pod template, as the API
-    server will default the Pods it makes (``app.defaulting.default_pod``): a pod-level
-    memory limit without a pod-level request gets the containers' summed request, which
-    the Pod webhook would then deny (FailedCreate) while the template passed."""
-    judged, written = obj, obj
-    if subject.kind != "Pod":
-        spec = pod_spec(subject, obj)
-        # Only a pod-level resources block gets a request the template does not show;
-        # a container's defaulted request equals its limit and cannot differ from it.
-        if spec is not None and isinstance(spec.get("resources"), dict):
-            try:
-                defaulted = default_pod({"spec": spec})["spec"]
-            except QuantityError:
-                defaulted = None  # the quantities rule names the value
-            if defaulted is not None:
-                judged = with_pod_spec(subject, obj, defaulted)
+    """Memory request == limit in every resources block — judged on the Pod as it will be
+    stored (``app.defaulting.default_pod`` with the namespace's LimitRanges), for a Pod
+    and for every Pod a template makes: requests from limits, then LimitRanger's
+    container defaults (it runs before Envelope's Pod webhook), then pod-level defaults.
+    A template whose containers set no memory in a namespace whose LimitRange has
+    ``default.memory`` != ``defaultRequest.memory`` passes as written but makes Pods the
+    Pod webhook refuses (FailedCreate): refused here, naming the LimitRange; so is a
+    pod-level memory limit without a request, which gets the containers' summed request."""
+    spec = pod_spec(subject, obj)
+    limit_ranges = view.list("LimitRange", subject.namespace) if subject.namespace else []
+    judged = obj
+    if spec is not None:
+        try:
+            stored = default_pod({"spec": spec}, limit_ranges)["spec"]
+        except QuantityError:
+            stored = None  # the quantities rule names the value
+        if stored is not None:
+            judged = with_pod_spec(subject, obj, stored)
+    written_blocks = {h.path: h.resources for h in holders(subject, obj)}
     findings = []
-    written_pod_requests = dig(pod_spec(subject, written) or {}, ("resources", "requests"))
+    written_pod_requests = dig(spec or {}, ("resources", "requests"))
     for holder in holders(subject, judged):
         requests = holder.resources.get("requests") or {}
         limits = holder.resources.get("limits") or {}
@@ -264,6 +488,18 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
             continue
         if order == 0:
             continue
+        if holder.container is not None:
+            written = written_blocks.get(holder.path) or {}
+            from_lr = _set_by_limit_ranger(subject, obj, holder.label)
+            if not _has(written.get("limits"), "memory"):
+                if not _has(written.get("requests"), "memory"):
+                    from_lr.add("request")
+                from_lr.add("limit")
+            if from_lr:
+                findings.append(error(path, _limit_range_message(
+                    holder.label, path, requests, limits, from_lr, limit_ranges,
+                    subject.kind == "Pod")))
+                continue
         defaulted_here = holder.container is None and not (
             isinstance(written_pod_requests, dict) and "memory" in written_pod_requests)
         if defaulted_here:
@@ -280,6 +516,10 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
             f"{limits['memory']}; memory cannot be borrowed back, so request must "
             f"equal limit"))
     return findings
+
+
+def _has(section: object, name: str) -> bool:
+    return isinstance(section, dict) and name in section
 
 
 @dataclass(frozen=True)
@@ -382,9 +622,11 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
     """``RESOURCE_LIMITS="cpu=7,memory=29Gi"`` -> ``"memory=29Gi"``: a runtime that
     sizes itself from a string envelope must not see a CPU cap the pod no longer has.
     The entry the container sees is changed (the last of the name), and only when its
-    value is written out: a ``$(VAR)`` reference is never rewritten (a warning says
-    when the value it expands to still holds a cpu pair); ``valueFrom`` is only known
-    on the node."""
+    value is written out. A pair is dropped by its written key, whatever its value
+    holds: ``cpu=$(CPU),memory=29Gi`` -> ``memory=29Gi`` (seed 000: the installer drops
+    every ``cpu=`` pair). A ``$(VAR)`` that stands for whole pairs is never rewritten
+    (a warning says when what it expands to still holds a cpu pair); ``valueFrom`` is
+    only known on the node."""
     if keeps_cpu_limit(subject, obj, policy):
         return []
     findings: list[Finding] = []
@@ -395,17 +637,30 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             continue
         i, text = found.index, found.written
         if references(text):
-            if found.seen.unresolved:
+            stripped_text = without_written_cpu(text)
+            if stripped_text is not None:
+                _rewrite_env(container, i, stripped_text)
+                findings.append(change(f"{path}.env[{i}].value",
+                                      f"{label}: {name} {shown(text, _WRITTEN_LIMIT)} -> "
+                                      f"{shown(stripped_text, _WRITTEN_LIMIT)} (the cpu pair "
+                                      f"dropped by its key)"))
+                refound = _envelope_env(container, name)
+                if refound is None:
+                    continue
+                found = refound
+            value = found.seen.value
+            if value is None or found.seen.unresolved:
                 continue  # env-envelope-consistency says it is left as written
             try:
-                seen = parse_envelope_string(found.seen.value)
+                seen = parse_envelope_string(value)
             except QuantityError:
                 continue  # env-envelope-consistency denies it
-            if seen.without_cpu() != found.seen.value:
+            if seen.without_cpu() != value:
                 findings.append(warning(
                     f"{path}.env[{i}].value",
                     f"{label}: {_shown(name, found)} keeps its cpu pair: Envelope does not "
-                    f"rewrite a $(...) reference; remove cpu from the variable it refers to"))
+                    f"rewrite a $(...) reference that stands for whole pairs; remove cpu from "
+                    f"the variable it refers to"))
             continue
         try:
             envelope = parse_envelope_string(text)
@@ -415,14 +670,18 @@ def strip_cpu_from_env_envelope(subject: Subject, obj: dict[str, Any], view: Clu
             continue  # left as written; env-envelope-consistency denies it
         stripped = envelope.without_cpu()
         if stripped != text:
-            # copy-on-write: the copier shares env lists with the admitted object
-            env = list(container["env"])
-            env[i] = {**env[i], "value": stripped}
-            container["env"] = env
+            _rewrite_env(container, i, stripped)
             findings.append(change(f"{path}.env[{i}].value",
                                   f"{label}: {name} {shown(text, _WRITTEN_LIMIT)} -> "
                                   f"{shown(stripped, _WRITTEN_LIMIT)}"))
     return findings
+
+
+def _rewrite_env(container: dict[str, Any], index: int, value: str) -> None:
+    """Copy-on-write: the copier shares env lists with the admitted object."""
+    env = list(container["env"])
+    env[index] = {**env[index], "value": value}
+    container["env"] = env
 
 
 @rule("env-envelope-consistency", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
