@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.defaulting import apply_limit_range_defaults, default_pod
+from app.namespace_policy import pods_at_once
 from app.podspec import POD_SPEC_PATHS
 from app.quantity import QuantityError
 from app.scheduling import node_from_object, required_affinity_matches, untolerated_taint
 
-__all__ = ["DAEMON_TOLERATIONS", "PodModel", "concurrent", "daemon_nodes", "merge_tolerations",
-           "pod_of"]
+__all__ = ["DAEMON_TOLERATIONS", "PodModel", "admitted", "concurrent", "daemon_nodes",
+           "daemon_tolerations", "merge_tolerations", "pod_of"]
 
 #: AddOrUpdateDaemonPodTolerations, in its order (hostNetwork adds network-unavailable).
 DAEMON_TOLERATIONS: tuple[dict[str, str], ...] = (
@@ -148,6 +149,51 @@ def _template(kind: str, group: str, obj: Mapping[str, Any]) -> tuple[dict[str, 
     return keep, copy.deepcopy(dict(_mapping(template.get("spec"))))
 
 
+def daemon_tolerations(spec: dict[str, Any]) -> None:
+    """The DaemonSet controller's tolerations, added to ``spec`` in place."""
+    tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    for toleration in DAEMON_TOLERATIONS:
+        tolerations = _add_or_update(tolerations, dict(toleration))
+    if spec.get("hostNetwork") is True:
+        tolerations = _add_or_update(tolerations, dict(_NETWORK_UNAVAILABLE))
+    spec["tolerations"] = tolerations
+
+
+def admitted(spec: dict[str, Any],
+             runtime_classes: Mapping[str, Mapping[str, Any]] | None) -> str | None:
+    """DefaultTolerationSeconds and RuntimeClass admission on a Pod's spec, in place (the
+    scheduling fields only: resources are ``default_pod``'s and LimitRanger's). Returns
+    why the RuntimeClass plugin refuses the Pod, or None. ``runtime_classes`` None: not
+    known, the RuntimeClass step is left out."""
+    tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    spec["tolerations"] = _default_toleration_seconds(tolerations)
+    name = spec.get("runtimeClassName")
+    if not (isinstance(name, str) and name and runtime_classes is not None):
+        return None
+    rc = runtime_classes.get(name)
+    if rc is None:
+        return f"RuntimeClass {name!r} does not exist: the RuntimeClass admission plugin refuses the Pods"
+    overhead = _mapping(rc.get("overhead")).get("podFixed")
+    if isinstance(overhead, Mapping) and overhead:
+        if spec.get("overhead") and dict(spec["overhead"]) != dict(overhead):
+            return f"the Pods' overhead differs from RuntimeClass {name!r}'s: refused"
+        spec["overhead"] = dict(overhead)
+    scheduling = _mapping(rc.get("scheduling"))
+    if scheduling:
+        selector = dict(spec.get("nodeSelector") or {})
+        for key, value in _mapping(scheduling.get("nodeSelector")).items():
+            if key in selector and selector[key] != value:
+                return (f"conflict: runtimeClass.scheduling.nodeSelector[{key}] = {value}; "
+                        f"pod.spec.nodeSelector[{key}] = {selector[key]}")
+            selector[key] = value
+        if selector:
+            spec["nodeSelector"] = selector
+        spec["tolerations"] = merge_tolerations(spec["tolerations"],
+                                                [t for t in scheduling.get("tolerations") or []
+                                                 if isinstance(t, Mapping)])
+    return None
+
+
 def pod_of(kind: str, group: str, obj: Mapping[str, Any], *,
            limit_ranges: Iterable[Mapping[str, Any]] = (),
            runtime_classes: Mapping[str, Mapping[str, Any]] | None = None) -> PodModel:
@@ -158,47 +204,14 @@ def pod_of(kind: str, group: str, obj: Mapping[str, Any], *,
     RuntimeClasses by name (None: unknown, the RuntimeClass step is left out)."""
     meta, spec = _template(kind, group, obj)
     if kind == "DaemonSet":
-        tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
-        for toleration in DAEMON_TOLERATIONS:
-            tolerations = _add_or_update(tolerations, dict(toleration))
-        if spec.get("hostNetwork") is True:
-            tolerations = _add_or_update(tolerations, dict(_NETWORK_UNAVAILABLE))
-        spec["tolerations"] = tolerations
+        daemon_tolerations(spec)
     pod = default_pod({"metadata": meta, "spec": spec})
     spec = apply_limit_range_defaults(pod["spec"], limit_ranges)
-    tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
-    spec["tolerations"] = _default_toleration_seconds(tolerations)
-    name = spec.get("runtimeClassName")
-    if isinstance(name, str) and name and runtime_classes is not None:
-        rc = runtime_classes.get(name)
-        if rc is None:
-            return PodModel(None, f"RuntimeClass {name!r} does not exist: the RuntimeClass admission "
-                                  f"plugin refuses the Pods")
-        overhead = (rc.get("overhead") or {}).get("podFixed") if isinstance(rc.get("overhead"), Mapping) \
-            else None
-        if isinstance(overhead, Mapping) and overhead:
-            if spec.get("overhead") and dict(spec["overhead"]) != dict(overhead):
-                return PodModel(None, f"the Pods' overhead differs from RuntimeClass {name!r}'s: refused")
-            spec["overhead"] = dict(overhead)
-        scheduling = rc.get("scheduling") if isinstance(rc.get("scheduling"), Mapping) else None
-        if scheduling:
-            selector = dict(spec.get("nodeSelector") or {})
-            for key, value in (scheduling.get("nodeSelector") or {}).items():
-                if key in selector and selector[key] != value:
-                    return PodModel(None, f"conflict: runtimeClass.scheduling.nodeSelector[{key}] = {value}; "
-                                          f"pod.spec.nodeSelector[{key}] = {selector[key]}")
-                selector[key] = value
-            if selector:
-                spec["nodeSelector"] = selector
-            spec["tolerations"] = merge_tolerations(spec["tolerations"],
-                                                    [t for t in scheduling.get("tolerations") or []
-                                                     if isinstance(t, Mapping)])
+    refused = admitted(spec, runtime_classes)
+    if refused is not None:
+        return PodModel(None, refused)
     pod["spec"] = spec
     return PodModel(pod)
-
-
-def _int(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def daemon_nodes(obj: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -207,10 +220,7 @@ def daemon_nodes(obj: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> 
     template's tolerations plus the DaemonSet's own). A cordoned Node counts: the
     DaemonSet tolerates ``node.kubernetes.io/unschedulable``."""
     _, spec = _template("DaemonSet", "apps", obj)
-    tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
-    for toleration in DAEMON_TOLERATIONS:
-        tolerations = _add_or_update(tolerations, dict(toleration))
-    spec["tolerations"] = tolerations
+    daemon_tolerations(spec)
     names: list[str] = []
     for obj_node in nodes:
         try:
@@ -227,22 +237,11 @@ def daemon_nodes(obj: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> 
 def concurrent(kind: str, obj: Mapping[str, Any],
                nodes: Iterable[Mapping[str, Any]] | None = None) -> int | None:
     """How many Pods the workload runs at once when its controller has caught up (no Pod
-    finished): replicas (default 1); a Job's parallelism (default 1) capped by its
-    completions, none while suspended; a DaemonSet's Nodes (None without ``nodes``); a
-    CronJob's is its Jobs' (None: when they overlap is the schedule's)."""
-    raw = obj.get("spec")
-    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    if kind == "Pod":
-        return 1
-    if kind in ("Deployment", "ReplicaSet", "StatefulSet", "ReplicationController"):
-        return max(_int(spec.get("replicas"), 1), 0)
-    if kind == "Job":
-        if spec.get("suspend") is True:
-            return 0
-        parallelism = max(_int(spec.get("parallelism"), 1), 0)
-        completions = spec.get("completions")
-        return min(parallelism, completions) if isinstance(completions, int) and not isinstance(
-            completions, bool) else parallelism
+    finished): app/namespace_policy.py ``pods_at_once`` (replicas, a Job's parallelism
+    capped by its completions, none while suspended), a DaemonSet's Nodes (None without
+    ``nodes``); a CronJob's is its Jobs' (None: when they overlap is the schedule's)."""
     if kind == "DaemonSet":
         return None if nodes is None else len(daemon_nodes(obj, nodes))
-    return None
+    if kind == "CronJob":
+        return None
+    return pods_at_once(kind, obj)

@@ -45,6 +45,7 @@ from app.namespace_policy import (
     quota_matches_pod,
     quota_scope_key,
 )
+from app.podmodel import admitted, daemon_tolerations
 from app.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
@@ -380,53 +381,23 @@ def _device_demand(subject: Subject, spec: dict[str, Any], view: ClusterView,
                                         for name, cls in wanted.items()})
 
 
-DAEMON_TOLERATIONS = (
-    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
-    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
-    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
-)
-"""pkg/controller/daemon/util/daemonset_util.go ``AddOrUpdateDaemonPodTolerations``: what
-the DaemonSet controller adds to every pod it creates (and
-``node.kubernetes.io/network-unavailable`` for a hostNetwork pod)."""
-
-_NETWORK_UNAVAILABLE = {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
-                        "effect": "NoSchedule"}
-
-
-def _pods_of(subject: Subject, spec: dict[str, Any], view: ClusterView) -> dict[str, Any]:
-    """The pod spec the scheduler will see for a template's pods: what the RuntimeClass
-    admission plugin adds (``plugin/pkg/admission/runtimeclass``: ``overhead.podFixed``
-    when the pod has no overhead, ``scheduling.nodeSelector`` merged into the pod's,
-    ``scheduling.tolerations`` appended) and the DaemonSet controller's tolerations. A Pod
-    reaches the webhook after the RuntimeClass plugin: nothing to add then."""
+def _scheduled_spec(subject: Subject, spec: dict[str, Any], view: ClusterView) -> dict[str, Any]:
+    """The pod spec the scheduler will see for a template's pods (app/podmodel.py, checked
+    by the pod-construction oracle): the DaemonSet controller's tolerations, then
+    DefaultTolerationSeconds and RuntimeClass admission (overhead, node selector,
+    tolerations). A Pod reaches the webhook after those plugins: nothing to add then.
+    Pods the RuntimeClass plugin refuses are judged as written (never created)."""
     if subject.kind == "Pod":
         return spec
     out = dict(spec)
-
-    def listed(value: object) -> list[Any]:
-        return value if isinstance(value, list) else []
-
+    if subject.kind == "DaemonSet":
+        daemon_tolerations(out)
     name = spec.get("runtimeClassName")
     runtime = view.get("RuntimeClass", name) if isinstance(name, str) and name else None
-    if runtime is not None:
-        overhead = runtime.get("overhead")
-        fixed = overhead.get("podFixed") if isinstance(overhead, dict) else None
-        if isinstance(fixed, dict) and not spec.get("overhead"):
-            out["overhead"] = fixed
-        scheduling = runtime.get("scheduling")
-        scheduling = scheduling if isinstance(scheduling, dict) else {}
-        selector, own = scheduling.get("nodeSelector"), spec.get("nodeSelector")
-        if isinstance(selector, dict) and selector:
-            out["nodeSelector"] = {**selector, **(own if isinstance(own, dict) else {})}
-        tolerations = listed(scheduling.get("tolerations"))
-        if tolerations:
-            out["tolerations"] = [*listed(spec.get("tolerations")), *tolerations]
-    if subject.kind == "DaemonSet":
-        extra = [*DAEMON_TOLERATIONS, *([_NETWORK_UNAVAILABLE] if spec.get("hostNetwork") else [])]
-        out["tolerations"] = [*listed(out.get("tolerations")), *extra]
+    admitted_spec = dict(out)
+    if admitted(admitted_spec, {name: runtime} if runtime is not None and isinstance(name, str) else None) \
+            is None:
+        return admitted_spec
     return out
 
 
@@ -472,7 +443,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     when no node takes it; the message names the closest node and what it lacks.
 
     A template's pods are judged as the RuntimeClass admission plugin and the DaemonSet
-    controller make them (``_pods_of``). A pod with ``spec.nodeName`` is judged on that
+    controller make them (``_scheduled_spec``). A pod with ``spec.nodeName`` is judged on that
     node only, as the kubelet admits it; a pod for another scheduler (``schedulerName``,
     e.g. KAI's) by the kubelet's checks on every node (docs/fidelity.md). A DaemonSet whose
     selection takes no node makes no pod: never refused for that.
@@ -485,7 +456,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
                         and not _karpenter_pools(view)):
         return []  # no nodes known: nothing to judge against
-    spec = _pods_of(subject, spec, view)
+    spec = _scheduled_spec(subject, spec, view)
     decider = _decider(spec)
     reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
     reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
