@@ -15,16 +15,16 @@ Both sets share one validating webhook. Each set has a plain namespace (holding 
 namespace fact label, as app/intree/facts.py writes it), one with a ResourceQuota on
 ``limits.cpu`` (no fact: the guards report there) and, for the variant, one an exception
 exempts by its labels and one whose LimitRange gives Pods default CPU and memory limits
-(the guards are off there, so the policy runs after LimitRanger). Every generated
-object (every workload kind; the resource shapes of the admission oracles: limits
-only, requests only, both, sidecars, pod-level resources; string envelopes; opt-out and
-exemption annotations; object labels an
-exception selects) is created with ``dryRun=All`` in both sets, then stored for real
-and UPDATEd (dry run) with another pod spec (every kind but Pod). The answers must match:
-the HTTP status, the object the API server would store (bar names, uid, timestamps),
-the refusal message and the warnings (the webhook's ``envelope[rule]: ...`` texts;
-nothing in the in-tree path words a warning differently, because the policy is only
-generated where the webhook would not warn).
+(the guards are off there, so the policy runs after LimitRanger). Every generated object
+(every workload kind; the resource shapes of the admission oracles: limits only,
+requests only, both, sidecars, pod-level resources; string envelopes; opt-out and
+exemption annotations; object labels an exception selects) is created with
+``dryRun=All`` in both sets, then stored for real and UPDATEd (dry run) with another pod
+spec (every kind but Pod). The answers must match: the HTTP status, the object the API
+server would store (bar names, uid, timestamps), the refusal message and the warnings
+(the webhook's ``envelope[rule]: ...`` texts; nothing in the in-tree path words a
+warning differently, because the policy is only generated where the webhook would not
+warn).
 
 A second test removes one clause from the generated policy (the opt-out) and shows the
 oracle then finds differences: the check is not vacuous.

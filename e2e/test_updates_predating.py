@@ -21,6 +21,7 @@ import harness
 from harness import Cluster, Webhook
 
 MERGE = "application/merge-patch+json"
+GPU_NODE = "e2e-predating-gpu"
 LIMITED = {"requests": {"cpu": "500m", "memory": "64Mi"}, "limits": {"cpu": "2", "memory": "64Mi"}}
 ENV = [{"name": "RESOURCE_LIMITS", "value": "cpu=2,memory=64Mi"}]
 
@@ -92,8 +93,14 @@ def test_everyday_updates_of_objects_created_before_envelope(cluster: Cluster, w
     # kubectl label job/running: refused with "field is immutable" before the fix
     cluster.kubectl("label", "-n", ns, "job/running", "team=a")
     # a Kueue-style admission: one UPDATE resumes the Job and writes its node selector
-    status, body = cluster.api("PATCH", f"{jobs}/queued", {"spec": {
-        "suspend": False, "template": {"spec": {"nodeSelector": {"pool": "gpu"}}}}}, content_type=MERGE)
+    # (a node of that flavour exists: pod-fits-node judges the new placement)
+    cluster.create_node(GPU_NODE, {"cpu": "8", "memory": "32Gi", "pods": "110"}, labels={"pool": "gpu"})
+    try:
+        status, body = cluster.api("PATCH", f"{jobs}/queued", {"spec": {
+            "suspend": False, "template": {"spec": {"nodeSelector": {"pool": "gpu"}}}}},
+            content_type=MERGE)
+    finally:
+        cluster.delete_node(GPU_NODE)
     assert status == 200, status_message(body)
     assert body["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
     assert "cpu" in _container(body)["resources"]["limits"]  # no patch: left as stored
