@@ -50,7 +50,10 @@ MUTATING_WEBHOOK = "workloads.mutate.envelope.io"
 
 #: The workload kinds' mutate-phase rules this module has a condition for.
 KNOWN_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "memory-limit",
-                         "quota-needs-cpu-limits", "limitrange-needs-cpu-limits"})
+                         "quota-needs-cpu-limits", "limitrange-needs-cpu-limits",
+                         # warns only where cpu-limits removes a limit: its writes are a
+                         # subset of cpu-limits' clause, added when cpu-limits is on
+                         "downward-cpu-limit"})
 _GUARDS = ("quota-needs-cpu-limits", "limitrange-needs-cpu-limits")
 
 

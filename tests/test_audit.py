@@ -85,6 +85,10 @@ def test_exempt_objects_are_skip_results_with_the_reason() -> None:
          "reason": "legacy batch"}]})
     annotated = deployment("note", MEMORY_SPLIT["spec"]["template"]["spec"]["containers"][0][
         "resources"], namespace="team-b", annotations={"envelope.io/exempt": "memory-request-equals-limit"})
+    # On the pod template too, so the Pods are exempt as well (else the workload is told
+    # its Pods are still judged: tests/test_exemptions.py).
+    annotated["spec"]["template"].setdefault("metadata", {}).setdefault("annotations", {})[
+        "envelope.io/exempt"] = "memory-request-equals-limit"
     objs = [MEMORY_SPLIT, annotated]
     view = StaticView(objs, RULES.indexes)
     found = Audit()

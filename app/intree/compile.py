@@ -88,7 +88,7 @@ neither namespace guard can report on any of its workloads."""
 #: Mutate-phase workload rules and what the compiler does with each.
 _COMPILABLE = ("cpu-limits", "memory-limit")
 _GUARDS = ("quota-needs-cpu-limits", "limitrange-needs-cpu-limits")
-_KNOWN = frozenset({*_COMPILABLE, *_GUARDS, "env-envelope-cpu"})
+_KNOWN = frozenset({*_COMPILABLE, *_GUARDS, "env-envelope-cpu", "downward-cpu-limit"})
 _SPEC_POINTER = {"Pod": "/spec", "CronJob": "/spec/jobTemplate/spec/template/spec"}
 _ALL = "((has(s.initContainers) ? s.initContainers : []) + (has(s.containers) ? s.containers : []))"
 
@@ -274,6 +274,10 @@ def _not_compiled(on: dict[str, Mode]) -> dict[str, str]:
             why[rid] = ("the kubelet's $(VAR) expansion, the last duplicate entry winning and "
                         "Python's whitespace rules in the key=value parser are not CEL's; "
                         "string envelopes stay in the webhook")
+        elif rid == "downward-cpu-limit":
+            why[rid] = ("a warning (a MutatingAdmissionPolicy cannot warn): writes whose "
+                        "containers or volumes read limits.cpu through the downward API stay "
+                        "in the webhook")
         elif rid in _GUARDS:
             why[rid] = ("reads the namespace's LimitRanges and ResourceQuotas, which a policy "
                         f"cannot see: the policy runs only in namespaces labelled "
@@ -294,6 +298,15 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
         f"!(size({_ALL}) > 0 && {_ALL}.all(c, has(c.resources) && "
         f"{_cpu_limit('c.resources')} && \"memory\" in c.resources.limits))",
     ]
+    if on.get("downward-cpu-limit") and "cpu-limits" in compiled:
+        ref = "has(r.resourceFieldRef) && r.resourceFieldRef.resource == 'limits.cpu'"
+        items = f"has(d.items) && d.items.exists(r, {ref})"
+        body.append(
+            f"!({_ALL}.exists(c, has(c.env) && c.env.exists(e, has(e.valueFrom) && "
+            f"[e.valueFrom].exists(r, {ref}))) || (has(s.volumes) && s.volumes.exists(v, "
+            f"(has(v.downwardAPI) && [v.downwardAPI].exists(d, {items})) || "
+            f"(has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(p, "
+            f"has(p.downwardAPI) && [p.downwardAPI].exists(d, {items}))))))")
     if on.get("env-envelope-cpu"):
         name = _s(policy.envelope_env.limits)
         body.append(f"!{_ALL}.exists(c, has(c.env) && c.env.exists(e, e.name == {name} && "
