@@ -112,31 +112,21 @@ def _round_lists(spec: dict[str, Any]) -> None:
 def default_pod(pod: Mapping[str, Any],
                 limit_ranges: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """A copy of a *Pod* with the resource defaults the API server applies on
-    create (pkg/apis/core/v1/defaults.go ``SetDefaults_Pod``, v1.34):
+    create, in Kubernetes v1.37.2's order:
 
-    1. every container and init container without a request for a resource it
-       limits gets request = limit;
-    2. PodLevelResources (on in 1.34), only when ``spec.resources`` is set:
-       ``defaultHugePagePodLimits`` (pod-level hugepages limit = the containers'
-       aggregate hugepages limit, unless a pod-level hugepages request exists),
-       then ``defaultPodRequests`` — only when pod-level *limits* exist: a missing
-       pod-level cpu/memory request defaults to the containers' aggregate request
-       when any container requests it, else to the pod-level limit (hugepages: to
-       the pod-level limit).
+    1. decoding (``SetDefaults_Pod``, ``pkg/apis/core/v1/defaults.go``): every
+       container and init container without a request for a resource it limits gets
+       request = limit; then every ResourceList is rounded up to a multiple of 1m
+       (``SetDefaults_ResourceList``, templates included);
+    2. with ``limit_ranges`` (the LimitRanges of the Pod's namespace), LimitRanger's
+       container defaults (``merge_limit_range_defaults``), in mutating admission;
+    3. the pod-level defaults, only when ``spec.resources`` is set, which v1.37 runs in
+       ``PrepareForCreate`` after admission (``PodLevelResourcesFixDefaulting``, on):
+       ``_default_pod_level``, from the rounded container values. (1.34-1.36 ran a
+       narrower form at decoding, before rounding and LimitRanger; the oracles run on
+       1.37: e2e/test_oracle_apiserver.py, e2e/test_oracle_limitranger.py.)
 
-    3. then, as the generated defaulter does for every ResourceList (templates
-       included), each value is rounded up to a multiple of 1m
-       (``SetDefaults_ResourceList``). The pod-level default is computed *before*
-       that rounding, from the unrounded container values: for a Pod written with
-       sub-millicore requests the API server's own validation may then refuse it
-       ("must be greater than or equal to aggregate container requests"; see
-       docs/fidelity.md).
-
-    With ``limit_ranges`` (the LimitRanges of the Pod's namespace), the Pod as it is
-    stored: LimitRanger's container defaults (``merge_limit_range_defaults``) come
-    after step 1 and before step 2, the v1.37.2 order (module docstring).
-
-    Pod *templates* get no request defaulting (only step 3); apply this to the Pod
+    Pod *templates* get no request defaulting (only the rounding); apply this to the Pod
     a template makes. New values are written as exact quantity strings.
     """
     out = copy_for_defaulting(pod)
@@ -144,9 +134,10 @@ def default_pod(pod: Mapping[str, Any],
     if not isinstance(spec, dict):
         return out
     _default_container_lists(spec)
+    _round_lists(spec)  # decoding: SetDefaults_ResourceList, before any admission plugin
     merge_limit_range_defaults(spec, limit_ranges)
-    _default_pod_level(spec)
-    _round_lists(spec)
+    _default_pod_level(spec)  # PrepareForCreate, from the rounded container values
+    _round_lists(spec)  # what a LimitRange read from files (not stored yet) brings unrounded
     return out
 
 
@@ -191,33 +182,54 @@ def _default_container_lists(spec: dict[str, Any]) -> None:
 
 
 def _default_pod_level(spec: dict[str, Any]) -> None:
-    """Step 2 of ``default_pod``, in place."""
+    """Step 3 of ``default_pod``, in place: v1.37.2's ``podutil.DefaultPodLevelResources``
+    (``pkg/api/pod/util.go``), whenever ``spec.resources`` has requests or limits:
+
+    1. ``defaultHugePagePodLevelLimits``: a pod-level hugepages limit from the containers'
+       aggregate, unless a pod-level hugepages request is set;
+    2. ``defaultPodLevelRequests``: a missing cpu/memory request is the containers'
+       aggregate request, then any other missing request of a limited resource is the
+       pod-level limit (no pod-level limit needed, unlike 1.34-1.36's ``defaultPodRequests``);
+    3. ``defaultPodLevelLimits``: a resource with a pod-level request and no pod-level
+       limit, limited by every container (init containers and sidecars included), gets
+       max(pod-level request, the containers' aggregate limit).
+    """
     resources = spec.get("resources")
     if not isinstance(resources, dict):
         return
     limits_raw = resources.get("limits") if isinstance(resources.get("limits"), dict) else None
     requests_raw = resources.get("requests") if isinstance(resources.get("requests"), dict) else None
-    # defaultHugePagePodLimits
-    if limits_raw or requests_raw:
-        pod_limits = dict(limits_raw or {})
-        for name, value in aggregate_container_limits(spec).items():
-            if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
-                continue
-            pod_limits.setdefault(name, _canonical(value))
-        if pod_limits:
-            resources["limits"] = pod_limits
-            limits_raw = pod_limits
-    # defaultPodRequests
-    if not limits_raw:
+    if not limits_raw and not requests_raw:
         return
+    pod_limits = dict(limits_raw or {})
+    aggregate_limits = aggregate_container_limits(spec)
+    for name, value in aggregate_limits.items():
+        if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
+            continue
+        pod_limits.setdefault(name, _canonical(value))
     pod_requests_out = dict(requests_raw or {})
     for name, value in aggregate_container_requests(spec).items():
         # IsOvercommitAllowed: not hugepages (and not other non-overcommittable ones).
         if name not in pod_requests_out and name in ("cpu", "memory"):
             pod_requests_out[name] = _canonical(value)
-    for name, value in limits_raw.items():
+    for name, value in pod_limits.items():
         if name not in pod_requests_out and is_supported_pod_level_resource(name):
             pod_requests_out[name] = value
+    every = [c for key in ("initContainers", "containers") for c in spec.get(key) or []
+             if isinstance(c, dict)]
+    for name, request in pod_requests_out.items():
+        if name in pod_limits or not is_supported_pod_level_resource(name) or not every:
+            continue
+        if not all(isinstance(c.get("resources"), dict)
+                   and isinstance(c["resources"].get("limits"), dict)
+                   and name in c["resources"]["limits"] for c in every):
+            continue
+        aggregate = aggregate_limits.get(name)
+        if aggregate is None:
+            continue
+        pod_limits[name] = request if parse_quantity(request) > aggregate else _canonical(aggregate)
+    if pod_limits:
+        resources["limits"] = pod_limits
     if pod_requests_out:
         resources["requests"] = pod_requests_out
 

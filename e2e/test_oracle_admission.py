@@ -156,11 +156,12 @@ def generate(index: int, seed: int) -> Case:
     return case
 
 
-def stripped(pod: dict[str, Any]) -> dict[str, Any]:
-    """The Pod Envelope lets through: as the webhook sees it (API defaults
-    applied), every CPU limit removed by app/envelope.move_cpu_limit_to_request,
-    the pod-level one too (its defaulted request stays)."""
-    out = default_pod(pod)
+def stripped(pod: dict[str, Any], limit_ranges: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Pod Envelope lets through: as the webhook sees it (API defaults and, before
+    v1.37's pod-level defaults, LimitRanger's: app/defaulting.default_pod), every CPU
+    limit removed by app/envelope.move_cpu_limit_to_request, the pod-level one too (its
+    defaulted request stays)."""
+    out = default_pod(pod, limit_ranges)
     spec = out["spec"]
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
@@ -218,7 +219,7 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
         status, body = create(cluster, case.namespace, "pods", case.pod, dry_run=True)
         if status != 201:
             return status, status_message(body), 0, ""
-        s2, b2 = create(cluster, case.namespace, "pods", stripped(case.pod), dry_run=True)
+        s2, b2 = create(cluster, case.namespace, "pods", stripped(case.pod, case.limit_ranges), dry_run=True)
         return status, "", s2, status_message(b2) if s2 != 201 else ""
 
     disagreements, original_refused, refused, kept, ambiguous = [], 0, 0, 0, 0
@@ -229,7 +230,7 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
             reason = m1.split(": ", 1)[-1][:60]
             refusals[reason] = refusals.get(reason, 0) + 1
             continue
-        spec = stripped(case.pod)["spec"]
+        spec = stripped(case.pod, case.limit_ranges)["spec"]
         needs = cpu_limit_needs(spec, case.limit_ranges, case.quotas)
         refused += s2 != 201
         kept += bool(needs)
@@ -246,7 +247,7 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
                 f"{'refused ' + m2 if s2 != 201 else 'accepted'} the stripped pod\n"
                 f"  limitranges={[lr['spec'] for lr in case.limit_ranges]}\n"
                 f"  quotas={[q['spec'] for q in case.quotas]}\n  pod={case.pod['spec']}\n"
-                f"  stripped={stripped(case.pod)['spec']}")
+                f"  stripped={stripped(case.pod, case.limit_ranges)['spec']}")
     judged = len(live) - original_refused - ambiguous
     print(f"admission oracle: {judged} cases judged ({len(invalid)} invalid namespaces, "
           f"{original_refused} pods refused as written, {ambiguous} decided by LimitRange order), "

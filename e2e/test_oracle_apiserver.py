@@ -251,12 +251,11 @@ def test_defaulting_oracle(cluster: Cluster, oracle_seed: int, request: pytest.F
     assert not disagreements, "\n".join(disagreements[:10])
 
 
-def test_sub_millicore_requests_make_the_api_server_refuse_its_own_default(cluster: Cluster) -> None:
-    """Recorded in docs/fidelity.md: SetDefaults_Pod sets the pod-level cpu request
-    to the unrounded container sum (1.0006 -> stored 1001m), the containers are then
-    rounded one by one (501m + 501m), and validation (validation.go
-    validatePodResourceConsistency) refuses the Pod the API server defaulted.
-    default_pod reproduces both numbers."""
+def test_sub_millicore_requests_are_summed_rounded_since_1_37(cluster: Cluster) -> None:
+    """Recorded in docs/fidelity.md: 1.34 set the pod-level cpu request to the unrounded
+    container sum (1.0006 -> 1001m) and then refused the Pod it defaulted (501m + 501m);
+    v1.37 defaults pod-level requests in PrepareForCreate, from the rounded containers
+    (1002m), and stores the Pod. default_pod reproduces the stored numbers."""
     namespace = isolated_namespace(cluster, "oracle-defaulting")
     image = "registry.k8s.io/pause:3.10"
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sub-milli"},
@@ -265,10 +264,9 @@ def test_sub_millicore_requests_make_the_api_server_refuse_its_own_default(clust
                {"name": "b", "image": image, "resources": {"requests": {"cpu": "500100u"}}}],
                "resources": {"limits": {"cpu": "2"}}}}
     status, body = create(cluster, namespace, "pods", pod, dry_run=True)
-    assert status == 422, body
-    assert ('spec.resources.requests[cpu]: Invalid value: "1001m": must be greater than or equal to '
-            'aggregate container requests of 1002m') in status_message(body)
+    assert status == 201, body
+    stored = parse_quantity(body["spec"]["resources"]["requests"]["cpu"])
     ours = default_pod(pod)["spec"]
-    assert parse_quantity(ours["resources"]["requests"]["cpu"]) == Decimal("1.001")
+    assert parse_quantity(ours["resources"]["requests"]["cpu"]) == stored == Decimal("1.002")
     containers = sum(parse_quantity(c["resources"]["requests"]["cpu"]) for c in ours["containers"])
     assert containers == Decimal("1.002")

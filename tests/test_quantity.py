@@ -222,3 +222,25 @@ def test_long_strings_are_parsed_once_and_the_cache_is_bounded_by_length() -> No
         parse_quantity(str(i) + "0" * 100_000)
     assert module._long.weight <= module.LONG_BUDGET
     assert len(module._long) <= module.LONG_BUDGET // 100_000
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exponents_of_thousands_of_digits_are_refused_or_read_as_parseint_reads_them(seed: int) -> None:
+    # Issue 28, class 8: ParseQuantity reads e<digits> with strconv.ParseInt(.., 10, 64);
+    # past int64 it fails (ErrSuffix). Never anything but a value or a QuantityError.
+    rng = random.Random(seed)
+    for _ in range(25):
+        zeros = "0" * rng.choice([0, 1, 4000, 5000])
+        digits = str(rng.randrange(1, 10)) + "".join(rng.choice("0123456789")
+                                                     for _ in range(rng.choice([0, 2, 17, 18, 30, 4000])))
+        sign = rng.choice(["", "+", "-"])
+        text = f"3e{sign}{zeros}{digits}"
+        n = int(digits) * (-1 if sign == "-" else 1) if len(digits) <= 19 else None
+        if n is None or not -(2**63) <= n <= 2**63 - 1:
+            with pytest.raises(QuantityError):
+                parse_quantity(text)
+            continue
+        exponent = ((n + 2**31) % 2**32) - 2**31  # Go's int32() of the int64
+        # below 1n, a value rounds up to 1n (ParseQuantity's inf.RoundUp at Nano)
+        expected = Decimal("1e-9") if exponent < -9 else Decimal(3).scaleb(exponent, quantity_module._EXACT)
+        assert parse_quantity(text) == expected, text

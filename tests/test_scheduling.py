@@ -94,9 +94,23 @@ def test_container_limits_default_container_requests_then_pod_level() -> None:
     assert out["spec"]["resources"]["requests"] == {"memory": "268435456", "cpu": "2"}
 
 
-def test_no_pod_level_limits_no_pod_level_request_defaulting() -> None:
+def test_pod_level_requests_default_without_pod_level_limits_since_1_37() -> None:
+    # v1.37.2 DefaultPodLevelResources (PodLevelResourcesFixDefaulting, on): requests or
+    # limits set is enough (1.34-1.36 defaulted requests only with pod-level limits).
     pod = {"spec": {"containers": [c("a", {"cpu": "1"})], "resources": {"requests": {"memory": "1Gi"}}}}
-    assert default_pod(pod)["spec"]["resources"] == {"requests": {"memory": "1Gi"}}
+    assert default_pod(pod)["spec"]["resources"] == {"requests": {"memory": "1Gi", "cpu": "1"}}
+
+
+def test_pod_level_limits_default_to_the_larger_of_request_and_container_limits() -> None:
+    # defaultPodLevelLimits: only where every container (init included) has the limit.
+    both = {"spec": {"containers": [c("a", lim={"cpu": "250m", "memory": "1Gi"}),
+                                    c("b", lim={"memory": "512Mi"})],
+                     "resources": {"requests": {"cpu": "4"}}}}
+    out = default_pod(both)["spec"]["resources"]
+    assert out["limits"] == {"memory": "1610612736"}  # cpu: container b has no cpu limit
+    assert out["requests"] == {"cpu": "4", "memory": "1610612736"}
+    one = {"spec": {"containers": [c("a", lim={"cpu": "250m"})], "resources": {"requests": {"cpu": "4"}}}}
+    assert default_pod(one)["spec"]["resources"]["limits"] == {"cpu": "4"}  # max(request, 250m)
 
 
 def test_hugepages_pod_limit_defaults_from_containers() -> None:
@@ -252,15 +266,15 @@ def test_potential_nodes_never_make_it_fit_but_are_reported() -> None:
     assert why_not == ["shape p4d.24xlarge: nvidia.com/gpu 16 requested, 8 allocatable"]
 
 
-def test_resource_lists_round_up_to_millis_after_pod_level_defaulting() -> None:
-    """SetDefaults_Pod runs before SetDefaults_ResourceList: the pod-level request is
-    the unrounded sum (1.0006 -> 1.001), the containers are rounded one by one
-    (0.501 + 0.501 = 1.002): the API server then refuses its own defaulted Pod."""
+def test_pod_level_defaulting_sums_the_rounded_container_values_since_1_37() -> None:
+    """v1.37 defaults pod-level requests in PrepareForCreate, after decoding rounded every
+    list (SetDefaults_ResourceList): 0.501 + 0.501 = 1.002, which validation accepts (1.34
+    summed the unrounded values, 1.0006 -> 1.001, and refused its own defaulted Pod)."""
     pod = {"spec": {"containers": [c("a", {"cpu": "500500u"}), c("b", {"cpu": "500100u"})],
                     "resources": {"limits": {"cpu": "2"}}}}
     out = default_pod(pod)["spec"]
     assert [x["resources"]["requests"]["cpu"] for x in out["containers"]] == ["0.501", "0.501"]
-    assert out["resources"]["requests"]["cpu"] == "1.001"
-    assert effective_pod_requests(pod)["cpu"] == Decimal("1.001")
-    # A template is stored rounded first, so its pods sum the rounded values.
+    assert out["resources"]["requests"]["cpu"] == "1.002"
+    assert effective_pod_requests(pod)["cpu"] == Decimal("1.002")
+    # A template is stored rounded, so its pods sum the rounded values too.
     assert effective_pod_requests(pod["spec"], is_pod=False)["cpu"] == Decimal("1.002")
