@@ -109,8 +109,14 @@ def _round_lists(spec: dict[str, Any]) -> None:
                 rl[name] = _round_up_milli(rl[name])
 
 
+NEWEST_MINOR = 37
+"""The Kubernetes minor whose defaulting the rules model (the newest supported,
+docs/upstream.md); the version-matrix oracles pass the API server's own ``minor``."""
+
+
 def default_pod(pod: Mapping[str, Any],
-                limit_ranges: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                limit_ranges: Iterable[Mapping[str, Any]] = (), *,
+                minor: int = NEWEST_MINOR) -> dict[str, Any]:
     """A copy of a *Pod* with the resource defaults the API server applies on
     create, in Kubernetes v1.37.2's order:
 
@@ -127,13 +133,21 @@ def default_pod(pod: Mapping[str, Any],
        1.37: e2e/test_oracle_apiserver.py, e2e/test_oracle_limitranger.py.)
 
     Pod *templates* get no request defaulting (only the rounding); apply this to the Pod
-    a template makes. New values are written as exact quantity strings.
+    a template makes. New values are written as exact quantity strings. ``minor`` below
+    37: the 1.34-1.36 order (``_default_pod_level_before_137`` at decoding, then the
+    rounding, then LimitRanger), as the oracles find it on v1.35.4.
     """
     out = copy_for_defaulting(pod)
     spec = out.get("spec")
     if not isinstance(spec, dict):
         return out
     _default_container_lists(spec)
+    if minor < 37:
+        _default_pod_level_before_137(spec)
+        _round_lists(spec)
+        merge_limit_range_defaults(spec, limit_ranges)
+        _round_lists(spec)
+        return out
     _round_lists(spec)  # decoding: SetDefaults_ResourceList, before any admission plugin
     merge_limit_range_defaults(spec, limit_ranges)
     _default_pod_level(spec)  # PrepareForCreate, from the rounded container values
@@ -234,7 +248,44 @@ def _default_pod_level(spec: dict[str, Any]) -> None:
         resources["requests"] = pod_requests_out
 
 
-def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = True) -> ResourceList:
+def _default_pod_level_before_137(spec: dict[str, Any]) -> None:
+    """The pod-level defaults of Kubernetes 1.34-1.36, in place (``SetDefaults_Pod`` at
+    decoding, before the 1m rounding, from the unrounded container values; v1.35.4
+    ``pkg/apis/core/v1/defaults.go``): ``defaultHugePagePodLimits``, then
+    ``defaultPodRequests`` only when pod-level *limits* exist; no pod-level limit
+    defaulting."""
+    resources = spec.get("resources")
+    if not isinstance(resources, dict):
+        return
+    limits_raw = resources.get("limits") if isinstance(resources.get("limits"), dict) else None
+    requests_raw = resources.get("requests") if isinstance(resources.get("requests"), dict) else None
+    # defaultHugePagePodLimits
+    if limits_raw or requests_raw:
+        pod_limits = dict(limits_raw or {})
+        for name, value in aggregate_container_limits(spec).items():
+            if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
+                continue
+            pod_limits.setdefault(name, _canonical(value))
+        if pod_limits:
+            resources["limits"] = pod_limits
+            limits_raw = pod_limits
+    # defaultPodRequests
+    if not limits_raw:
+        return
+    pod_requests_out = dict(requests_raw or {})
+    for name, value in aggregate_container_requests(spec).items():
+        # IsOvercommitAllowed: not hugepages (and not other non-overcommittable ones).
+        if name not in pod_requests_out and name in ("cpu", "memory"):
+            pod_requests_out[name] = _canonical(value)
+    for name, value in limits_raw.items():
+        if name not in pod_requests_out and is_supported_pod_level_resource(name):
+            pod_requests_out[name] = value
+    if pod_requests_out:
+        resources["requests"] = pod_requests_out
+
+
+def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = True,
+                           minor: int = NEWEST_MINOR) -> ResourceList:
     """What the scheduler will charge for the pod made from this spec: API
     defaulting (``default_pod``) and then ``pod_requests``. A template spec
     becomes a Pod before it is scheduled, so it is defaulted the same way."""
@@ -247,7 +298,7 @@ def effective_pod_requests(pod_or_spec: Mapping[str, Any], *, is_pod: bool = Tru
         rounded = copy_for_defaulting({"spec": spec})["spec"]
         _round_lists(rounded)
         spec = rounded
-    defaulted = default_pod({"spec": spec})["spec"]
+    defaulted = default_pod({"spec": spec}, minor=minor)["spec"]
     return pod_requests(defaulted)
 
 

@@ -205,8 +205,8 @@ def _quantities(rl: Any) -> dict[str, Decimal]:
     return {k: parse_quantity(v) for k, v in (rl or {}).items()}
 
 
-def _compare(sent: dict[str, Any], stored: dict[str, Any]) -> list[str]:
-    expected = default_pod(sent)["spec"]
+def _compare(sent: dict[str, Any], stored: dict[str, Any], minor: int) -> list[str]:
+    expected = default_pod(sent, minor=minor)["spec"]
     got = stored["spec"]
     problems = []
     for key in ("containers", "initContainers"):
@@ -221,14 +221,15 @@ def _compare(sent: dict[str, Any], stored: dict[str, Any]) -> list[str]:
         h = _quantities((got.get("resources") or {}).get(which))
         if w != h:
             problems.append(f"spec.resources.{which}: default_pod {w} != stored {h}")
-    ours = effective_pod_requests(sent)
+    ours = effective_pod_requests(sent, minor=minor)
     theirs = pod_requests(got)
     if ours != theirs:
         problems.append(f"effective request: ours {ours} != the stored pod's {theirs}")
     return problems
 
 
-def test_defaulting_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest) -> None:
+def test_defaulting_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest,
+                           kube_minor: int) -> None:
     cases = oracle_cases(request, DEFAULT_DEFAULTING_CASES)
     rng = random.Random(f"defaulting-{oracle_seed}")
     pods = [_defaulting_pod(rng, i) for i in range(cases)]
@@ -240,7 +241,7 @@ def test_defaulting_oracle(cluster: Cluster, oracle_seed: int, request: pytest.F
             refused.append(f"{pod['metadata']['name']}: {status_message(body)}")
             continue
         with_pod_level += "resources" in pod["spec"]
-        for problem in _compare(pod, body):
+        for problem in _compare(pod, body, kube_minor):
             disagreements.append(f"{pod['metadata']['name']}: {problem}\n  sent: {pod['spec']}")
     for line in refused:
         print(f"refused by the API server: {line}")
@@ -251,7 +252,7 @@ def test_defaulting_oracle(cluster: Cluster, oracle_seed: int, request: pytest.F
     assert not disagreements, "\n".join(disagreements[:10])
 
 
-def test_sub_millicore_requests_are_summed_rounded_since_1_37(cluster: Cluster) -> None:
+def test_sub_millicore_requests_are_summed_rounded_since_1_37(cluster: Cluster, kube_minor: int) -> None:
     """Recorded in docs/fidelity.md: 1.34 set the pod-level cpu request to the unrounded
     container sum (1.0006 -> 1001m) and then refused the Pod it defaulted (501m + 501m);
     v1.37 defaults pod-level requests in PrepareForCreate, from the rounded containers
@@ -264,6 +265,12 @@ def test_sub_millicore_requests_are_summed_rounded_since_1_37(cluster: Cluster) 
                {"name": "b", "image": image, "resources": {"requests": {"cpu": "500100u"}}}],
                "resources": {"limits": {"cpu": "2"}}}}
     status, body = create(cluster, namespace, "pods", pod, dry_run=True)
+    if kube_minor < 37:  # v1.35.4: the unrounded sum (1001m) < the rounded containers (1002m)
+        assert status == 422, body
+        assert "must be greater than or equal to aggregate container requests" in status_message(body)
+        ours = default_pod(pod, minor=kube_minor)["spec"]
+        assert parse_quantity(ours["resources"]["requests"]["cpu"]) == Decimal("1.001")
+        return
     assert status == 201, body
     stored = parse_quantity(body["spec"]["resources"]["requests"]["cpu"])
     ours = default_pod(pod)["spec"]

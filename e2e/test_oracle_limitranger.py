@@ -100,7 +100,7 @@ def _values(spec: dict[str, Any]) -> dict[str, Decimal]:
     return out
 
 
-def _judge(cluster: Cluster, index: int, seed: int) -> tuple[str, str]:
+def _judge(cluster: Cluster, index: int, seed: int, minor: int) -> tuple[str, str]:
     rng = random.Random(f"defaulting-{seed}-{index}")
     lrs = [_limit_range(rng, f"lr{i}") for i in range(rng.choice([0, 1, 1, 2]))]
     pod = _pod(rng)
@@ -115,7 +115,7 @@ def _judge(cluster: Cluster, index: int, seed: int) -> tuple[str, str]:
         return "refused", status_message(body)[:80]
     stored = _values(body["spec"])
     orders = [lrs] if len(lrs) < 2 else [lrs, lrs[::-1]]
-    predicted = [_values(default_pod(pod, order)["spec"]) for order in orders]
+    predicted = [_values(default_pod(pod, order, minor=minor)["spec"]) for order in orders]
     if stored in predicted:
         return "agree", ""
     return "disagree", (f"case {index}: limitranges={[lr['spec']['limits'] for lr in lrs]}\n"
@@ -123,10 +123,10 @@ def _judge(cluster: Cluster, index: int, seed: int) -> tuple[str, str]:
 
 
 def test_limitranger_defaulting_oracle(cluster: Cluster, oracle_seed: int,
-                                       request: pytest.FixtureRequest) -> None:
+                                       request: pytest.FixtureRequest, kube_minor: int) -> None:
     cases = range(oracle_cases(request, DEFAULT_CASES))
     started = time.monotonic()
-    results = parallel(lambda i: _judge(cluster, i, oracle_seed), cases)
+    results = parallel(lambda i: _judge(cluster, i, oracle_seed, kube_minor), cases)
     counts: dict[str, int] = {}
     for verdict, _ in results:
         counts[verdict] = counts.get(verdict, 0) + 1

@@ -237,20 +237,20 @@ def _ensure_runtime_class(cluster: Cluster) -> None:
     assert status == 201, body
 
 
-def _model(scn: Scenario) -> tuple[bool, str]:
+def _model(scn: Scenario, minor: int) -> tuple[bool, str]:
     """app/scheduling.py on exactly what was submitted (plus the RuntimeClass
     overhead the RuntimeClass admission plugin adds)."""
     spec = dict(scn.pod["spec"])
     if spec.get("runtimeClassName") == RUNTIME_CLASS:
         spec["overhead"] = OVERHEAD
-    stored = default_pod({"spec": spec})["spec"]
+    stored = default_pod({"spec": spec}, minor=minor)["spec"]
     nodes = []
     for node, taints in zip(scn.nodes, scn.taints, strict=True):
         obj = {"metadata": {"name": node["name"], "labels": {"kubernetes.io/hostname": node["name"],
                                                              "kubernetes.io/os": "linux", **node["labels"]}},
                "spec": {"taints": taints, "unschedulable": node["unschedulable"]},
                "status": {"allocatable": node["allocatable"]}}
-        on_node = [default_pod(p) for p in scn.existing if p["spec"]["nodeName"] == node["name"]]
+        on_node = [default_pod(p, minor=minor) for p in scn.existing if p["spec"]["nodeName"] == node["name"]]
         nodes.append(node_from_object(obj, on_node))
     verdict = place_pod(stored, [NodeGroup(n) for n in nodes], pod_requests(stored), len(nodes) + 1)
     if verdict.fits:
@@ -263,7 +263,8 @@ def _model(scn: Scenario) -> tuple[bool, str]:
     return False, f"no node admits the pod's placement ({verdict.count} nodes: {'; '.join(verdict.reasons)})"
 
 
-def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple[list[str], int, int]:
+def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario],
+               minor: int) -> tuple[list[str], int, int]:
     """Create the batch, wait for every pod's outcome, compare; returns
     (disagreements, pods the API server refused, pods bound)."""
     def make_node(item: tuple[dict[str, Any], list[dict[str, str]]]) -> None:
@@ -304,7 +305,7 @@ def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple
     time.sleep(0.5)
     disagreements = []
     for name, scn in pending.items():
-        fits, why = _model(scn)
+        fits, why = _model(scn, minor)
         kind, detail = outcomes[name]
         if fits != (kind == "bound"):
             disagreements.append(
@@ -321,7 +322,7 @@ def _run_batch(cluster: Cluster, namespace: str, batch: list[Scenario]) -> tuple
     return disagreements, len(refused), bound
 
 
-def test_scheduling_oracle(cluster: Cluster, scheduler: Scheduler, oracle_seed: int,
+def test_scheduling_oracle(cluster: Cluster, scheduler: Scheduler, oracle_seed: int, kube_minor: int,
                            request: pytest.FixtureRequest) -> None:
     cases = oracle_cases(request, DEFAULT_CASES)
     _ensure_runtime_class(cluster)
@@ -332,7 +333,7 @@ def test_scheduling_oracle(cluster: Cluster, scheduler: Scheduler, oracle_seed: 
     refused = bound = 0
     started = time.monotonic()
     for start in range(0, cases, BATCH):
-        found, n_refused, n_bound = _run_batch(cluster, namespace, scenarios[start:start + BATCH])
+        found, n_refused, n_bound = _run_batch(cluster, namespace, scenarios[start:start + BATCH], kube_minor)
         disagreements += found
         refused += n_refused
         bound += n_bound
