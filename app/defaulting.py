@@ -135,7 +135,8 @@ def default_pod(pod: Mapping[str, Any],
     Pod *templates* get no request defaulting (only the rounding); apply this to the Pod
     a template makes. New values are written as exact quantity strings. ``minor`` below
     37: the 1.34-1.36 order (``_default_pod_level_before_137`` at decoding, then the
-    rounding, then LimitRanger), as the oracles find it on v1.35.4.
+    rounding, then LimitRanger, then the decoding defaults again as every read of the
+    stored Pod applies them), as the oracles find it on v1.35.4.
     """
     out = copy_for_defaulting(pod)
     spec = out.get("spec")
@@ -146,6 +147,12 @@ def default_pod(pod: Mapping[str, Any],
         _default_pod_level_before_137(spec)
         _round_lists(spec)
         merge_limit_range_defaults(spec, limit_ranges)
+        # What the API server answers and every later read returns is decoded again,
+        # with the decoding defaults: the pod-level ones then see LimitRanger's values
+        # (the limitranger oracle on v1.35.4: a pod-level cpu request from a LimitRange's
+        # container defaultRequest).
+        _default_container_lists(spec)
+        _default_pod_level_before_137(spec)
         _round_lists(spec)
         return out
     _round_lists(spec)  # decoding: SetDefaults_ResourceList, before any admission plugin

@@ -139,14 +139,14 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> str:
     return name
 
 
-def oracle_cases(request: pytest.FixtureRequest, default: int) -> int:
+def oracle_cases(request: pytest.FixtureRequest, default: int, *, minimum: int = 20) -> int:
     """How many cases an oracle runs: ``--cases N``, else its CI ``default`` times
-    ``--oracle-fraction`` (at least 20, never more than the default)."""
+    ``--oracle-fraction`` (at least ``minimum``, never more than the default)."""
     value = request.config.getoption("--cases", default=None)
     if value:
         return int(value)
     fraction = float(request.config.getoption("--oracle-fraction", default=1.0) or 1.0)
-    return default if fraction >= 1 else min(default, max(20, round(default * fraction)))
+    return default if fraction >= 1 else min(default, max(minimum, round(default * fraction)))
 
 
 @pytest.fixture(scope="session")
