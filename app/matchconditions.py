@@ -11,6 +11,9 @@ exactly what the mutate-phase rules act on:
 - ``env-envelope-cpu``: a container env var named ``envelopeEnv.limits`` whose value
   mentions ``cpu`` (case-insensitive), unless opted out;
 - ``memory-limit``: a memory request without a memory limit (any holder);
+- ``downward-cpu-limit``: nothing of its own — it reports only on a CPU limit
+  ``cpu-limits`` removed in the same call, so ``cpu-limits``' condition covers it (and
+  with ``cpu-limits`` off it never reports);
 - ``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``: a CPU limit anywhere,
   opted out or not — these guards judge the namespace, not the annotation, and they
   warn (or deny) for opted-out workloads too.
@@ -50,7 +53,8 @@ MUTATING_WEBHOOK = "workloads.mutate.envelope.io"
 
 #: The workload kinds' mutate-phase rules this module has a condition for.
 KNOWN_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "memory-limit",
-                         "quota-needs-cpu-limits", "limitrange-needs-cpu-limits"})
+                         "quota-needs-cpu-limits", "limitrange-needs-cpu-limits",
+                         "downward-cpu-limit"})
 _GUARDS = ("quota-needs-cpu-limits", "limitrange-needs-cpu-limits")
 
 

@@ -109,11 +109,13 @@ def test_cli_reads_the_policy_file(tmp_path, capsys: pytest.CaptureFixture[str])
 # ------------------------------------------------------------------------ the chart
 
 def test_the_mutate_rules_are_the_known_ones() -> None:
-    # The chart's template lists the same five rules with their default modes.
+    # The chart's template lists the same five rules with their default modes;
+    # downward-cpu-limit adds no condition of its own (it reports on cpu-limits' changes).
     mutate = {rid: r.default_mode.value for rid, r in RULES.items()
               if r.phase == "mutate" and r.kinds & WORKLOAD_KINDS}
     assert mutate == {"cpu-limits": "enforce", "env-envelope-cpu": "enforce", "memory-limit": "enforce",
-                      "quota-needs-cpu-limits": "warn", "limitrange-needs-cpu-limits": "warn"}
+                      "quota-needs-cpu-limits": "warn", "limitrange-needs-cpu-limits": "warn",
+                      "downward-cpu-limit": "warn"}
     assert set(mutate) == KNOWN_RULES
 
 
