@@ -28,10 +28,10 @@ from typing import Any
 import orjson
 import yaml
 
-from app.admission import BadReview, Decision, decide, parse_review, review_response
+from app.admission import BadReview, Decision, Request, RuleHandler, parse_review, review_response
 from app.cluster.view import StaticView
 from app.config import Policy
-from app.engine import InternalError, evaluate
+from app.engine import InternalError
 from tests.conftest import RULES, container, workload
 from tests.helpers.actors import pool, template
 
@@ -295,11 +295,14 @@ def answer(body: bytes, phase: str, view: StaticView, policy: Policy | None = No
         uid, subject = parse_review(body)
     except BadReview:
         return Answer(None, None, [], time.perf_counter() - started, b"")
-    evaluation = evaluate(RULES, subject, view, policy, phase)  # type: ignore[arg-type]
-    decision = decide(evaluation, policy.failure_mode)
+    # The server's own handler (app/admission.py RuleHandler): the metadata check it makes
+    # before the engine, then evaluate and decide.
+    handled = RuleHandler(RULES, policy, view).handle(Request(uid, subject, phase))  # type: ignore[arg-type]
+    decision = handled.decision
+    internal = handled.evaluation.internal_errors if handled.evaluation is not None else []
     try:
         response = review_response(uid, decision)
     except (TypeError, orjson.JSONEncodeError):  # the server answers these with a 400 denial
         decision = Decision(False, "cannot encode an answer", 400)
         response = review_response(uid, decision)
-    return Answer(uid, decision, evaluation.internal_errors, time.perf_counter() - started, response)
+    return Answer(uid, decision, internal, time.perf_counter() - started, response)

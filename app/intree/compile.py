@@ -30,8 +30,9 @@ What is compiled (``enforce`` mode only; see docs/in-tree.md for the rest and wh
 
 Left out of the domain (answered by the webhook):
 
-- Pod UPDATEs (``pod_resources``: the webhook judges only changed resources, and the
-  API server refuses most Pod spec changes anyway);
+- every UPDATE: the webhook patches no pod template an UPDATE left as stored and no part
+  of a Job's template the API server holds (``app/engine.py``, issue 28), and judges a
+  Pod UPDATE only for the resources it changes;
 - a pod-level CPU limit without a pod-level CPU request when some container asks for
   CPU: the request the webhook writes is the containers' aggregate
   (``app.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
@@ -319,7 +320,10 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
                     f"{_memory_without_limit('c.resources')}) || "
                     f"(has(s.resources) && {_memory_without_limit('s.resources')}))")
     parts = [
-        "!(request.operation == \"UPDATE\" && request.kind.kind == \"Pod\")",
+        # UPDATEs stay in the webhook: it patches no template an UPDATE left as stored
+        # and no part of a Job's template the API server holds (app/engine.py), which
+        # this policy does not express (the equivalence oracle found the difference).
+        "request.operation == \"CREATE\"",
         _plain_annotation("object.metadata", opt_out) if "cpu-limits" in compiled else "true",
     ]
     if policy.allow_object_exemptions:
