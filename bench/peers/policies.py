@@ -13,7 +13,7 @@ What Envelope's mutate phase does to a workload (``app/rules/workloads.py``):
 
 The same three jobs as:
 
-- :func:`mutating_admission_policy`: ``admissionregistration.k8s.io/v1beta1``
+- :func:`mutating_admission_policy`: ``admissionregistration.k8s.io/v1`` (GA in 1.36)
   MutatingAdmissionPolicy + binding, one JSONPatch CEL mutation (in the API server);
 - :func:`kyverno_mutating_policy`: Kyverno's CEL ``MutatingPolicy``
   (``policies.kyverno.io/v1``), the same CEL;
@@ -114,13 +114,13 @@ def json_patch_expression() -> str:
 
 def mutating_admission_policy() -> list[dict[str, Any]]:
     return [
-        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
          "metadata": {"name": NAME},
          "spec": {"matchConstraints": {"resourceRules": [_DEPLOYMENTS]},
                   "failurePolicy": "Fail", "reinvocationPolicy": "Never",
                   "mutations": [{"patchType": "JSONPatch",
                                  "jsonPatch": {"expression": json_patch_expression()}}]}},
-        {"apiVersion": "admissionregistration.k8s.io/v1beta1",
+        {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "MutatingAdmissionPolicyBinding",
          "metadata": {"name": NAME},
          "spec": {"policyName": NAME}},
