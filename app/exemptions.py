@@ -7,7 +7,7 @@ from typing import Any
 
 from app.cluster.view import ClusterView
 from app.config import Policy, RuleException
-from app.podspec import POD_SPEC_PATHS
+from app.podspec import POD_SPEC_PATHS, pod_template
 from app.rules.base import Finding, Subject
 
 __all__ = ["ALL", "exemptions", "needs_namespaces", "unreached"]
@@ -69,16 +69,6 @@ def exemptions(subject: Subject, view: ClusterView, policy: Policy) -> dict[str,
     return found
 
 
-def _template_metadata(subject: Subject) -> Any:
-    path = POD_SPEC_PATHS.get((subject.group, subject.kind))
-    if path is None or subject.kind == "Pod" or not isinstance(subject.obj, dict):
-        return None
-    node: Any = subject.obj
-    for key in path[:-1]:  # the template: the pod spec's parent
-        node = node.get(key) if isinstance(node, dict) else None
-    return node.get("metadata") if isinstance(node, dict) else None
-
-
 def unreached(subject: Subject, policy: Policy) -> list[Finding]:
     """A warning for each rule a workload's own exemption annotation names but its pod
     template's does not: only the template's metadata reaches the Pods its controller
@@ -89,7 +79,8 @@ def unreached(subject: Subject, policy: Policy) -> list[Finding]:
     mine = _annotated(subject, policy)
     if not mine or (subject.group, subject.kind) not in POD_SPEC_PATHS or subject.kind == "Pod":
         return []
-    reaching = set(_exempted_by(_template_metadata(subject), policy))
+    template = pod_template(subject, subject.obj)
+    reaching = set(_exempted_by(template.get("metadata") if template else None, policy))
     return [Finding("warning", rule_id, "metadata.annotations",
                     f"{policy.exempt_annotation} exempts this {subject.kind} from {rule_id}, but its "
                     f"Pods only get the annotations of its pod template: {rule_id} still judges every "

@@ -34,7 +34,7 @@ from typing import Any
 
 from app.defaulting import apply_limit_range_defaults, default_pod
 from app.namespace_policy import pods_at_once
-from app.podspec import POD_SPEC_PATHS
+from app.podspec import pod_template
 from app.quantity import QuantityError
 from app.scheduling import node_from_object, required_affinity_matches, untolerated_taint
 
@@ -134,16 +134,18 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+@dataclass(frozen=True)
+class _Kinded:
+    group: str
+    kind: str
+
+
 def _template(kind: str, group: str, obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, spec) of the Pods the workload makes: the template's, copied."""
     if kind == "Pod":
         meta, spec = _mapping(obj.get("metadata")), _mapping(obj.get("spec"))
         return copy.deepcopy(dict(meta)), copy.deepcopy(dict(spec))
-    path = POD_SPEC_PATHS[(group, kind)]
-    node: Any = obj
-    for key in path[:-1]:
-        node = node.get(key) if isinstance(node, Mapping) else None
-    template = _mapping(node)
+    template = _mapping(pod_template(_Kinded(group, kind), obj))
     meta = _mapping(template.get("metadata"))
     keep = {k: copy.deepcopy(v) for k, v in meta.items() if k in ("labels", "annotations")}
     return keep, copy.deepcopy(dict(_mapping(template.get("spec"))))

@@ -19,8 +19,8 @@ from app.util import dig
 
 __all__ = ["POD_SPEC_PATHS", "WORKLOAD_KINDS", "Held", "Holder", "Kinded", "compared_by_controller",
            "containers", "held_on_update", "holders", "job_template_mutable", "pod_resources",
-           "pod_spec", "qos_class", "replicas_of", "shape_problems", "spec_text", "stored_qos",
-           "template_part", "well_formed", "with_pod_spec"]
+           "pod_spec", "pod_template", "qos_class", "replicas_of", "shape_problems", "spec_text",
+           "stored_qos", "template_part", "well_formed", "with_pod_spec"]
 
 
 class Kinded(Protocol):
@@ -57,6 +57,15 @@ def spec_text(subject: Kinded) -> str:
 def pod_spec(subject: Kinded, obj: dict[str, Any]) -> dict[str, Any] | None:
     spec = dig(obj, POD_SPEC_PATHS[(subject.group, subject.kind)])
     return spec if isinstance(spec, dict) else None
+
+
+def pod_template(subject: Kinded, obj: Any) -> dict[str, Any] | None:
+    """A workload's pod template (its ``metadata`` and ``spec``: what its controller makes
+    Pods from); None for a Pod, or where the object has none."""
+    if subject.kind == "Pod":
+        return None
+    template = dig(obj, POD_SPEC_PATHS[(subject.group, subject.kind)][:-1])
+    return template if isinstance(template, dict) else None
 
 
 @dataclass

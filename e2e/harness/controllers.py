@@ -19,7 +19,7 @@ from pathlib import Path
 from .base import HarnessError
 from .cluster import Cluster, wait_until
 from .ports import free_port
-from .processes import ManagedProcess, start_process
+from .processes import Component, start_process
 
 #: What the convergence oracles need (names as cmd/kube-controller-manager/names at
 #: v1.35-v1.37). Never the node lifecycle, taint-eviction or service-account-token ones.
@@ -41,19 +41,10 @@ NEVER = ("node-lifecycle-controller", "taint-eviction-controller", "serviceaccou
 
 
 @dataclass
-class ControllerManager:
+class ControllerManager(Component):
     """kube-controller-manager running against a harness API server."""
 
-    process: ManagedProcess
-    controllers: tuple[str, ...]
-    port: int
-
-    @property
-    def log_path(self) -> Path:
-        return self.process.log_path
-
-    def stop(self) -> None:
-        self.process.stop(timeout=10)
+    controllers: tuple[str, ...] = ()
 
 
 def start_controller_manager(cluster: Cluster, workdir: Path,

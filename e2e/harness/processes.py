@@ -167,3 +167,19 @@ def stop_process(proc: ManagedProcess, timeout: float = 15.0) -> None:
     proc.stop(timeout=timeout)
 
 
+
+
+@dataclass
+class Component:
+    """A control-plane component the harness started (kube-scheduler,
+    kube-controller-manager): its process and the port it serves on."""
+
+    process: ManagedProcess
+    port: int
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def stop(self) -> None:
+        self.process.stop(timeout=10)

@@ -11,7 +11,7 @@ from typing import Any
 from .base import ISOLATED_NAMESPACE_LABEL, HarnessError, unique_name
 from .cluster import Cluster, wait_until
 from .ports import free_port
-from .processes import ManagedProcess, start_process
+from .processes import Component, start_process
 
 SCHEDULER_NAME = "envelope-oracle"
 """The only profile of the harness's kube-scheduler: it schedules the Pods whose
@@ -19,19 +19,10 @@ SCHEDULER_NAME = "envelope-oracle"
 
 
 @dataclass
-class Scheduler:
+class Scheduler(Component):
     """kube-scheduler running against the harness API server (profile SCHEDULER_NAME)."""
 
-    process: ManagedProcess
-    scheduler_name: str
-    port: int
-
-    @property
-    def log_path(self) -> Path:
-        return self.process.log_path
-
-    def stop(self) -> None:
-        self.process.stop(timeout=10)
+    scheduler_name: str = SCHEDULER_NAME
 
 
 def pod_schedule_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
