@@ -37,7 +37,8 @@ Left out of the domain (answered by the webhook):
   CPU: the request the webhook writes is the containers' aggregate
   (``app.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
   quantity string the webhook writes;
-- pods where every container has CPU and memory limits: the webhook may warn that they
+- pods where every container has CPU and memory limits, or whose pod-level resources
+  have a CPU limit (written, or defaulted from containers that all limit CPU): the webhook may warn that they
   lose exclusive cores (``_guaranteed_with_whole_cores``), and a MutatingAdmissionPolicy
   cannot warn;
 - an opt-out annotation whose value has whitespace or non-ASCII text (Python's
@@ -227,6 +228,14 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
         # the webhook may warn that the pods lose exclusive cores
         f"!(size({_ALL}) > 0 && {_ALL}.all(c, has(c.resources) && "
         f"{_cpu_limit('c.resources')} && \"memory\" in c.resources.limits))",
+        # with pod-level cpu or memory, the pod-level values as the API server defaults them
+        # decide the QoS class (_guaranteed_with_whole_cores); Guaranteed needs a pod-level
+        # CPU limit, written or defaulted from containers that all limit CPU
+        f"!(has(s.resources) && [s.resources].exists(r, "
+        f"{in_section('r', 'requests', 'cpu')} || {in_section('r', 'requests', 'memory')} || "
+        f"{_cpu_limit('r')} || {in_section('r', 'limits', 'memory')}) && "
+        f"({_cpu_limit('s.resources')} || (size({_ALL}) > 0 && {_ALL}.all(c, "
+        f"has(c.resources) && {_cpu_limit('c.resources')}))))",
     ]
     if on.get("downward-cpu-limit") and "cpu-limits" in compiled:
         ref = "has(r.resourceFieldRef) && r.resourceFieldRef.resource == 'limits.cpu'"
