@@ -70,8 +70,21 @@ from app.podspec import WORKLOAD_KINDS
 from app.ruleset import RuleSet
 from app.util import WARNING_LIMIT
 
-__all__ = ["COMPILABLE", "VALIDATE_PATH", "CompiledValidation", "compile_validating",
-           "findings_expression", "pod_level_clause", "policy_name", "warning_prefix", "webhook_partition"]
+__all__ = [
+    "COMPILABLE",
+    "VALIDATE_PATH",
+    "CompiledValidation",
+    "Entry",
+    "compile_validating",
+    "findings_expression",
+    "partition",
+    "pod_level_clause",
+    "policy_name",
+    "renamed",
+    "warning_prefix",
+    "webhook_json_patch",
+    "webhook_partition",
+]
 
 COMPILABLE = ("memory-request-equals-limit",)
 """Validate rules the compiler can write as a ValidatingAdmissionPolicy."""
@@ -265,56 +278,105 @@ def compile_validating(rules: RuleSet, policy: Policy, *,
     return CompiledValidation(compiled, why, domains, manifests, required)
 
 
-def webhook_partition(hook: dict[str, Any], compiled: CompiledValidation) -> list[dict[str, Any]]:
-    """The validating webhook entry ``hook`` split so that every write reaches exactly one
-    entry: (a) namespaces without the fact (or that an exception may exempt) — as
-    before; (b) the rest, outside the Warn policies' domain — as before; (c) the rest,
-    inside it — ``/validate/in-tree/<ids>``, which skips the rules the policies warn
-    for. ``hook`` is unchanged when no policy warns. Its namespaceSelector must be a
-    ``matchExpressions`` selector (the chart's); its name is kept on (a)."""
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the partitioned validating webhook, relative to the one it replaces."""
+
+    suffix: str
+    """Added to the first label of the webhook's name ("" keeps the name)."""
+    requirements: list[dict[str, Any]]
+    """matchExpressions added to the webhook's namespaceSelector."""
+    conditions: list[dict[str, str]]
+    """matchConditions added to the webhook's."""
+    path: str
+    """The webhook's path: ``/validate``, or the in-tree path that skips the Warn rules."""
+
+
+def partition(compiled: CompiledValidation) -> list[Entry]:
+    """How the validating webhook is split so that every write reaches exactly one entry:
+    (a) namespaces without the fact — as before; (a') with the fact, in a namespace an
+    exception's namespaceSelector may exempt (not in the binding) — as before, one entry
+    per requirement, each the complement of one; (b) the rest, outside the Warn
+    policies' domain — as before; (c) the rest, inside it — ``/validate/in-tree/<ids>``,
+    which skips the rules the policies warn for. One entry, as before, when no policy
+    warns (Deny needs no change: the policy refuses first)."""
     warned = compiled.warned
     if not warned:
-        return [hook]
-    required = compiled.namespace_requirements
-    fact = required[0]
-    selector = hook.get("namespaceSelector") or {}
-    expressions = list(selector.get("matchExpressions") or [])
-    outside = {**selector, "matchExpressions": [
-        *expressions, {"key": fact["key"], "operator": "NotIn", "values": fact["values"]}]}
-    inside = {**selector, "matchExpressions": [*expressions, *required]}
+        return [Entry("", [], [], "/validate")]
+    fact, *extra = compiled.namespace_requirements
+    out = [Entry("", [{"key": fact["key"], "operator": "NotIn", "values": fact["values"]}], [],
+                 "/validate")]
+    for i, requirement in enumerate(extra):
+        flipped = {"key": requirement["key"], "operator": _FLIP[requirement["operator"]]}
+        if "values" in requirement:
+            flipped["values"] = requirement["values"]
+        out.append(Entry(f"-exempt{i}", [fact, *extra[:i], flipped], [], "/validate"))
     domain = compiled.skip_domain()
-    conditions = list(hook.get("matchConditions") or [])
-    out = [{**hook, "namespaceSelector": outside}]
-    # Namespaces with the fact that an exception's namespaceSelector may exempt (the
-    # requirements after the fact): they are not in the binding, so the webhook keeps
-    # them whole — one entry per negated requirement, each its complement.
-    for extra in required[1:]:
-        flipped = {"key": extra["key"], "operator": _FLIP[extra["operator"]]}
-        if "values" in extra:
-            flipped["values"] = extra["values"]
-        out.append({**hook, "name": _renamed(hook["name"], f"exempt{len(out)}"),
-                    "namespaceSelector": {**selector, "matchExpressions": [
-                        *expressions, fact, *required[1:required.index(extra)], flipped]}})
-    out.append({**hook, "name": _renamed(hook["name"], "outside"), "namespaceSelector": inside,
-                "matchConditions": [*conditions, {"name": "envelope-not-in-tree",
-                                                  "expression": f"!({domain})"}]})
-    client = dict(hook["clientConfig"])
-    if "service" in client:
-        client["service"] = {**client["service"], "path": VALIDATE_PATH + ",".join(warned)}
-    else:
-        client["url"] = client["url"].rsplit("/validate", 1)[0] + VALIDATE_PATH + ",".join(warned)
-    out.append({**hook, "name": _renamed(hook["name"], "in-tree"), "namespaceSelector": inside,
-                "clientConfig": client,
-                "matchConditions": [*conditions, {"name": "envelope-in-tree",
-                                                  "expression": domain}]})
+    inside = [fact, *extra]
+    out.append(Entry("-outside", inside, [{"name": "envelope-not-in-tree",
+                                           "expression": f"!({domain})"}], "/validate"))
+    out.append(Entry("-in-tree", inside, [{"name": "envelope-in-tree", "expression": domain}],
+                     VALIDATE_PATH + ",".join(warned)))
     return out
+
+
+def webhook_partition(hook: dict[str, Any], compiled: CompiledValidation) -> list[dict[str, Any]]:
+    """The validating webhook entry ``hook`` split as :func:`partition` says (its
+    namespaceSelector gets the requirements, its matchConditions the conditions, its
+    ``/validate`` path the entry's path)."""
+    out = []
+    for entry in partition(compiled):
+        selector = dict(hook.get("namespaceSelector") or {})
+        selector["matchExpressions"] = [*(selector.get("matchExpressions") or []),
+                                        *entry.requirements]
+        client = dict(hook["clientConfig"])
+        if "service" in client:
+            client["service"] = {**client["service"], "path": entry.path}
+        else:
+            client["url"] = client["url"].rsplit("/validate", 1)[0] + entry.path
+        made = {**hook, "name": renamed(hook["name"], entry.suffix),
+                "namespaceSelector": selector, "clientConfig": client}
+        conditions = [*(hook.get("matchConditions") or []), *entry.conditions]
+        if conditions:
+            made["matchConditions"] = conditions
+        out.append(made)
+    return out
+
+
+def webhook_json_patch(compiled: CompiledValidation, hook_name: str,
+                       index: int = 0) -> list[dict[str, Any]]:
+    """An RFC 6902 patch (``kubectl patch validatingwebhookconfiguration <name>
+    --type=json``) that splits the configuration's webhook ``hook_name`` at ``index`` as
+    :func:`partition` says, copying it (so its clientConfig, rules and failure policy stay
+    the chart's); its first operation tests the name, so a patch for another layout
+    fails rather than splitting the wrong webhook. Empty when nothing needs a split."""
+    entries = partition(compiled)
+    if len(entries) == 1:
+        return []
+    ops: list[dict[str, Any]] = [{"op": "test", "path": f"/webhooks/{index}/name", "value": hook_name}]
+    for _ in entries[1:]:
+        ops.append({"op": "copy", "from": f"/webhooks/{index}", "path": f"/webhooks/{index + 1}"})
+    for at, entry in enumerate(entries, start=index):
+        base = f"/webhooks/{at}"
+        if entry.suffix:
+            ops.append({"op": "replace", "path": f"{base}/name",
+                        "value": renamed(hook_name, entry.suffix)})
+        ops += [{"op": "add", "path": f"{base}/namespaceSelector/matchExpressions/-", "value": r}
+                for r in entry.requirements]
+        if entry.conditions:
+            ops.append({"op": "add", "path": f"{base}/matchConditions", "value": entry.conditions})
+        if entry.path != "/validate":
+            ops.append({"op": "replace", "path": f"{base}/clientConfig/service/path",
+                        "value": entry.path})
+    return ops
 
 
 _FLIP = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
 
 
-def _renamed(name: str, part: str) -> str:
-    """``validate.envelope.io`` -> ``validate-in-tree.envelope.io``: webhook names stay
-    unique within a configuration and fully qualified."""
+def renamed(name: str, suffix: str) -> str:
+    """``workloads.validate.envelope.io`` + ``-in-tree`` ->
+    ``workloads-in-tree.validate.envelope.io``: webhook names stay unique within a
+    configuration and fully qualified."""
     head, dot, rest = name.partition(".")
-    return f"{head}-{part}{dot}{rest}"
+    return f"{head}{suffix}{dot}{rest}"
