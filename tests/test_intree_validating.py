@@ -322,6 +322,11 @@ def test_the_chart_renders_the_policies_and_the_partition(tmp_path: Path) -> Non
     hooks = next(d for d in warned if d["kind"] == "ValidatingWebhookConfiguration")["webhooks"]
     assert hooks[:3] == webhook_partition(single[0], compiled)
     assert hooks[3:] == single[1:]
+    # a safe install raises every entry of the partition, not only the first
+    safe = _render(chart, {"inTree": {"enabled": True}, "webhooks": {"safeInstall": True}})
+    config = next(d for d in safe if d["kind"] == "ValidatingWebhookConfiguration")
+    wanted = json.loads(config["metadata"]["annotations"]["envelope.io/failure-policies"])
+    assert {h["name"] for h in config["webhooks"]} <= set(wanted)
     # the mutating side is what the MAP compiler says for the same policy
     assert compile_in_tree(RULES, Policy.model_validate(values["policy"])).rules == (
         "cpu-limits", "memory-limit")
