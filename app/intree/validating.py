@@ -142,8 +142,9 @@ class CompiledValidation:
 
     def skip_domain(self) -> str:
         """Where the webhook must skip :attr:`warned`: the writes every Warn policy
-        answers (one path skips them all, so the domains are intersected)."""
-        return " && ".join(f"({self.domains[rid]})" for rid in self.warned) or "false"
+        answers (one path skips them all, so with several the compiler gives each Warn
+        policy their intersection)."""
+        return f"({self.domains[self.warned[0]]})" if self.warned else "false"
 
 
 def _holders(s: str) -> list[tuple[str, str, str]]:
@@ -270,9 +271,15 @@ def compile_validating(rules: RuleSet, policy: Policy, *,
         return CompiledValidation({}, why)
     required = [{"key": FACT_LABEL, "operator": "In", "values": [FACT_VALUE]},
                 *exception_requirements(policy, list(compiled))]
-    domains, manifests = {}, []
+    domains = {rid: _domain(rid, mode, policy) for rid, mode in compiled.items()}
+    warned = [rid for rid, mode in compiled.items() if mode is Mode.WARN]
+    if len(warned) > 1:
+        # One path skips every warned rule, so each Warn policy answers only where all do:
+        # elsewhere the webhook warns for all of them, and no policy may warn again.
+        both = " && ".join(f"({domains[rid]})" for rid in warned)
+        domains.update(dict.fromkeys(warned, both))
+    manifests = []
     for rid, mode in compiled.items():
-        domains[rid] = _domain(rid, mode, policy)
         manifests += _manifests(rid, mode, domains[rid], excluded_namespaces, required,
                                 failure_policy)
     return CompiledValidation(compiled, why, domains, manifests, required)
