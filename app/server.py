@@ -18,6 +18,11 @@ The server moves bytes. Per request, in this order and in one place each:
    the one place a caller is counted; 403 in enforce mode);
 4. the ``admission.Handler`` (``RuleHandler``: the rules' verdict) and
    :meth:`Reviews.answer`: metrics, the log line, ``Response.encode()``.
+
+``POST /validate/in-tree/<rule,rule>`` (:class:`InTreeEndpoint`) is ``/validate`` without
+the named rules: the writes a ValidatingAdmissionPolicy in Warn mode answers for them
+(``app.intree.validating``). The skip list is in the path, so the webhook configuration
+and the server cannot disagree; an id that is not a compilable validate rule is a 400.
 """
 
 from __future__ import annotations
@@ -46,13 +51,14 @@ from starlette.routing import Route
 from app.admission import BadReview, Handler, Request, Response, RuleHandler, TooDeep, parse_review
 from app.callerauth import REASONS, Caller, CallerCheck, CallerTokenError
 from app.cluster.view import ClusterView, StaticView
-from app.config import Policy
+from app.config import Mode, Policy
 from app.httplimits import MAX_BODY
+from app.intree.validating import COMPILABLE, VALIDATE_PATH
 from app.logs import admission_log
 from app.rules.base import Phase
 from app.ruleset import RuleSet
 
-__all__ = ["MAX_BODY", "Metrics", "ReviewEndpoint", "Reviews", "Service", "WatchCollector",
+__all__ = ["MAX_BODY", "InTreeEndpoint", "Metrics", "ReviewEndpoint", "Reviews", "Service", "WatchCollector",
            "create_app", "read_body", "send"]
 
 
@@ -243,6 +249,46 @@ async def read_body(scope: dict[str, Any], receive: Any) -> bytes | tuple[int, b
             return b"".join(chunks)
 
 
+class InTreeEndpoint:
+    """``/validate/in-tree/<rule,rule>``: the validating review without the named rules
+    (each run as ``off``), one :class:`ReviewEndpoint` per distinct list. Only rules that
+    ``app.intree.validating`` compiles may be named: anything else is answered 400, so a
+    configuration can never switch off a rule no policy answers for."""
+
+    def __init__(self, rules: RuleSet, policy: Policy, view: ClusterView, metrics: Metrics,
+                 known_kinds: frozenset[str], caller: CallerCheck | None) -> None:
+        self.rules, self.policy, self.view = rules, policy, view
+        self.metrics, self.known_kinds, self.caller = metrics, known_kinds, caller
+        self.allowed = frozenset(rid for rid in COMPILABLE if rid in rules.rules)
+        self.endpoints: dict[frozenset[str], ReviewEndpoint] = {}
+
+    def endpoint(self, names: str) -> ReviewEndpoint | str:
+        """The endpoint for a path's list, or why the list is refused."""
+        skipped = frozenset(names.split(","))
+        wrong = sorted(skipped - self.allowed)
+        if wrong or not names:
+            return (f"{VALIDATE_PATH}<rules> names rules compiled in-tree, one of "
+                    f"{', '.join(sorted(self.allowed))}; got {', '.join(wrong) or 'none'}")
+        found = self.endpoints.get(skipped)
+        if found is None:
+            policy = self.policy.model_copy(update={"rules": {
+                **self.policy.rules, **dict.fromkeys(skipped, Mode.OFF)}})
+            handler = RuleHandler(self.rules, policy, self.view)
+            found = self.endpoints[skipped] = ReviewEndpoint(
+                Reviews("validate", handler, self.metrics, self.known_kinds),
+                self.metrics.malformed("validate"), self.caller)
+        return found
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
+        found = self.endpoint(str(scope.get("path_params", {}).get("rules", "")))
+        if isinstance(found, str):
+            status, payload = _error(400, found)
+            await send(send_, status, payload)
+            self.metrics.malformed("validate")()
+            return
+        await found(scope, receive, send_)
+
+
 class Reviews:
     """One review endpoint's work around its handler: decode the body into a
     :class:`~app.admission.Request`, and answer it — the handler's response, counted
@@ -342,6 +388,9 @@ def create_app(
         Route(f"/{phase}", ReviewEndpoint(Reviews(phase, handler, metrics, known_kinds),
                                           metrics.malformed(phase), caller))
         for phase in PHASES]
+    app.router.routes.insert(len(PHASES), Route(
+        VALIDATE_PATH + "{rules}",
+        InTreeEndpoint(rules, policy, handler.view, metrics, known_kinds, caller)))
     return app
 
 

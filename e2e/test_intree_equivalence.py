@@ -33,6 +33,7 @@ oracle then finds differences: the check is not vacuous.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 import re
@@ -52,6 +53,7 @@ from app.cluster.kube import KubeClient, kube_configuration
 from app.config import Policy
 from app.intree import FACT_LABEL, FACT_VALUE, compile_in_tree
 from app.intree.facts import FactKeeper
+from app.intree.validating import COMPILABLE, compile_validating, pod_level_clause, webhook_partition
 from app.matchconditions import mutate_match_conditions
 from app.ruleset import default_ruleset
 from app.selectors import LabelSelector
@@ -78,6 +80,17 @@ POLICIES: dict[str, dict[str, Any]] = {
                 {"key": "tier", "operator": "In", "values": ["exempt"]}]}},
         ],
     },
+    # memory-request-equals-limit warns: a ValidatingAdmissionPolicy with Warn, and the
+    # validating webhook partitioned so that it does not warn again in the policy's domain
+    "memwarn": {
+        "rules": {"memory-request-equals-limit": "warn"},
+        "exceptions": [
+            {"rules": ["memory-request-equals-limit"], "objectSelector": {
+                "matchLabels": {"team": "legacy"}}},
+            {"rules": ["memory-request-equals-limit"], "namespaceSelector": {
+                "matchLabels": {"tier": "exempt"}}},
+        ],
+    },
 }
 PLURAL = {"Pod": "pods", "ReplicationController": "replicationcontrollers",
           "Deployment": "deployments", "ReplicaSet": "replicasets", "StatefulSet": "statefulsets",
@@ -87,6 +100,7 @@ PLURAL = {"Pod": "pods", "ReplicationController": "replicationcontrollers",
 
 CPU = ["100m", "250m", "500m", "0.5", "1", "1500m", "2", "4", "7"]
 MEMORY = ["64Mi", "256Mi", "1Gi", "1024Mi", "2G"]
+LONG = "-with-a-name-long-enough-to-cut-the-warning"
 
 
 def _resources(rng: random.Random) -> dict[str, Any] | None:
@@ -106,6 +120,9 @@ def _resources(rng: random.Random) -> dict[str, Any] | None:
         {"requests": {"cpu": cpu, "memory": mem}},
         {"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}},
         {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        {"requests": {"memory": "1Gi"}, "limits": {"memory": "1024Mi"}},  # equal, spelt apart
+        {"requests": {"memory": "1G"}, "limits": {"memory": rng.choice(["1Gi", "1000Mi"]),
+                                                  "cpu": cpu}},
         {"requests": {"cpu": "100m"}, "limits": {"memory": mem, "ephemeral-storage": "1Gi"}},
         {"limits": {"ephemeral-storage": "1Gi", "cpu": cpu}, "requests": {"memory": mem}},
     ])
@@ -138,8 +155,9 @@ def _container(rng: random.Random, name: str, env_names: tuple[str, ...]) -> dic
 
 
 def _pod_spec(rng: random.Random, env_names: tuple[str, ...]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [_container(rng, f"c{i}", env_names)
-                                           for i in range(rng.randint(1, 3))]}
+    spec: dict[str, Any] = {"containers": [
+        _container(rng, f"c{i}" + (LONG if rng.random() < 0.15 else ""), env_names)
+        for i in range(rng.randint(1, 3))]}
     if rng.random() < 0.3:
         spec["initContainers"] = [_container(rng, f"init{i}", env_names)
                                   for i in range(rng.randint(1, 2))]
@@ -161,7 +179,8 @@ def _annotations(rng: random.Random, keys: tuple[str, ...]) -> dict[str, str]:
     if rng.random() < 0.35:
         out[rng.choice(keys)] = rng.choice(["true", " TRUE ", "false", "True", "yes", "true\t"])
     if rng.random() < 0.1:
-        out["envelope.io/exempt"] = rng.choice(["cpu-limits", "memory-limit", "quantities"])
+        out["envelope.io/exempt"] = rng.choice(["cpu-limits", "memory-limit", "quantities",
+                                                "memory-request-equals-limit"])
     return out
 
 
@@ -220,11 +239,14 @@ def _hook(name: str, url: str, bundle: str, selector: dict[str, str],
 
 
 def configurations(name: str, policy: Policy, webhook: harness.Webhook,
-                   mutilate: tuple[str, str] | None = None) -> list[dict[str, Any]]:
-    """The webhook configurations of both sets and the in-tree policy of the ``intree``
+                   mutilate: tuple[str, str] | None = None,
+                   mutilate_validating: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+    """The webhook configurations of both sets and the in-tree policies of the ``intree``
     set, for one policy (``name`` labels its namespaces and names its objects: a run's
     own, so a configuration the API server has not yet dropped cannot answer for it).
-    ``mutilate``: (text, replacement) applied to the policy."""
+    ``mutilate``: (text, replacement) applied to the MutatingAdmissionPolicy;
+    ``mutilate_validating``: to the ValidatingAdmissionPolicies' domains, everywhere they
+    are used (the policies and the validating webhook's partition)."""
     bundle = base64.b64encode(webhook.ca_file.read_bytes()).decode()
     full = mutate_match_conditions(RULES, policy)[0]["expression"]
     compiled = compile_in_tree(RULES, policy)
@@ -237,10 +259,21 @@ def configurations(name: str, policy: Policy, webhook: harness.Webhook,
                           {**only, SET_LABEL: "webhook"}, full),
                     _hook("reduced.mutate.envelope.test", webhook.url + "/mutate", bundle,
                           {**only, SET_LABEL: "intree"}, compiled.webhook_condition)]}
+    vap = compile_validating(RULES, policy)
+    if mutilate_validating is not None:
+        old, new = mutilate_validating
+        assert all(old in d for d in vap.domains.values()), f"{old!r} is in no domain"
+        vap = dataclasses.replace(vap, domains={r: d.replace(old, new) for r, d in vap.domains.items()},
+                                  manifests=json.loads(json.dumps(vap.manifests).replace(
+                                      json.dumps(old)[1:-1], json.dumps(new)[1:-1])))
     validating = {"apiVersion": "admissionregistration.k8s.io/v1",
                   "kind": "ValidatingWebhookConfiguration", "metadata": {"name": f"intree-e2e-{name}"},
-                  "webhooks": [_hook("validate.envelope.test", webhook.url + "/validate", bundle,
-                                     only, None)]}
+                  "webhooks": [
+                      _hook("validate.envelope.test", webhook.url + "/validate", bundle,
+                            {**only, SET_LABEL: "webhook"}, None),
+                      *webhook_partition(_hook("intree.validate.envelope.test",
+                                               webhook.url + "/validate", bundle,
+                                               {**only, SET_LABEL: "intree"}, None), vap)]}
     manifests = json.loads(json.dumps(compiled.manifests))
     selector = {"matchLabels": {**only, SET_LABEL: "intree"}}
     for manifest in manifests:
@@ -255,7 +288,17 @@ def configurations(name: str, policy: Policy, webhook: harness.Webhook,
         text = json.dumps(manifests)
         assert mutilate[0] in text, f"the clause {mutilate[0]!r} is not in the generated policy"
         manifests = json.loads(text.replace(mutilate[0], mutilate[1]))
-    return [mutating, validating, *manifests]
+    validating_policies = json.loads(json.dumps(vap.manifests))
+    for manifest in validating_policies:
+        own = f"intree-e2e-{name}-{manifest['metadata']['name'].split('.')[0]}"
+        manifest["metadata"]["name"] = own
+        if manifest["kind"] == "ValidatingAdmissionPolicy":
+            manifest["spec"]["matchConstraints"]["namespaceSelector"] = selector
+        else:
+            manifest["spec"]["policyName"] = own
+            manifest["spec"]["matchResources"]["namespaceSelector"] = {
+                **selector, "matchExpressions": vap.namespace_requirements}
+    return [mutating, validating, *manifests, *validating_policies]
 
 
 def _namespaces(cluster: Cluster, name: str, policy: Policy) -> dict[str, dict[str, str]]:
@@ -269,7 +312,7 @@ def _namespaces(cluster: Cluster, name: str, policy: Policy) -> dict[str, dict[s
         for which in ("webhook", "intree"):
             ns = harness.unique_name(f"e2e-it-{name[:3]}-{role}-{which[:2]}", max_length=50)
             labels = {harness.ISOLATED_NAMESPACE_LABEL: "true", POLICY_LABEL: name, SET_LABEL: which}
-            if role != "quota" and guards:
+            if role in ("plain", "exempt"):  # no LimitRange, no ResourceQuota there
                 labels[FACT_LABEL] = FACT_VALUE  # as app/intree/facts.py would write it
             if role == "exempt":
                 labels["tier"] = "exempt"
@@ -313,6 +356,14 @@ def _warnings(headers: Any) -> list[str]:
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """A uid in a validation message (a Job's generated selector): each set's own."""
+REFUSED_BY = re.compile(r"""^.*?(admission webhook "[^"]*" denied the request: |"""
+                        r"""ValidatingAdmissionPolicy '[^']*' with binding '[^']*' denied request: )""")
+"""The two documented prefixes of a refusal: the webhook's and a ValidatingAdmissionPolicy's
+(each after the API server's ``<resource> "<name>" is forbidden: ``, where it adds one)."""
+WARNED_BY = re.compile(r"^Validation failed for ValidatingAdmissionPolicy '[^']*' with binding '[^']*': ")
+"""The API server's prefix of a Warn policy's warning (validating/dispatcher.go)."""
+FINDING = re.compile(r"(.*?) \[([a-z0-9-]+)\](?:; |$)")
+"""One finding of a refusal: ``<message> [<rule>]`` (app/admission.py ``decide``)."""
 _VOLATILE = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "namespace",
              "generation", "selfLink")
 
@@ -327,6 +378,11 @@ def _answer(pool: urllib3.PoolManager, cluster: Cluster, obj: dict[str, Any],
     body = json.loads(response.data) if response.data else None
     stored = None
     message = ""
+    warnings = _warnings(response.headers)
+    # Counted, not compared: how often a ValidatingAdmissionPolicy answered.
+    by_policy = ("refused" if response.status == 403 and isinstance(body, dict) and
+                 "ValidatingAdmissionPolicy" in str(body.get("message", "")) else
+                 "warned" if any(WARNED_BY.match(w) for w in warnings) else "")
     if response.status in (200, 201) and isinstance(body, dict):
         uid = (body.get("metadata") or {}).get("uid")
         if uid:  # a Job's selector and template labels carry its own uid
@@ -341,8 +397,10 @@ def _answer(pool: urllib3.PoolManager, cluster: Cluster, obj: dict[str, Any],
         # the policy (its JSONPatch result is converted back to the typed object, which
         # drops the empty map). Stored objects cannot differ so: an empty map is omitted.
         message = message.replace('"Limits":{}', '"Limits":null')
+        message = REFUSED_BY.sub("", message)
     return {"status": response.status, "stored": stored, "message": message,
-            "warnings": sorted(w.replace(namespace, "<ns>") for w in _warnings(response.headers))}
+            "warnings": sorted(WARNED_BY.sub("", w.replace(namespace, "<ns>")) for w in warnings),
+            "by_policy": by_policy}
 
 
 def _wait_loaded(pool: urllib3.PoolManager, cluster: Cluster, roles: dict[str, dict[str, str]],
@@ -355,14 +413,32 @@ def _wait_loaded(pool: urllib3.PoolManager, cluster: Cluster, roles: dict[str, d
     deadline = time.monotonic() + 60
     while True:
         answers = [_answer(pool, cluster, probe, roles["plain"][which]) for which in ("webhook", "intree")]
-        denials = [_answer(pool, cluster, refused, roles["plain"][which])["status"]
+        denials = [_answer(pool, cluster, refused, roles["plain"][which])
                    for which in ("webhook", "intree")]
+        for denial in denials:
+            denial.pop("by_policy")
         if all(a["stored"] and "limits" not in a["stored"]["spec"]["template"]["spec"]["containers"][0]
-               ["resources"] for a in answers) and denials == [403, 403]:
+               ["resources"] for a in answers) and denials[0] == denials[1] and \
+                denials[0]["status"] in (201, 403) and \
+                _policy_answered(pool, cluster, refused, roles["plain"]["intree"]):
             return
         assert time.monotonic() < deadline, (
-            f"the configurations were never loaded: {[(a['status'], a['message'][-700:]) for a in answers]}")
+            f"the configurations were never loaded: {[(a['status'], a['message'][-700:]) for a in answers]}"
+            f" refused probe: {denials}")
         time.sleep(0.5)
+
+
+def _policy_answered(pool: urllib3.PoolManager, cluster: Cluster, obj: dict[str, Any],
+                     namespace: str) -> bool:
+    """The ValidatingAdmissionPolicy (not the webhook) refused or warned about ``obj``,
+    and nothing else warned about it: its policy and the webhook's partition are loaded."""
+    response = pool.request("POST", cluster.api_url + _path(obj, namespace),
+                            body=json.dumps(obj).encode(),
+                            headers={"Content-Type": "application/json"}, timeout=30)
+    warnings = _warnings(response.headers)
+    if response.status == 403:
+        return "denied request: " in json.loads(response.data).get("message", "") and not warnings
+    return len(warnings) == 1 and bool(WARNED_BY.match(warnings[0]))
 
 
 def _limits(obj: dict[str, Any]) -> list[tuple[str, str, object]]:
@@ -397,6 +473,28 @@ def _updated(obj: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     return out
 
 
+def _findings(message: str) -> list[tuple[str, str]] | None:
+    """(message, rule) of each finding of a refusal, or None for another text."""
+    found = [(m.group(1), m.group(2)) for m in FINDING.finditer(message)]
+    return found if found and "".join(m.group(0) for m in FINDING.finditer(message)) == message else None
+
+
+def _fewer_findings(webhook: dict[str, Any], intree: dict[str, Any]) -> bool:
+    """A write that breaks a compiled rule *and* a rule only the webhook judges: refused
+    on both paths, but the policy refuses first (ValidatingAdmissionPolicy runs before
+    ValidatingAdmissionWebhook and the chain stops at the first refusal), so its message
+    names only the compiled rule's findings, which are a contiguous part of the
+    webhook's; the webhook's warnings for the other validate rules are then not given.
+    Same status, same (no) stored object, a subset of the findings and of the warnings."""
+    if webhook["status"] != intree["status"] or webhook["status"] != 403 or intree["stored"]:
+        return False
+    theirs, ours = _findings(webhook["message"]), _findings(intree["message"])
+    compiled = set(COMPILABLE)
+    return (theirs is not None and ours is not None and intree["message"] in webhook["message"]
+            and {rule for _, rule in ours} <= compiled and len(ours) < len(theirs)
+            and not Counter(intree["warnings"]) - Counter(webhook["warnings"]))
+
+
 def _where(a: dict[str, Any], b: dict[str, Any]) -> str:
     """Where two answers first differ, with the text around it."""
     x, y = json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True)
@@ -417,14 +515,23 @@ def differences(cluster: Cluster, name: str, roles: dict[str, dict[str, str]],
                       "resources": {"limits": {"cpu": "2"}}}]}}}}
     _wait_loaded(pool, cluster, roles, probe)
     placed = [(obj, rng.choice(list(roles))) for obj in objects]
+    policy_answers = [0, 0]  # warned, refused by a ValidatingAdmissionPolicy
+    counting = threading.Lock()
 
     def judge(item: tuple[dict[str, Any], str]) -> tuple[str | None, str]:
         obj, role = item
         webhook, intree = (_answer(pool, cluster, obj, roles[role][w]) for w in ("webhook", "intree"))
+        assert not webhook.pop("by_policy"), "a ValidatingAdmissionPolicy answered the webhook set"
+        by_policy = intree.pop("by_policy")
+        if by_policy:
+            with counting:
+                policy_answers[by_policy == "refused"] += 1
         outcome = ("refused" if webhook["status"] != 201 else
                    "warned" if webhook["warnings"] else
                    "mutated" if _limits(webhook["stored"]) != _limits(obj) else "unchanged")
-        if webhook != intree:
+        if webhook != intree and _fewer_findings(webhook, intree):
+            outcome = "refused, fewer findings in-tree"
+        elif webhook != intree:
             return (f"{obj['kind']} {obj['metadata']['name']} in {role}:\n"
                     f"  {_where(webhook, intree)}\n"
                     f"  written: {json.dumps(obj)[:1500]}"), outcome
@@ -437,6 +544,8 @@ def differences(cluster: Cluster, name: str, roles: dict[str, dict[str, str]],
         changed = _updated(obj, random.Random(obj["metadata"]["name"] + role))
         webhook, intree = (_answer(pool, cluster, changed, roles[role][w], update=True)
                            for w in ("webhook", "intree"))
+        assert not webhook.pop("by_policy") and not intree.pop("by_policy"), \
+            "a ValidatingAdmissionPolicy answered an UPDATE"
         if webhook == intree:
             return None, outcome + (" update" if webhook["status"] == 200 else " update refused")
         return (f"UPDATE of {obj['kind']} {obj['metadata']['name']} in {role}:\n"
@@ -445,7 +554,9 @@ def differences(cluster: Cluster, name: str, roles: dict[str, dict[str, str]],
 
     with ThreadPoolExecutor(8) as executor:
         results = list(executor.map(judge, placed))
-    return [d for d, _ in results if d], Counter(o for _, o in results)
+    tally = Counter(o for _, o in results)
+    tally["in-tree policy warned"], tally["in-tree policy refused"] = policy_answers
+    return [d for d, _ in results if d], tally
 
 
 @pytest.fixture(scope="module")
@@ -504,6 +615,10 @@ def test_in_tree_policy_answers_as_the_webhook(cluster: Cluster, webhooks: dict[
     if name == "default":
         assert tally["refused"] >= 3, tally
         assert tally["warned"] + tally["warned update"] >= 10, tally
+    if name == "memwarn":
+        assert tally["in-tree policy warned"] >= 5, tally
+    else:
+        assert tally["in-tree policy refused"] >= 5, tally
 
 
 def test_a_removed_clause_is_found(cluster: Cluster, webhooks: dict[str, harness.Webhook]) -> None:
@@ -524,6 +639,29 @@ def test_a_removed_clause_is_found(cluster: Cluster, webhooks: dict[str, harness
         _delete(cluster, manifests)
     print(f"\nopt-out removed from the policy: {len(found)} of {len(objects)} writes differ")
     assert found, "removing the opt-out from the policy went unnoticed: the oracle is blind"
+
+
+def test_a_removed_validating_clause_is_found(cluster: Cluster,
+                                             webhooks: dict[str, harness.Webhook]) -> None:
+    """The pod-level clause removed from the Warn policy's domain (in the policy and in
+    the webhook's partition alike, as a compiler bug would): templates whose Pods get a
+    pod-level memory request summed from their containers are judged in-tree as written,
+    the webhook skips the rule for them, and the warning the webhook alone gives is lost."""
+    name = "memwarn"
+    policy = Policy.model_validate(POLICIES[name])
+    manifests = configurations("vmutilated", policy, webhooks[name],
+                               mutilate_validating=(pod_level_clause(), "true"))
+    roles = _namespaces(cluster, "vmutilated", policy)
+    _apply(cluster, manifests)
+    try:
+        objects = list(generate(random.Random("intree-vmutilated"), PER_POLICY))
+        plain = {"plain": roles["plain"]}
+        found, _ = differences(cluster, "vmutilated", plain, objects, random.Random("roles-vm"))
+    finally:
+        _delete(cluster, manifests)
+    print(f"\npod-level clause removed from the Warn policy: {len(found)} of {len(objects)} "
+          f"writes differ")
+    assert found, "removing the pod-level clause went unnoticed: the oracle is blind"
 
 
 def _deployment(name: str) -> dict[str, Any]:

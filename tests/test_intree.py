@@ -18,6 +18,7 @@ from app.config import Policy
 from app.intree import FACT_LABEL, FACT_VALUE, NotCompilable, compile_in_tree
 from app.intree.compile import POLICY_NAME
 from app.intree.facts import FactKeeper, fact_changes
+from app.intree.validating import compile_validating
 from app.kinds import KINDS
 from app.matchconditions import MUTATING_WEBHOOK, mutate_expression
 from app.podspec import WORKLOAD_KINDS
@@ -188,13 +189,17 @@ def test_cli_prints_the_policy_binding_and_reduced_webhook(capsys: pytest.Captur
     out = capsys.readouterr()
     docs = list(yaml.safe_load_all(out.out))
     assert [d["kind"] for d in docs] == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+                                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                                          "MutatingWebhookConfiguration"]
-    assert docs == [*compile_in_tree(RULES, Policy(), excluded_namespaces=["kube-system", "envelope"])
-                    .manifests, compile_in_tree(RULES, Policy()).webhook_patch()]
+    excluded = ["kube-system", "envelope"]
+    assert docs == [*compile_in_tree(RULES, Policy(), excluded_namespaces=excluded).manifests,
+                    *compile_validating(RULES, Policy(), excluded_namespaces=excluded).manifests,
+                    compile_in_tree(RULES, Policy()).webhook_patch()]
     assert "env-envelope-cpu stays in the webhook" in out.err
+    assert "pod-fits-node stays in the webhook" in out.err
     assert main(["webhook-config", "--in-tree", "-o", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert listed["kind"] == "List" and len(listed["items"]) == 3
+    assert listed["kind"] == "List" and len(listed["items"]) == 5
 
 
 def _ns(name: str, **labels: str) -> dict[str, Any]:

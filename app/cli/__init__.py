@@ -96,12 +96,20 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("--in-tree", action="store_true",
                         help="also print the MutatingAdmissionPolicy and binding (Kubernetes "
                              ">= 1.36) that apply the policy's enforced cpu-limits and "
-                             "memory-limit inside the API server, and shrink the webhook's "
-                             "matchConditions to the writes they do not answer (docs/in-tree.md)")
+                             "memory-limit inside the API server, the ValidatingAdmissionPolicy "
+                             "and binding for memory-request-equals-limit (Deny or Warn), and "
+                             "shrink the webhook's matchConditions to the writes they do not "
+                             "answer (docs/in-tree.md)")
     config.add_argument("--exclude-namespace", action="append", default=None, metavar="NS",
                         help="with --in-tree: a namespace the mutating webhook never sees, "
                              "which the policy's binding must exclude too (repeatable; "
                              "kube-system always)")
+    config.add_argument("--split-patch", default=None, metavar="PATH",
+                        help="with --in-tree: write the JSON patch (RFC 6902) that splits the "
+                             "chart's validating webhook so that it skips the rules a "
+                             "ValidatingAdmissionPolicy warns for, in the writes the policy "
+                             "answers (needed, and refused without it, when a compiled "
+                             "validate rule is in warn mode; empty list otherwise)")
     _reference_parsers(sub)
     from app.gitops import add_parser as add_gitops_parser  # envelope gitops-config
 
@@ -149,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_quotaview(args, rules, policy)
     if args.command == "webhook-config":
         return run_webhook_config(rules, policy, args.output, in_tree=args.in_tree,
-                                  excluded=args.exclude_namespace or [])
+                                  excluded=args.exclude_namespace or [],
+                                  split_patch=args.split_patch)
     if args.command == "gitops-config":
         from app.gitops import run_gitops_config
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -71,21 +72,39 @@ def run_explain(rules: RuleSet, rule_id: str) -> int:
     return 0
 
 
+VALIDATING_WEBHOOK = "workloads.validate.envelope.io"
+"""The chart's validating webhook for workloads (templates/webhooks.yaml), the first entry
+of its ValidatingWebhookConfiguration."""
+
+
 def run_webhook_config(rules: RuleSet, policy: Policy, output: str, *, in_tree: bool = False,
-                       excluded: Sequence[str] = ()) -> int:
+                       excluded: Sequence[str] = (), split_patch: str | None = None) -> int:
     from app.matchconditions import UnknownRule, webhook_config_patch
     docs: list[dict[str, Any]]
     try:
         if in_tree:
             from app.intree import NotCompilable, compile_in_tree
+            from app.intree.validating import compile_validating, webhook_json_patch
             try:
                 compiled = compile_in_tree(rules, policy,
                                            excluded_namespaces=["kube-system", *excluded])
             except NotCompilable as exc:
                 print(f"envelope: {exc}", file=sys.stderr)
                 return 2
-            docs = [*compiled.manifests, compiled.webhook_patch()]
-            for rule_id, why in compiled.not_compiled.items():
+            validating = compile_validating(rules, policy,
+                                            excluded_namespaces=["kube-system", *excluded])
+            docs = [*compiled.manifests, *validating.manifests, compiled.webhook_patch()]
+            split = webhook_json_patch(validating, VALIDATING_WEBHOOK)
+            if split and split_patch is None:
+                print(f"envelope: {', '.join(validating.warned)} in warn mode: the validating "
+                      f"webhook must be split so that it does not warn again where the policy "
+                      f"warns; pass --split-patch PATH to write that patch (kubectl patch "
+                      f"validatingwebhookconfiguration <name> --type=json --patch-file PATH)",
+                      file=sys.stderr)
+                return 2
+            if split_patch is not None:
+                Path(split_patch).write_bytes(orjson.dumps(split, option=orjson.OPT_INDENT_2) + b"\n")
+            for rule_id, why in {**compiled.not_compiled, **validating.not_compiled}.items():
                 print(f"envelope: {rule_id} stays in the webhook: {why}", file=sys.stderr)
         else:
             docs = [webhook_config_patch(rules, policy)]

@@ -2,7 +2,9 @@
 from the chart's default ``policy`` values (``python -m app.intree.chartfile --write``;
 ``--check`` exits 1 when it is out of date, as a unit test does).
 
-Helm cannot run the compiler, so the chart renders the policy generated here and its
+Helm cannot run the compiler, so the chart renders the policies generated here (the
+MutatingAdmissionPolicy, the ValidatingAdmissionPolicies and, when one warns, the
+validating webhook's partition) and its
 template refuses to render (``fail``) when ``.Values.policy`` is not the policy it was
 generated for: a changed policy must come from ``envelope webhook-config --in-tree
 --config <policy>`` instead, never from a stale copy. The namespaces the binding leaves
@@ -12,6 +14,7 @@ out are rendered by the chart itself (the webhooks' own namespaceSelector helper
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,6 +24,7 @@ import yaml
 
 from app.config import Policy
 from app.intree.compile import compile_in_tree
+from app.intree.validating import compile_validating, partition
 from app.ruleset import RuleSet, default_ruleset
 
 __all__ = ["CHART_FILE", "policy_json", "render", "stale"]
@@ -42,12 +46,27 @@ def render(rules: RuleSet, values_path: Path = CHART / "values.yaml") -> str:
     compiled = compile_in_tree(rules, Policy.model_validate(values))
     policy = next(m for m in compiled.manifests if m["kind"] == "MutatingAdmissionPolicy")
     spec = policy["spec"]
+    validating = compile_validating(rules, Policy.model_validate(values))
+    policies = []
+    for manifest, binding in zip(validating.manifests[::2], validating.manifests[1::2], strict=True):
+        vspec = manifest["spec"]
+        policies.append({"name": manifest["metadata"]["name"],
+                         "validationActions": binding["spec"]["validationActions"],
+                         "resourceRules": vspec["matchConstraints"]["resourceRules"],
+                         "matchConditions": vspec["matchConditions"],
+                         "variables": vspec["variables"], "validations": vspec["validations"]})
+    split = partition(validating)
     data = {"policyJson": policy_json(values), "rules": list(compiled.rules),
             "resourceRules": spec["matchConstraints"]["resourceRules"],
             "matchConditions": spec["matchConditions"], "variables": spec["variables"],
             "mutations": spec["mutations"],
             "namespaceRequirements": compiled.namespace_requirements,
-            "webhookCondition": compiled.webhook_condition}
+            "webhookCondition": compiled.webhook_condition,
+            "validatingRules": list(validating.rules),
+            "validatingPolicies": policies,
+            "validatingNamespaceRequirements": validating.namespace_requirements,
+            # the validating webhook's entries (one, as before, unless a policy warns)
+            "validatingPartition": [dataclasses.asdict(e) for e in split] if len(split) > 1 else []}
     return HEADER + yaml.safe_dump(data, sort_keys=False, width=1 << 20)
 
 

@@ -37,7 +37,8 @@ Left out of the domain (answered by the webhook):
   CPU: the request the webhook writes is the containers' aggregate
   (``app.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
   quantity string the webhook writes;
-- pods where every container has CPU and memory limits: the webhook may warn that they
+- pods where every container has CPU and memory limits, or whose pod-level resources
+  have a CPU limit (written, or defaulted from containers that all limit CPU): the webhook may warn that they
   lose exclusive cores (``_guaranteed_with_whole_cores``), and a MutatingAdmissionPolicy
   cannot warn;
 - an opt-out annotation whose value has whitespace or non-ASCII text (Python's
@@ -61,17 +62,25 @@ MutatingAdmissionPolicy v1 (1.36+; ``k8s.io/apiserver/pkg/cel/environment/base.g
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config import Mode, Policy, RuleException
-from app.kinds import KINDS
+from app.config import Mode, Policy
+from app.intree.cel import (
+    annotation_value,
+    exception_requirements,
+    exemption_clauses,
+    in_section,
+    lit,
+    namespace_selector,
+    not_owned_by_deployment,
+    resource_rules,
+    template_exists,
+)
 from app.matchconditions import MUTATING_WEBHOOK, mutate_expression
 from app.podspec import WORKLOAD_KINDS
 from app.ruleset import RuleSet
-from app.selectors import LabelSelector
 
 __all__ = ["FACT_LABEL", "FACT_VALUE", "POLICY_NAME", "Compiled", "NotCompilable",
            "compile_in_tree"]
@@ -126,129 +135,50 @@ class Compiled:
                     {"name": "envelope-may-mutate", "expression": self.webhook_condition}]}]}
 
 
-def _s(text: str) -> str:
-    """A CEL string literal (JSON's escapes are CEL's)."""
-    return json.dumps(text)
 
 
-def _has(root: str, *path: str) -> str:
-    return " && ".join(f"has({root}.{'.'.join(path[:i + 1])})" for i in range(len(path)))
 
 
-def _in(root: str, section: str, name: str) -> str:
-    return f"(has({root}.{section}) && {_s(name)} in {root}.{section})"
 
 
-def _labels(meta: str) -> str:
-    return f"(has({meta}.labels) ? {meta}.labels : {{}})"
 
 
-def _annotation_value(meta: str, key: str) -> tuple[str, str]:
-    """(the annotation is there, its value) over a metadata expression such as
-    ``t.metadata`` (every field of the path is tested: a pod template may have none)."""
-    parts = meta.split(".")
-    cut_at = 2 if parts[0] == "variables" else 1
-    root, path = ".".join(parts[:cut_at]), parts[cut_at:]
-    return f"({_has(root, *path, 'annotations')} && {_s(key)} in {meta}.annotations)", \
-        f"{meta}.annotations[{_s(key)}]"
 
 
 def _opted_out(meta: str, key: str) -> str:
-    there, value = _annotation_value(meta, key)
+    there, value = annotation_value(meta, key)
     return f"({there} && {value}.lowerAscii() == \"true\")"
 
 
 def _plain_annotation(meta: str, key: str) -> str:
     """The annotation is absent or printable ASCII without spaces: Python's
     ``strip().lower()`` and CEL's ``lowerAscii()`` then agree on it."""
-    there, value = _annotation_value(meta, key)
+    there, value = annotation_value(meta, key)
     return f"(!{there} || {value}.matches('^[!-~]*$'))"
 
 
-def _selector(selector: LabelSelector, labels: str) -> str:
-    """``metav1.LabelSelector`` matching (``app.selectors``) over a CEL labels map."""
-    parts = [f"({_s(k)} in {labels} && {labels}[{_s(k)}] == {_s(v)})"
-             for k, v in (selector.match_labels or {}).items()]
-    for req in selector.match_expressions or []:
-        key, values = _s(req.key), json.dumps(list(req.values or []))
-        parts.append({"In": f"({key} in {labels} && {labels}[{key}] in {values})",
-                      "NotIn": f"(!({key} in {labels}) || !({labels}[{key}] in {values}))",
-                      "Exists": f"({key} in {labels})",
-                      "DoesNotExist": f"!({key} in {labels})"}[req.operator])
-    return "(" + (" && ".join(parts) or "true") + ")"
 
 
-def _exception(exception: RuleException) -> str:
-    """When ``exception`` matches the write (``app.exemptions._matches``)."""
-    parts = []
-    if exception.kinds:
-        kinds = json.dumps(list(exception.kinds))
-        parts.append(f"(request.kind.kind in {kinds} || "
-                     f"(request.kind.group + \"/\" + request.kind.kind) in {kinds})")
-    if exception.namespaces:
-        parts.append(f"request.namespace in {json.dumps(list(exception.namespaces))}")
-    if exception.object_selector is not None:
-        parts.append(_selector(exception.object_selector, _labels("object.metadata")))
-    # A namespaceSelector is not read here: matchConditions see no namespaceObject. An
-    # exception with other conditions too is matched on those alone (a superset: the
-    # rest goes to the webhook); one with only a namespaceSelector is the binding's
-    # (:func:`_exception_requirements`).
-    return "(" + " && ".join(parts or ["true"]) + ")"
 
 
-def _negated(selector: LabelSelector) -> dict[str, Any] | None:
-    """One requirement that holds only where ``selector`` does not: the negation of its
-    first term (exact for a one-term selector, a subset of the complement otherwise).
-    None for an empty selector (it selects every namespace)."""
-    flip = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
-    for key, value in (selector.match_labels or {}).items():
-        return {"key": key, "operator": "NotIn", "values": [value]}
-    for req in selector.match_expressions or []:
-        out: dict[str, Any] = {"key": req.key, "operator": flip[req.operator]}
-        if req.operator in ("In", "NotIn"):
-            out["values"] = list(req.values or [])
-        return out
-    return None
 
 
-def _namespace_only(exception: RuleException) -> bool:
-    return exception.namespace_selector is not None and not (
-        exception.kinds or exception.namespaces or exception.object_selector is not None)
 
 
-def _exception_requirements(policy: Policy, compiled: Sequence[str]) -> list[dict[str, Any]]:
-    """What the binding's namespaceSelector adds for exceptions that name only a
-    namespaceSelector: namespaces they may exempt are left to the webhook."""
-    out = []
-    for exception in policy.exceptions:
-        if {"*", *compiled} & set(exception.rules) and _namespace_only(exception):
-            assert exception.namespace_selector is not None
-            negated = _negated(exception.namespace_selector)
-            out.append(negated if negated is not None else
-                       {"key": "kubernetes.io/metadata.name", "operator": "DoesNotExist"})
-    return out
 
 
 def _cpu_limit(r: str) -> str:
-    return _in(r, "limits", "cpu")
+    return in_section(r, "limits", "cpu")
 
 
 def _memory_without_limit(r: str) -> str:
-    return f"({_in(r, 'requests', 'memory')} && !{_in(r, 'limits', 'memory')})"
+    return f"({in_section(r, 'requests', 'memory')} && !{in_section(r, 'limits', 'memory')})"
 
 
 def _asks_cpu(r: str) -> str:
-    return f"({_in(r, 'requests', 'cpu')} || {_in(r, 'limits', 'cpu')})"
+    return f"({in_section(r, 'requests', 'cpu')} || {in_section(r, 'limits', 'cpu')})"
 
 
-def _template_exists(body: str) -> str:
-    """``body`` over ``t`` (the pod template, or the Pod) and ``s`` (its spec); false when
-    the object has none."""
-    def at(path: tuple[str, ...]) -> str:
-        return f"({_has('object', *path)} ? [object.{'.'.join(path)}] : [])"
-    roots = (f"(object.kind == \"Pod\" ? [object] : object.kind == \"CronJob\" ? "
-             f"{at(('spec', 'jobTemplate', 'spec', 'template'))} : {at(('spec', 'template'))})")
-    return f"{roots}.exists(t, has(t.spec) && [t.spec].exists(s, {body}))"
 
 
 def _modes(rules: RuleSet, policy: Policy) -> tuple[dict[str, Mode], list[str]]:
@@ -293,11 +223,19 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
         _plain_annotation("t.metadata", opt_out) if "cpu-limits" in compiled else "true",
         # the pod-level request the webhook would write is a sum
         f"!(has(s.resources) && {_cpu_limit('s.resources')} && "
-        f"!{_in('s.resources', 'requests', 'cpu')} && "
+        f"!{in_section('s.resources', 'requests', 'cpu')} && "
         f"{_ALL}.exists(c, has(c.resources) && {_asks_cpu('c.resources')}))",
         # the webhook may warn that the pods lose exclusive cores
         f"!(size({_ALL}) > 0 && {_ALL}.all(c, has(c.resources) && "
         f"{_cpu_limit('c.resources')} && \"memory\" in c.resources.limits))",
+        # with pod-level cpu or memory, the pod-level values as the API server defaults them
+        # decide the QoS class (_guaranteed_with_whole_cores); Guaranteed needs a pod-level
+        # CPU limit, written or defaulted from containers that all limit CPU
+        f"!(has(s.resources) && [s.resources].exists(r, "
+        f"{in_section('r', 'requests', 'cpu')} || {in_section('r', 'requests', 'memory')} || "
+        f"{_cpu_limit('r')} || {in_section('r', 'limits', 'memory')}) && "
+        f"({_cpu_limit('s.resources')} || (size({_ALL}) > 0 && {_ALL}.all(c, "
+        f"has(c.resources) && {_cpu_limit('c.resources')}))))",
     ]
     if on.get("downward-cpu-limit") and "cpu-limits" in compiled:
         ref = "has(r.resourceFieldRef) && r.resourceFieldRef.resource == 'limits.cpu'"
@@ -309,7 +247,7 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
             f"(has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(p, "
             f"has(p.downwardAPI) && [p.downwardAPI].exists(d, {items}))))))")
     if on.get("env-envelope-cpu"):
-        name = _s(policy.envelope_env.limits)
+        name = lit(policy.envelope_env.limits)
         body.append(f"!{_ALL}.exists(c, has(c.env) && c.env.exists(e, e.name == {name} && "
                     f"has(e.value) && e.value.matches('(?i)cpu|[$]')))")
     if on.get("cpu-limits") is Mode.WARN:
@@ -326,24 +264,20 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
         "request.operation == \"CREATE\"",
         _plain_annotation("object.metadata", opt_out) if "cpu-limits" in compiled else "true",
     ]
-    if policy.allow_object_exemptions:
-        there, _ = _annotation_value("object.metadata", policy.exempt_annotation)
-        parts.append(f"!{there}")
-    for exception in policy.exceptions:
-        if {"*", *compiled} & set(exception.rules) and not _namespace_only(exception):
-            parts.append(f"!{_exception(exception)}")
-    parts.append(_template_exists(" && ".join(body)))
+    parts += exemption_clauses(policy, compiled)
+    parts.append(not_owned_by_deployment())
+    parts.append(template_exists(" && ".join(body)))
     return " && ".join(p for p in parts if p != "true")
 
 
 def _patch(op: str, pointer: str, value: str | None = None) -> str:
     """One CEL ``JSONPatch`` literal; ``pointer`` and ``value`` are CEL expressions."""
-    return (f"JSONPatch{{op: {_s(op)}, path: {pointer}"
+    return (f"JSONPatch{{op: {lit(op)}, path: {pointer}"
             + (f", value: {value}" if value is not None else "") + "}")
 
 
 def _at(pointer: str, suffix: str) -> str:
-    return f"{pointer} + {_s(suffix)}"
+    return f"{pointer} + {lit(suffix)}"
 
 
 def _ops(r: str, has_r: str, pointer: str, rule_id: str,
@@ -383,8 +317,8 @@ def _patch_expression(compiled: Sequence[str], policy: Policy) -> tuple[list[dic
         {"name": "t", "expression": ("object.kind == \"Pod\" ? object : object.kind == \"CronJob\" ? "
                                      "object.spec.jobTemplate.spec.template : object.spec.template")},
         {"name": "s", "expression": "variables.t.spec"},
-        {"name": "base", "expression": (f"object.kind == \"Pod\" ? {_s(_SPEC_POINTER['Pod'])} : "
-                                        f"object.kind == \"CronJob\" ? {_s(_SPEC_POINTER['CronJob'])} : "
+        {"name": "base", "expression": (f"object.kind == \"Pod\" ? {lit(_SPEC_POINTER['Pod'])} : "
+                                        f"object.kind == \"CronJob\" ? {lit(_SPEC_POINTER['CronJob'])} : "
                                         f"\"/spec/template/spec\"")},
         {"name": "optedOut", "expression": (
             f"{_opted_out('object.metadata', policy.opt_out_annotation)} || "
@@ -414,14 +348,14 @@ def _patch_expression(compiled: Sequence[str], policy: Policy) -> tuple[list[dic
     expression = " + ".join(ops)
     key = policy.mutations_annotation
     if key:
-        pieces = " + ".join(f"(size({v}) > 0 ? [{_s(rid + ':')} + {v}.join(\",\")] : [])"
+        pieces = " + ".join(f"(size({v}) > 0 ? [{lit(rid + ':')} + {v}.join(\",\")] : [])"
                             for rid, v in place_lists)
         variables.append({"name": "mutations", "expression": f"({pieces}).join(\";\")"})
         pods = "true" if policy.annotate_pods else "object.kind != \"Pod\""
         when = f"variables.mutations != \"\" && {pods}"
-        one = _patch("add", f"\"/metadata/annotations/\" + jsonpatch.escapeKey({_s(key)})",
+        one = _patch("add", f"\"/metadata/annotations/\" + jsonpatch.escapeKey({lit(key)})",
                      "variables.mutations")
-        whole = _patch("add", "\"/metadata/annotations\"", f"{{{_s(key)}: variables.mutations}}")
+        whole = _patch("add", "\"/metadata/annotations\"", f"{{{lit(key)}: variables.mutations}}")
         annotation = (f"[object].filter(o, {when} && has(o.metadata.annotations)).map(o, {one}) + "
                       f"[object].filter(o, {when} && !has(o.metadata.annotations)).map(o, {whole})")
         expression = f"{expression} + {annotation}"
@@ -432,24 +366,8 @@ def _var(rule_id: str) -> str:
     return "places" + "".join(part.title() for part in rule_id.split("-"))
 
 
-def _resource_rules() -> list[dict[str, Any]]:
-    """The workload kinds, one rule per API group (as the chart's webhook rules)."""
-    by_group: dict[str, list[str]] = {}
-    versions: dict[str, list[str]] = {}
-    for entry in KINDS:
-        if (entry.group, entry.kind) in WORKLOAD_KINDS:
-            by_group.setdefault(entry.group, []).append(entry.resource)
-            versions.setdefault(entry.group, [])
-            if entry.versions[0] not in versions[entry.group]:
-                versions[entry.group].append(entry.versions[0])
-    return [{"apiGroups": [group], "apiVersions": versions[group], "resources": resources,
-             "operations": ["CREATE", "UPDATE"]} for group, resources in by_group.items()]
 
 
-def _namespace_selector(excluded: Sequence[str],
-                        required: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    return {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                  "values": list(dict.fromkeys(excluded))}, *required]}
 
 
 def _fact_requirements(on: dict[str, Mode]) -> list[dict[str, Any]]:
@@ -475,7 +393,7 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
     if not compiled:
         return Compiled((), why, "false", [], old)
     domain = _domain(on, compiled, policy)
-    required = _fact_requirements(on) + _exception_requirements(policy, compiled)
+    required = _fact_requirements(on) + exception_requirements(policy, compiled)
     variables, expression = _patch_expression(compiled, policy)
     policy_manifest = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -484,8 +402,8 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
         "spec": {
             "failurePolicy": failure_policy,
             "reinvocationPolicy": "IfNeeded",
-            "matchConstraints": {"resourceRules": _resource_rules(),
-                                 "namespaceSelector": _namespace_selector(excluded_namespaces)},
+            "matchConstraints": {"resourceRules": resource_rules(),
+                                 "namespaceSelector": namespace_selector(excluded_namespaces)},
             "matchConditions": [{"name": DOMAIN_CONDITION, "expression": domain}],
             "variables": variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
@@ -496,7 +414,7 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
         "kind": "MutatingAdmissionPolicyBinding",
         "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "envelope"}},
         "spec": {"policyName": POLICY_NAME, "matchResources": {
-            "namespaceSelector": _namespace_selector(excluded_namespaces, required)}},
+            "namespaceSelector": namespace_selector(excluded_namespaces, required)}},
     }
     # A webhook's matchConditions cannot read the namespace either: when the binding
     # selects fewer namespaces than the webhook (the fact, an exception's namespace

@@ -214,6 +214,12 @@ cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "e
 {{- if .Values.webhooks.safeInstall }}
 {{- $w := .Values.webhooks }}
 {{- $wanted := dict "workloads.mutate.envelope.io" $w.workloads.mutate.failurePolicy "workloads.validate.envelope.io" $w.workloads.validate.failurePolicy "quotas.validate.envelope.io" $w.quotas.failurePolicy "actors.validate.envelope.io" $w.actors.failurePolicy }}
+{{- /* the validating webhook's partition for a Warn in-tree policy (templates/webhooks.yaml) */}}
+{{- if (include "envelope.inTree" .) }}
+{{- range (.Files.Get "files/intree.yaml" | fromYaml).validatingPartition }}
+{{- $_ := set $wanted (printf "workloads%s.validate.envelope.io" .suffix) $w.workloads.validate.failurePolicy }}
+{{- end }}
+{{- end }}
 envelope.io/failure-policies: {{ $wanted | toJson | quote }}
 {{- end }}
 {{- end -}}
