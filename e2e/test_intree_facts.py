@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -376,3 +377,57 @@ def test_the_chart_keeps_the_fact_for_its_policy(cluster: Cluster, tmp_path: Pat
         if server is not None:
             server.stop(timeout=15)
         cluster.helm("uninstall", release, "-n", ns, check=False)
+
+
+# ------------------------------------------------------------------- what GitOps sees
+
+GITOPSDIFF_BUILD = harness.REPO_ROOT / "e2e" / "controlplane" / "build-gitopsdiff.sh"
+ARGO_MODES = ("legacy", "structured-merge", "server-side", "server-side+mutation")
+
+
+@pytest.fixture(scope="module")
+def gitopsdiff() -> Path:
+    """Argo CD's diff and sync code (e2e/gitopsdiff, as e2e/test_gitops_drift.py uses it)."""
+    override = os.environ.get("ENVELOPE_GITOPSDIFF_BIN")
+    if override:
+        return Path(override) / "gitopsdiff"
+    done = subprocess.run(["bash", str(GITOPSDIFF_BUILD)], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        pytest.fail(f"{GITOPSDIFF_BUILD.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1]) / "gitopsdiff"
+
+
+@pytest.mark.parametrize("server_side", [False, True], ids=["client-side-sync", "server-side-sync"])
+def test_argo_cd_sees_no_drift_from_the_label(cluster: Cluster, keeper: harness.Webhook,
+                                              gitopsdiff: Path, tmp_path: Path,
+                                              server_side: bool) -> None:
+    """A Namespace synced by Argo CD (gitops-engine's apply, manager argocd-controller):
+    the keeper's label, written by another field manager and absent from Git, is no
+    difference in any of Argo CD's diff modes, and a second sync leaves it in place."""
+    ns = harness.unique_name("e2e-facts-argo", max_length=50)
+    manifest = tmp_path / "namespace.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {harness.ISOLATED_NAMESPACE_LABEL: "true", POLICY_LABEL: NAME,
+                               "team": "a"}}}))
+
+    def tool(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(gitopsdiff), *args, "--kubeconfig", str(cluster.kubeconfig),
+                               "--manifest", str(manifest)], capture_output=True, text=True, timeout=120)
+
+    def sync() -> None:
+        done = tool("apply", *(["--server-side"] if server_side else []))
+        assert done.returncode == 0, done.stderr
+
+    sync()
+    _wait("the keeper's label on the synced namespace", lambda: _labelled(cluster, ns))
+    done = tool("diff")
+    assert done.returncode == 0, done.stderr
+    modes = json.loads(done.stdout)["modes"]
+    shown = {mode: modes[mode].get("error") or modes[mode]["modified"] for mode in ARGO_MODES}
+    assert shown == dict.fromkeys(ARGO_MODES, False), shown
+    sync()
+    time.sleep(0.5)
+    assert _labels(cluster, ns)[FACT_LABEL] == FACT_VALUE
+    fields = cluster.api("GET", f"/api/v1/namespaces/{ns}")[1]["metadata"]["managedFields"]
+    managers = {m["manager"] for m in fields}
+    assert FIELD_MANAGER in managers, managers
