@@ -68,8 +68,7 @@ def _serve_parser(sub: Any) -> None:
                        default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"),
                        help="ValidatingWebhookConfiguration whose caBundle --tls-mode self keeps")
     serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"),
-                       help='Lease the replicas elect the certificate manager and the namespace fact '
-                            'keeper with')
+                       help='Lease electing the one writer (certificates, namespace facts)')
     serve.add_argument("--cert-validity-days", type=int, default=365,
                        help='serving certificate lifetime (--tls-mode self)')
     serve.add_argument("--ca-validity-days", type=int, default=3650,
