@@ -126,6 +126,9 @@ class LeaseElector:
     monotonic: Callable[[], float] = field(default=time.monotonic)
     _observed: tuple[Any, ...] | None = field(default=None, init=False, repr=False)
     _observed_at: float = field(default=0.0, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    """One elector may serve two loops (the certificate manager and the namespace fact
+    keeper, app/intree/facts.py): their GET-then-PUT rounds must not interleave."""
 
     @property
     def path(self) -> str:
@@ -138,6 +141,10 @@ class LeaseElector:
             self._observed, self._observed_at = record, now
 
     def try_acquire(self) -> bool:
+        with self._lock:
+            return self._try_acquire()
+
+    def _try_acquire(self) -> bool:
         now = self.monotonic()
         stamp = self.clock().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:

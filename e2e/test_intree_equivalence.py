@@ -49,14 +49,11 @@ import urllib3
 import yaml
 
 import harness
-from app.cluster.kube import KubeClient, kube_configuration
 from app.config import Policy
 from app.intree import FACT_LABEL, FACT_VALUE, compile_in_tree
-from app.intree.facts import FactKeeper
 from app.intree.validating import COMPILABLE, compile_validating, pod_level_clause, webhook_partition
 from app.matchconditions import mutate_match_conditions
 from app.ruleset import default_ruleset
-from app.selectors import LabelSelector
 from harness import Cluster
 
 pytestmark = pytest.mark.e2e
@@ -662,70 +659,3 @@ def test_a_removed_validating_clause_is_found(cluster: Cluster,
     print(f"\npod-level clause removed from the Warn policy: {len(found)} of {len(objects)} "
           f"writes differ")
     assert found, "removing the pod-level clause went unnoticed: the oracle is blind"
-
-
-def _deployment(name: str) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-            "spec": {"selector": {"matchLabels": {"app": "w"}}, "template": {
-                "metadata": {"labels": {"app": "w"}}, "spec": {"containers": [
-                    {"name": "c", "image": "registry.k8s.io/pause:3.10",
-                     "resources": {"limits": {"cpu": "2"}}}]}}}}
-
-
-def test_the_namespace_fact_window(cluster: Cluster, webhooks: dict[str, harness.Webhook]) -> None:
-    """A ResourceQuota on limits.cpu appears in a namespace labelled with the fact: until
-    the keeper (app/intree/facts.py, 1 s rounds) removes the label, the policy strips CPU
-    limits there (the webhook would keep them and warn). Measured over 5 quotas; the
-    window is bounded by one round plus its LISTs and PATCH."""
-    policy = Policy.model_validate(POLICIES["default"])
-    manifests = configurations("window", policy, webhooks["default"])
-    roles = [_namespaces(cluster, "window", policy)["plain"]["intree"] for _ in range(5)]
-    keeper = FactKeeper(KubeClient(kube_configuration(str(cluster.kubeconfig))), interval=1.0,
-                        selector=LabelSelector.model_validate({"matchLabels": {POLICY_LABEL: "window"}}))
-    assert keeper.run_once() == {}, "the test's namespaces carry the fact the keeper would write"
-    pool = urllib3.PoolManager(maxsize=4, ssl_context=cluster.admin_ssl_context())
-    _apply(cluster, manifests)
-    stop = threading.Event()
-    thread = threading.Thread(target=keeper.run, args=(stop,), daemon=True)
-    windows, stripped_in_window = [], 0
-    try:
-        deadline = time.monotonic() + 60
-        while _answer(pool, cluster, _deployment("probe"), roles[0])["stored"]["spec"]["template"][
-                "spec"]["containers"][0]["resources"].get("limits"):
-            assert time.monotonic() < deadline, "the policy was never loaded"
-            time.sleep(0.5)
-        thread.start()
-        for ns in roles:
-            time.sleep(0.3)
-            started = time.monotonic()
-            status, _ = cluster.api("POST", f"/api/v1/namespaces/{ns}/resourcequotas", {
-                "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu"},
-                "spec": {"hard": {"limits.cpu": "100"}}})
-            assert status == 201
-            first = _answer(pool, cluster, _deployment("in-window"), ns)
-            stripped_in_window += not first["stored"]["spec"]["template"]["spec"]["containers"][0][
-                "resources"].get("limits")
-            while True:
-                _, body = cluster.api("GET", f"/api/v1/namespaces/{ns}")
-                if FACT_LABEL not in (body["metadata"].get("labels") or {}):
-                    break
-                assert time.monotonic() - started < 15, "the keeper never removed the fact"
-                time.sleep(0.05)
-            windows.append(time.monotonic() - started)
-            # After the window the webhook answers: the limit is kept, with its warning.
-            deadline = time.monotonic() + 15
-            while True:
-                after = _answer(pool, cluster, _deployment("after-window"), ns)
-                kept = after["stored"]["spec"]["template"]["spec"]["containers"][0]["resources"]
-                if kept.get("limits") and any("quota-needs-cpu-limits" in w for w in after["warnings"]):
-                    break
-                assert time.monotonic() < deadline, f"after the window: {after}"
-                time.sleep(0.2)
-    finally:
-        stop.set()
-        _delete(cluster, manifests)
-    windows.sort()
-    print(f"\nnamespace fact window over {len(windows)} quotas: median {windows[2]:.2f} s, "
-          f"max {windows[-1]:.2f} s; a Deployment written right after the quota was stripped "
-          f"in-tree {stripped_in_window} of {len(windows)} times")
-    assert windows[-1] < keeper.interval + 3, windows

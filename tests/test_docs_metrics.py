@@ -45,6 +45,11 @@ def exercised_metrics() -> str:
     policy_metrics = PolicyMetrics(metrics.registry)
     policy_metrics.lowered.labels("envelope", "workloads.validate.envelope.io").set(0)
     policy_metrics.resets.labels("envelope").inc()
+    from app.intree.facts import FactMetrics  # `serve --in-tree-facts`
+
+    fact_metrics = FactMetrics(metrics.registry)
+    fact_metrics.rounds.labels("ok").inc()
+    fact_metrics.writes.labels("added").inc()
     app = create_app(RULES, Policy(), metrics=metrics)
     obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],
                    annotations={"envelope.io/exempt": "pod-fits-node"})

@@ -8,7 +8,6 @@ bookkeeping."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 import yaml
@@ -17,14 +16,12 @@ from app.cli import main
 from app.config import Policy
 from app.intree import FACT_LABEL, FACT_VALUE, NotCompilable, compile_in_tree
 from app.intree.compile import POLICY_NAME
-from app.intree.facts import FactKeeper, fact_changes
 from app.intree.validating import compile_validating
 from app.kinds import KINDS
 from app.matchconditions import MUTATING_WEBHOOK, mutate_expression
 from app.podspec import WORKLOAD_KINDS
 from app.rules.base import rule, rules_of
 from app.ruleset import RuleSet, default_ruleset
-from app.selectors import LabelSelector
 
 RULES = default_ruleset()
 
@@ -200,59 +197,3 @@ def test_cli_prints_the_policy_binding_and_reduced_webhook(capsys: pytest.Captur
     assert main(["webhook-config", "--in-tree", "-o", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["kind"] == "List" and len(listed["items"]) == 5
-
-
-def _ns(name: str, **labels: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels}}
-
-
-def test_fact_changes_label_exactly_the_namespaces_without_guarded_objects() -> None:
-    namespaces = [_ns("empty"), _ns("quota", **{FACT_LABEL: FACT_VALUE}), _ns("limits"),
-                  _ns("done", **{FACT_LABEL: FACT_VALUE}), _ns("stale", **{FACT_LABEL: "other"}),
-                  {"metadata": {"name": "going", "deletionTimestamp": "2026-01-01T00:00:00Z"}}]
-    guarded = [{"kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "quota"}},
-               {"kind": "LimitRange", "metadata": {"name": "l", "namespace": "limits"}}]
-    assert fact_changes(namespaces, guarded) == {"empty": FACT_VALUE, "quota": None,
-                                                 "stale": FACT_VALUE}
-    only = LabelSelector.model_validate({"matchLabels": {"team": "a"}})
-    assert fact_changes([_ns("x"), _ns("y", team="a")], [], only) == {"y": FACT_VALUE}
-
-
-class _Client:
-    """A KubeClient stand-in: LIST answers by path, PATCHes recorded."""
-
-    def __init__(self, lists: dict[str, list[dict[str, Any]]]) -> None:
-        self.lists = lists
-        self.patches: list[tuple[str, object]] = []
-
-    def get(self, path: str, fields: dict[str, object], timeout: float) -> object:
-        class Page:
-            data = json.dumps({"items": self.lists.get(path, []), "metadata": {}}).encode()
-        return Page()
-
-    def request(self, method: str, path: str, body: object = None, **_: object) -> dict[str, object]:
-        assert method == "PATCH"
-        self.patches.append((path, body))
-        return {}
-
-
-def test_fact_keeper_removes_before_it_adds() -> None:
-    client = _Client({"/api/v1/namespaces": [_ns("a"), _ns("b", **{FACT_LABEL: FACT_VALUE})],
-                      "/api/v1/resourcequotas": [{"metadata": {"name": "q", "namespace": "b"}}]})
-    keeper = FactKeeper(client, interval=0)  # type: ignore[arg-type]
-    assert keeper.run_once() == {"a": FACT_VALUE, "b": None}
-    assert client.patches == [("/api/v1/namespaces/b", {"metadata": {"labels": {FACT_LABEL: None}}}),
-                              ("/api/v1/namespaces/a", {"metadata": {"labels": {FACT_LABEL: FACT_VALUE}}})]
-
-
-def test_fact_keeper_command_runs_one_round(monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    import app.cluster.kube
-    import app.intree.facts
-
-    client = _Client({"/api/v1/namespaces": [_ns("a")]})
-    monkeypatch.setattr(app.cluster.kube, "kube_configuration", lambda path: path)
-    monkeypatch.setattr(app.intree.facts, "KubeClient", lambda configuration: client)
-    assert app.intree.facts.main(["--once", "--kubeconfig", "x"]) == 0
-    assert capsys.readouterr().out == f"a: {FACT_LABEL}={FACT_VALUE}\n"
-    assert client.patches == [("/api/v1/namespaces/a", {"metadata": {"labels": {FACT_LABEL: FACT_VALUE}}})]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli.serve_tls import _caller_check, _tls
+from app.cli.serve_tls import _caller_check, _tls, lease_elector
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.exemptions import needs_namespaces
@@ -68,7 +68,7 @@ def _serve_parser(sub: Any) -> None:
                        default=env("ENVELOPE_VALIDATING_WEBHOOK_CONFIGURATION"),
                        help="ValidatingWebhookConfiguration whose caBundle --tls-mode self keeps")
     serve.add_argument("--lease-name", default=env("ENVELOPE_LEASE_NAME", "envelope-leader"),
-                       help='Lease the replicas elect the certificate manager with')
+                       help='Lease electing the one writer (certificates, namespace facts)')
     serve.add_argument("--cert-validity-days", type=int, default=365,
                        help='serving certificate lifetime (--tls-mode self)')
     serve.add_argument("--ca-validity-days", type=int, default=3650,
@@ -107,6 +107,17 @@ def _serve_parser(sub: Any) -> None:
                             "configurations named by --validating/--mutating-webhook-configuration; "
                             "warn: count and log only; enforce: 401 without a good one "
                             "(env ENVELOPE_CALLER_TOKEN; docs/security.md)")
+    serve.add_argument("--in-tree-facts", action="store_true",
+                       default=env("ENVELOPE_IN_TREE_FACTS", "").lower() in ("1", "true", "yes"),
+                       help="keep the namespace fact label in-tree.envelope.io/cpu-limit-guards "
+                            "the in-tree policy's binding selects on (docs/in-tree.md): the "
+                            "replica holding --lease-name writes it on namespaces without "
+                            "LimitRanges and ResourceQuotas, from the live view's watches; "
+                            "needs --namespace (env ENVELOPE_IN_TREE_FACTS=true)")
+    serve.add_argument("--in-tree-facts-selector", default=env("ENVELOPE_IN_TREE_FACTS_SELECTOR", ""),
+                       help="with --in-tree-facts: only namespaces with these labels "
+                            "(key=value,...; default every namespace) "
+                            "(env ENVELOPE_IN_TREE_FACTS_SELECTOR)")
     add_limit_arguments(serve)
 
 
@@ -134,6 +145,10 @@ def _cluster_view(args: argparse.Namespace, rules: RuleSet, policy: Policy,
                     extra={"fields": {"clusterView": "none", "reason": where}})
         return StaticView(indexes=rules.indexes), {}
     kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
+    if args.in_tree_facts:
+        from app.intree.facts import FACT_KINDS
+
+        kinds |= set(FACT_KINDS)
     view = LiveView(configuration, resources_for(kinds), staleness=args.staleness,
                     indexes=rules.indexes)
     view.start()
@@ -163,12 +178,40 @@ def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any],
                  metrics=PolicyMetrics(registry) if registry is not None else None).start()
 
 
+def _start_fact_keeper(args: argparse.Namespace, view: Any, elector: Any,
+                       configuration: Any, where: str, metrics: Any) -> bool:
+    """``--in-tree-facts``: the namespace fact keeper (app/intree/facts.py) on its own
+    thread, writing while this replica holds the Lease; never on the admission path,
+    never in the readiness checks. False: it cannot run (said on stderr)."""
+    import logging
+
+    from app.cluster.kube import KubeClient
+    from app.cluster.live import LiveView
+    from app.intree.facts import FactMetrics, Leadership, ViewFactKeeper, parse_selector
+
+    if configuration is None or not isinstance(view, LiveView):
+        print(f"envelope serve: --in-tree-facts reads Namespaces, LimitRanges and "
+              f"ResourceQuotas from the live view, and there is none: {where}", file=sys.stderr)
+        return False
+    leadership = Leadership(elector)
+    keeper = ViewFactKeeper(KubeClient(configuration), view, leadership.leading,
+                            FactMetrics(metrics.registry),
+                            parse_selector(args.in_tree_facts_selector))
+    leadership.start()
+    keeper.start()
+    if args.tls_mode != "self":  # else the certificate manager's view of the same Lease
+        metrics.leader.set_function(lambda: 1.0 if leadership.leading() else 0.0)
+    logging.getLogger("envelope").info("keeping the in-tree namespace fact while leading",
+                                       extra={"fields": {"lease": f"{args.namespace}/{args.lease_name}"}})
+    return True
+
+
 def _cluster_configuration(args: argparse.Namespace) -> tuple[Any, str]:
     """The cluster configuration every part of ``serve`` uses, decided once
     (``app.cluster.kube.serve_configuration``); raises ClusterConfigError."""
     from app.cluster.kube import serve_configuration
 
-    uses = (args.cluster_view != "none" or args.tls_mode == "self"
+    uses = (args.cluster_view != "none" or args.tls_mode == "self" or args.in_tree_facts
             or args.caller_token != "off" or args.mutating_config or args.validating_config)
     if not uses:
         return None, "nothing in this start reads the cluster (--cluster-view none)"
@@ -193,7 +236,16 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         return 2
     metrics = Metrics()
     after_start: list[Any] = []
-    tls = _tls(args, metrics, configuration, where, after_start)
+    elector = None
+    if args.in_tree_facts:
+        if configuration is None:
+            print(f"envelope serve: --in-tree-facts writes Namespace labels through the API "
+                  f"server, and there is no cluster configuration: {where}", file=sys.stderr)
+            return 2
+        from app.cluster.kube import KubeClient
+
+        elector = lease_elector(args, KubeClient(configuration))
+    tls = _tls(args, metrics, configuration, where, after_start, elector)
     if tls is None:
         return 2
     state, checks = tls
@@ -201,6 +253,9 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if view is None:
         return 2
     metrics.watches.view = view
+    if args.in_tree_facts and not _start_fact_keeper(args, view, elector, configuration,
+                                                     where, metrics):
+        return 2
     all_checks = {**checks, **view_checks}
     caller = None
     if args.caller_token != "off":
@@ -241,6 +296,19 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
         return (f"--ca-overlap-seconds {args.ca_overlap_seconds:g} is shorter than 4x "
                 f"--tls-interval ({4 * args.tls_interval:g} s): replicas reload the Secret "
                 f"every --tls-interval and must have done so before the old CA is dropped")
+    if args.in_tree_facts:
+        if not args.namespace:
+            return ("--in-tree-facts needs --namespace (env POD_NAMESPACE): the Lease "
+                    "--lease-name the replicas elect the fact's writer with lives there")
+        if args.cluster_view == "none":
+            return ("--in-tree-facts reads the live view (Namespaces, LimitRanges, "
+                    "ResourceQuotas): drop --cluster-view none")
+        from app.intree.facts import parse_selector
+
+        try:
+            parse_selector(args.in_tree_facts_selector)
+        except ValueError as exc:
+            return f"--in-tree-facts-selector {args.in_tree_facts_selector!r}: {exc}"
     if args.caller_token != "off" and not (args.validating_config or args.mutating_config):
         return ("--caller-token needs --validating-webhook-configuration and/or "
                 "--mutating-webhook-configuration (a token must be bound to one of them)")

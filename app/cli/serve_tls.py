@@ -11,17 +11,29 @@ from pathlib import Path
 from typing import Any
 
 
+def lease_elector(args: argparse.Namespace, client: Any) -> Any:
+    """The one LeaseElector of this replica (``--lease-name`` in ``--namespace``), shared
+    by the certificate manager (``--tls-mode self``) and the namespace fact keeper
+    (``--in-tree-facts``): one identity, one Lease, one leader for both."""
+    import socket
+
+    from app.certs import LeaseElector
+
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    return LeaseElector(client, args.namespace, args.lease_name, identity)
+
+
 def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
-         after_start: list[Any]) -> tuple[Any, dict[str, Any]] | None:
+         after_start: list[Any], elector: Any = None) -> tuple[Any, dict[str, Any]] | None:
     """The server's TLS state and its readiness check, per ``--tls-mode``. What must
     wait until the server is listening (writing new ``--self-signed`` files, watching
     them) is appended to ``after_start``: a start that fails before leaves the files it
-    found as they were."""
+    found as they were. ``elector``: the replica's LeaseElector when serve made one
+    already (else ``--tls-mode self`` makes its own)."""
     import datetime as dt
     import logging
-    import socket
 
-    from app.certs import LeaseElector, SelfManaged
+    from app.certs import SelfManaged
     from app.cluster.kube import KubeClient
     from app.tls import (
         SELF_SIGNED_NAMES,
@@ -114,10 +126,9 @@ def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
     configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
                                    ("validatingwebhookconfigurations", args.validating_config))
                if n]
-    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     manager = SelfManaged(
         client, state, ns, args.tls_secret, names, configs,
-        LeaseElector(client, ns, args.lease_name, identity),
+        elector if elector is not None else lease_elector(args, client),
         cert_days=args.cert_validity_days, ca_days=args.ca_validity_days,
         renew_before=dt.timedelta(days=args.renew_before_days), interval=args.tls_interval,
         overlap=dt.timedelta(seconds=args.ca_overlap_seconds))

@@ -7,8 +7,8 @@ webhook left for what needs the rest of the cluster.
   the reduced mutating webhook's matchConditions (what is left to the webhook);
 - :mod:`app.intree.facts`: the per-namespace fact the binding selects on instead of the
   LimitRanges and ResourceQuotas a policy cannot see (a Namespace label), kept current
-  by :class:`~app.intree.facts.FactKeeper` outside the admission path (not yet started
-  by ``serve``: docs/in-tree.md);
+  outside the admission path by :class:`~app.intree.facts.ViewFactKeeper` in the Lease
+  holder of ``envelope serve --in-tree-facts`` (or by hand: ``python -m app.intree.facts``);
 - :mod:`app.intree.chartfile`: the chart's copy of the policy (files/intree.yaml).
 
 What is compiled, what is not and why: docs/in-tree.md.

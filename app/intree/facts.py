@@ -5,31 +5,51 @@ Namespace holding no LimitRange and no ResourceQuota, so that neither namespace 
 workloads (``app/rules/namespace.py`` ``_cpu_limit_needs`` returns nothing without one).
 
 A policy cannot read LimitRanges or ResourceQuotas (it sees the object, the request and
-``namespaceObject``), so this loop writes what it would need to know onto the Namespace.
-It runs outside the admission path (one replica: whoever runs ``FactKeeper.run``; its
-writes are idempotent, so two keepers agree). Its window — a quota created in a
-labelled namespace, until the label is removed — is measured and documented in
-docs/in-tree.md; writes in that window are answered by the policy as in a namespace
-without the quota.
+``namespaceObject``), so this module writes what it would need to know onto the
+Namespace, outside the admission path. Two keepers:
 
-:func:`fact_changes` is pure; :class:`FactKeeper` does the I/O.
+- :class:`ViewFactKeeper`, run by ``envelope serve --in-tree-facts`` in the replica that
+  holds the Lease (:class:`Leadership`): it reads the live view ``serve`` already keeps
+  (``app/cluster/live.py``: Namespaces, LimitRanges and ResourceQuotas by list + watch)
+  and recomputes when one of the three kinds changed — it checks the view's change
+  counters every ``tick`` (50 ms, no I/O) — and every ``resync`` seconds;
+- :class:`FactKeeper`, LIST-based rounds, for ``python -m app.intree.facts`` (by hand,
+  or outside a cluster running ``serve``).
+
+Both write with one JSON merge patch per namespace that touches the fact label only
+(:func:`label_patch`), as the field manager ``envelope-facts``; removals go first. The
+writes are idempotent, so two keepers agree. The window — a quota created in a labelled
+namespace, until the label is removed — is measured and documented in docs/in-tree.md;
+writes in it are answered by the policy as in a namespace without the quota.
+
+:func:`desired_facts` and :func:`fact_changes` are pure; the classes do the I/O.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
-from app.cluster.kube import KubeClient, pages
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from app.cluster.kube import ApiError, KubeClient, pages
 from app.intree.compile import FACT_LABEL, FACT_VALUE
 from app.selectors import LabelSelector
 
-__all__ = ["FactKeeper", "fact_changes"]
+__all__ = ["FACT_KINDS", "FIELD_MANAGER", "FactKeeper", "FactMetrics", "Leadership",
+           "ViewFactKeeper", "desired_facts", "fact_changes", "label_patch", "parse_selector"]
 
 log = logging.getLogger("envelope.intree.facts")
+
+FIELD_MANAGER = "envelope-facts"
+"""The field manager of every label write (``metadata.managedFields`` says who wrote it)."""
+
+FACT_KINDS = ("Namespace", "LimitRange", "ResourceQuota")
+"""What the fact is computed from: the live view must watch these three."""
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -44,6 +64,33 @@ def _namespace_of(obj: Mapping[str, Any]) -> str:
     return ns if isinstance(ns, str) else ""
 
 
+def _labels(meta: Mapping[str, Any]) -> dict[str, Any]:
+    found = meta.get("labels")
+    return found if isinstance(found, dict) else {}
+
+
+def desired_facts(namespaces: Iterable[Mapping[str, Any]],
+                  guarded_objects: Iterable[Mapping[str, Any]],
+                  selector: LabelSelector | None = None
+                  ) -> dict[str, tuple[Any, str | None]]:
+    """Namespace name -> (its label value now, the value it should have: ``FACT_VALUE``
+    or None), for every namespace matching ``selector`` (when given). A terminating
+    namespace is left alone (not listed)."""
+    guarded = {_namespace_of(o) for o in guarded_objects}
+    out: dict[str, tuple[Any, str | None]] = {}
+    for ns in namespaces:
+        name = _name(ns)
+        found = ns.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        labels = _labels(meta)
+        if not name or meta.get("deletionTimestamp"):
+            continue
+        if selector is not None and not selector.matches({str(k): str(v) for k, v in labels.items()}):
+            continue
+        out[name] = (labels.get(FACT_LABEL), None if name in guarded else FACT_VALUE)
+    return out
+
+
 def fact_changes(namespaces: Iterable[Mapping[str, Any]],
                  guarded_objects: Iterable[Mapping[str, Any]],
                  selector: LabelSelector | None = None) -> dict[str, str | None]:
@@ -51,28 +98,248 @@ def fact_changes(namespaces: Iterable[Mapping[str, Any]],
     for every namespace (matching ``selector``, when given) whose label is not what
     ``guarded_objects`` (its LimitRanges and ResourceQuotas) make it. A terminating
     namespace is left alone."""
-    guarded = {_namespace_of(o) for o in guarded_objects}
-    out: dict[str, str | None] = {}
-    for ns in namespaces:
-        name = _name(ns)
-        found = ns.get("metadata")
-        meta: dict[str, Any] = found if isinstance(found, dict) else {}
-        found = meta.get("labels")
-        labels: dict[str, Any] = found if isinstance(found, dict) else {}
-        if not name or meta.get("deletionTimestamp"):
+    return {name: want for name, (have, want)
+            in desired_facts(namespaces, guarded_objects, selector).items() if have != want}
+
+
+def label_patch(value: str | None) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that sets the fact label to ``value`` (None:
+    removes it) and touches nothing else: no other label, no annotation."""
+    return {"metadata": {"labels": {FACT_LABEL: value}}}
+
+
+def parse_selector(text: str) -> LabelSelector | None:
+    """``key=value,key2=value2`` (equality only, as ``kubectl -l``) as a LabelSelector;
+    empty text: None (every namespace). Raises ValueError on anything else."""
+    pairs: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
             continue
-        if selector is not None and not selector.matches({str(k): str(v) for k, v in labels.items()}):
-            continue
-        want = None if name in guarded else FACT_VALUE
-        if labels.get(FACT_LABEL) != want:
-            out[name] = want
-    return out
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or "!" in key or "=" in value:
+            raise ValueError(f"{part!r} is not key=value")
+        pairs[key.strip()] = value.strip()
+    if not pairs:
+        return None
+    selector = LabelSelector.model_validate({"matchLabels": pairs})
+    problems = selector.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    return selector
+
+
+def _sorted_changes(changes: Mapping[str, str | None]) -> list[tuple[str, str | None]]:
+    """Removals first (a namespace must lose the fact before another gains it)."""
+    return sorted(changes.items(), key=lambda kv: (kv[1] is not None, kv[0]))
+
+
+def _write(client: KubeClient, name: str, value: str | None) -> None:
+    client.request("PATCH", f"/api/v1/namespaces/{name}?fieldManager={FIELD_MANAGER}",
+                   label_patch(value), content_type="application/merge-patch+json")
+
+
+class FactMetrics:
+    """What the keeper does, exported on ``serve``'s metrics port (docs/metrics.md)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rounds = Counter(
+            "envelope_intree_fact_rounds",
+            "Namespace fact rounds run by this replica while leading: ok, or failed (a label "
+            "write refused or unreachable; retried)", ("result",), registry=registry)
+        self.last_success = Gauge(
+            "envelope_intree_fact_last_success_timestamp_seconds",
+            "When this replica last finished a round with every label correct (Unix time)",
+            registry=registry)
+        self.labelled = Gauge(
+            "envelope_intree_fact_namespaces_labelled",
+            "Namespaces that carry the fact label after this replica's last round",
+            registry=registry)
+        self.writes = Counter(
+            "envelope_intree_fact_writes", "Label writes: added or removed", ("change",),
+            registry=registry)
+        self.leading = Gauge(
+            "envelope_intree_fact_leader",
+            "1 while this replica holds the Lease and keeps the namespace fact", registry=registry)
+
+
+class Elector(Protocol):
+    def try_acquire(self) -> bool: ...
+
+
+class Leadership:
+    """Holds the Lease for the keeper: renews it every ``retry`` seconds on its own
+    thread. :meth:`leading` is true while the last successful renewal is younger than
+    ``deadline`` — client-go's RenewDeadline (k8s.io/client-go/tools/leaderelection,
+    ``renew``): a replica that cannot renew stops writing before the Lease can expire
+    for the others (``deadline`` < the Lease's duration, 15 s), and one that sees
+    another holder stops at once."""
+
+    def __init__(self, elector: Elector, retry: float = 2.0, deadline: float = 10.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.elector = elector
+        self.retry = retry
+        self.deadline = deadline
+        self.monotonic = monotonic
+        self._renewed: float | None = None
+        self._stop = threading.Event()
+
+    def step(self) -> None:
+        try:
+            held = self.elector.try_acquire()
+        except Exception as exc:  # the API server unreachable: lead until the deadline
+            log.warning("namespace facts: lease renewal failed",
+                        extra={"fields": {"error": type(exc).__name__}})
+            return
+        self._renewed = self.monotonic() if held else None
+
+    def leading(self) -> bool:
+        renewed = self._renewed
+        return renewed is not None and self.monotonic() - renewed < self.deadline
+
+    def start(self) -> None:
+        def loop() -> None:
+            while True:
+                self.step()
+                if self._stop.wait(self.retry):
+                    return
+
+        threading.Thread(target=loop, daemon=True, name="intree-facts-lease").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class FactView(Protocol):
+    def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]: ...
+
+    def version(self, kind: str, namespace: str | None = None) -> int: ...
+
+    def problems(self, kinds: Iterable[str] | None = None) -> builtins.list[str]: ...
+
+
+class ViewFactKeeper:
+    """The keeper ``envelope serve --in-tree-facts`` runs: reads Namespaces, LimitRanges
+    and ResourceQuotas from the live view, writes only while ``leading()``.
+
+    A round runs when one of the three kinds changed in the view (a watch event; checked
+    every ``tick`` seconds from the view's change counters, without I/O), every
+    ``resync`` seconds, and ``retry`` seconds after a failed write (doubling to 30 s).
+    While the view of a kind is not synced or its watch is lost, only removals are
+    written: a quota the view cannot see must not earn a namespace the fact. A write the
+    view has not reflected yet (its watch event is on the way) is not repeated for
+    ``settle`` seconds."""
+
+    def __init__(self, client: KubeClient, view: FactView, leading: Callable[[], bool],
+                 metrics: FactMetrics | None = None, selector: LabelSelector | None = None,
+                 tick: float = 0.05, resync: float = 30.0, settle: float = 5.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.view = view
+        self.leading = leading
+        self.metrics = metrics
+        self.selector = selector
+        self.tick = tick
+        self.resync = resync
+        self.settle = settle
+        self.monotonic = monotonic
+        self._seen: tuple[int, ...] | None = None
+        self._due = 0.0
+        self._backoff = 0.0
+        self._written: dict[str, tuple[str | None, float]] = {}
+        self._stop = threading.Event()
+
+    def step(self) -> dict[str, str | None] | None:
+        """One check: the changes written by the round it ran, None when no round was due
+        (or this replica is not leading)."""
+        now = self.monotonic()
+        leading = self.leading()
+        if self.metrics is not None:
+            self.metrics.leading.set(1.0 if leading else 0.0)
+        if not leading:
+            self._seen, self._written = None, {}  # a new term starts from a full round
+            return None
+        versions = tuple(self.view.version(kind) for kind in FACT_KINDS)
+        if versions == self._seen and now < self._due:
+            return None
+        # The versions are read before the lists: a change made while listing runs
+        # another round.
+        self._seen, self._due = versions, now + self.resync
+        complete = not self.view.problems(FACT_KINDS)
+        wanted = desired_facts(self.view.list("Namespace"),
+                               self.view.list("LimitRange") + self.view.list("ResourceQuota"),
+                               self.selector)
+        changes = {name: want for name, (have, want) in wanted.items() if have != want
+                   and (complete or want is None)}
+        self._written = {n: w for n, w in self._written.items() if n in changes}
+        todo = {name: want for name, want in changes.items()
+                if name not in self._written or self._written[name][0] != want
+                or now - self._written[name][1] >= self.settle}
+        failed = 0
+        for name, want in _sorted_changes(todo):
+            try:
+                _write(self.client, name, want)
+            except ApiError as exc:
+                if exc.status == 404:  # deleted meanwhile: nothing to keep
+                    continue
+                failed += 1
+                self._written.pop(name, None)
+                log.warning("namespace facts: label write refused", extra={"fields": {
+                    "namespace": name, "status": exc.status, "change": _change(want)}})
+                continue
+            except Exception as exc:  # connection: retried
+                failed += 1
+                self._written.pop(name, None)
+                log.warning("namespace facts: label write failed", extra={"fields": {
+                    "namespace": name, "error": type(exc).__name__, "change": _change(want)}})
+                continue
+            self._written[name] = (want, now)
+            if self.metrics is not None:
+                self.metrics.writes.labels(_change(want)).inc()
+        if todo:
+            log.info("namespace facts written", extra={"fields": {
+                "added": sum(1 for v in todo.values() if v is not None),
+                "removed": sum(1 for v in todo.values() if v is None), "failed": failed}})
+        if failed:
+            self._backoff = min(30.0, max(1.0, self._backoff * 2))
+            self._due = now + self._backoff
+        else:
+            self._backoff = 0.0
+        if self.metrics is not None:
+            self.metrics.rounds.labels("failed" if failed else "ok").inc()
+            labelled = sum(1 for name, (have, _) in wanted.items()
+                           if (self._written[name][0] if name in self._written else have)
+                           == FACT_VALUE)
+            self.metrics.labelled.set(labelled)
+            if not failed and complete:
+                self.metrics.last_success.set_to_current_time()
+        return todo
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # never leave the thread; the next tick retries
+                log.warning("namespace facts: round failed",
+                            extra={"fields": {"error": type(exc).__name__}})
+                self._due = self.monotonic() + 1.0
+            stop.wait(self.tick)
+
+    def start(self) -> None:
+        threading.Thread(target=self.run, daemon=True, name="intree-facts").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _change(value: str | None) -> str:
+    return "removed" if value is None else "added"
 
 
 class FactKeeper:
-    """Keeps the fact label current: LIST Namespaces, LimitRanges and ResourceQuotas,
-    then one merge patch per namespace whose label is wrong. Removals are written
-    before additions (a namespace must lose the fact before another gains it)."""
+    """Keeps the fact label current in LIST rounds (``python -m app.intree.facts``):
+    LIST LimitRanges and ResourceQuotas, then Namespaces, then one merge patch per
+    namespace whose label is wrong. Removals are written before additions."""
 
     def __init__(self, client: KubeClient, interval: float = 2.0,
                  selector: LabelSelector | None = None) -> None:
@@ -88,10 +355,8 @@ class FactKeeper:
         # Guarded kinds first: a quota created during the namespace LIST is still seen.
         guarded = self._list("/api/v1/limitranges") + self._list("/api/v1/resourcequotas")
         changes = fact_changes(self._list("/api/v1/namespaces"), guarded, self.selector)
-        for name, value in sorted(changes.items(), key=lambda kv: kv[1] is not None):
-            self.client.request("PATCH", f"/api/v1/namespaces/{name}",
-                                {"metadata": {"labels": {FACT_LABEL: value}}},
-                                content_type="application/merge-patch+json")
+        for name, value in _sorted_changes(changes):
+            _write(self.client, name, value)
         return changes
 
     def run(self, stop: threading.Event) -> None:
@@ -99,14 +364,16 @@ class FactKeeper:
             started = time.monotonic()
             try:
                 self.run_once()
-            except Exception:  # a failed round is retried; the label stays as it was
-                log.exception("namespace facts: round failed")
+            except Exception as exc:  # a failed round is retried; the label stays as it was
+                log.warning("namespace facts: round failed",
+                            extra={"fields": {"error": type(exc).__name__}})
             stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m app.intree.facts [--kubeconfig PATH] [--interval S] [--once]``: run the
-    keeper until interrupted (until ``serve``'s leader runs it). Needs list on
+    LIST-based keeper until interrupted (``envelope serve --in-tree-facts`` runs the
+    watch-driven one in its leader). Needs list on
     namespaces, limitranges and resourcequotas and patch on namespaces."""
     import argparse
 

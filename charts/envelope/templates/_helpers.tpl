@@ -299,3 +299,18 @@ admissionregistration.k8s.io/v1 MutatingAdmissionPolicy; "" otherwise. Fails whe
 true
 {{- end -}}
 {{- end -}}
+
+{{/*
+"true" when the replicas keep the namespace fact the in-tree binding selects on
+(`serve --in-tree-facts`, docs/in-tree.md "Guards that read the namespace"): the in-tree
+policy is rendered, its binding requires the fact label (the namespace guards are on),
+and inTree.namespaceFacts is true; "" otherwise.
+*/}}
+{{- define "envelope.inTreeFacts" -}}
+{{- if and .Values.inTree.namespaceFacts (include "envelope.inTree" .) -}}
+{{- $gen := .Files.Get "files/intree.yaml" | fromYaml -}}
+{{- if $gen.namespaceRequirements -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
