@@ -11,7 +11,7 @@ METRICS_PORT ?= 9090
 ENVELOPE_CONTROLPLANE_DIR ?= $(HOME)/.cache/envelope/controlplane
 export ENVELOPE_CONTROLPLANE_DIR
 
-.PHONY: run test unit e2e e2e-second lint fmt bench bench-apiserver bench-audit bench-peers bench-cache bench-quotas install controlplane clean image lock
+.PHONY: run test unit e2e e2e-second lint fmt bench bench-apiserver bench-audit bench-peers bench-intree bench-cache bench-quotas install controlplane clean image lock
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -97,6 +97,13 @@ bench-peers: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/apiserver.py \
 		--rounds $(PEER_ROUNDS) --object mutated,compliant --concurrency 1,20 --count 300 --repeat 3
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/peers/handlers.py
+
+# The in-tree policy (docs/in-tree.md) beside the bare MutatingAdmissionPolicy and the Go
+# no-op pair: docs/benchmarks.md "In-tree policies — run I". ~20 min.
+INTREE_ROUNDS ?= go-h2,map,envelope-mc,intree-map,envelope-intree
+bench-intree: $(STAMP) controlplane
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/apiserver.py \
+		--rounds $(INTREE_ROUNDS) --object mutated,burstable,compliant --concurrency 1,20 --count 300 --repeat 3
 
 bench-cache: $(STAMP)
 	$(PY) bench/cache.py

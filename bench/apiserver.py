@@ -23,11 +23,25 @@ each in a fresh namespace:
   server), ``kyverno-cpol`` and ``kyverno-mpol`` (Kyverno v1.19.1, built from the Go
   module proxy by bench/peers/build-kyverno.sh, with a classic ClusterPolicy and with a
   CEL MutatingPolicy). Before any peer round is timed, ``bench/peers/same_answer.py``
-  checks that the peers store what Envelope stores (``--same-answer N``).
+  checks that the peers store what Envelope stores (``--same-answer N``);
+- what the chart's ``inTree.enabled`` runs (``bench/peers/intree.py``): ``intree-map``,
+  the MutatingAdmissionPolicy and binding compiled from the default policy
+  (``app.intree.compile_in_tree``) alone — the compiled policy's CEL against the
+  hand-written ``map``; ``envelope-intree``, that policy with Envelope's webhooks (the
+  mutating one with the reduced condition, the validating one as the chart has it).
+  Their namespaces get the namespace fact from one run of the fact keeper
+  (``app.intree.facts.FactKeeper``). Before they are timed, the round's objects (and
+  ``--same-answer N`` generated Deployments) are created through ``envelope-mc`` and
+  ``envelope-intree`` and must be stored equal, bookkeeping annotation and warnings
+  included; after each timed round the first and the last object stored are compared
+  with that answer again.
 
 Objects (``--object``, comma-separated): ``mutated`` is bench/webhook.py's Deployment
 without its limits string envelope (which the peers cannot rewrite), with CPU limits to
-strip; ``compliant`` is that Deployment as Envelope stores it.
+strip; ``burstable`` is ``mutated`` with the log-shipper's memory limit left out (a
+Burstable pod: no warning from Envelope, so inside the in-tree policy's domain, which
+``mutated`` — a Guaranteed pod losing exclusive cores, warned about — is not);
+``compliant`` is the mutated Deployment as Envelope stores it.
 
 ``--object compliant`` sends the Deployment as Envelope would store it (no CPU limits
 left to strip), so Envelope answers without a patch: the cost of checking a write that
@@ -35,7 +49,9 @@ is already right, apart from the API server's cost of applying a patch.
 
 For every round it also reports the CPU time each process spent per create
 (kube-apiserver, etcd, the webhook, this client), read from /proc, so the added
-latency can be traced to who burned the cores.
+latency can be traced to who burned the cores, and the webhook calls the API server
+made per create (its ``apiserver_admission_webhook_request_total``), so a round's
+matchConditions can be seen to skip a webhook.
 """
 
 from __future__ import annotations
@@ -64,15 +80,16 @@ import harness  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "peers"))
+import intree  # noqa: E402
 import peers  # noqa: E402
-from objects import compliant_deployment, timed_deployment  # noqa: E402
+from objects import burstable_deployment, comparable, compliant_deployment, timed_deployment  # noqa: E402
 from rounds import PEER_ROUNDS, PeerRound  # noqa: E402
-from same_answer import same_answer  # noqa: E402
+from same_answer import differences, same_answer, stored_through  # noqa: E402
 
 FLOOR = ROOT / "bench" / "floor.py"
 
 ROUNDS = ("none", "floor", "floor-patch", "floor-envpatch", "go-h2", "go-h1", "envelope", "envelope-mc",
-          "map", "kyverno-cpol", "kyverno-mpol")
+          "map", "kyverno-cpol", "kyverno-mpol", *intree.INTREE_ROUNDS)
 NOOP_SOURCE = ROOT / "bench" / "noopwebhook"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -122,16 +139,29 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def admission_counters(cluster: harness.Cluster) -> dict[str, float]:
+    status, body = cluster.get_raw("/metrics", timeout=30)
+    if status != 200:
+        raise RuntimeError(f"GET /metrics on the API server: HTTP {status}")
+    return intree.admission_counters(body)
+
+
+def timed_object(template: dict[str, Any], name: str, namespace: str | None = None) -> dict[str, Any]:
+    """What a round writes: ``template`` with a metadata of its own (name, namespace, the
+    template's labels; no annotations)."""
+    obj = copy.deepcopy(template)
+    obj["metadata"] = {"name": name, "labels": obj["metadata"]["labels"],
+                       **({"namespace": namespace} if namespace else {})}
+    return obj
+
+
 def run_round(cluster: harness.Cluster, namespace: str, count: int, concurrency: int,
               template: dict[str, Any]) -> list[float]:
     pool = urllib3.PoolManager(maxsize=concurrency, ssl_context=cluster.admin_ssl_context())
     url = f"{cluster.api_url}/apis/apps/v1/namespaces/{namespace}/deployments"
 
     def create(i: int) -> float:
-        obj = copy.deepcopy(template)
-        obj["metadata"] = {"name": f"bench-{i}", "namespace": namespace,
-                           "labels": obj["metadata"]["labels"]}
-        body = json.dumps(obj).encode()
+        body = json.dumps(timed_object(template, f"bench-{i}", namespace)).encode()
         started = time.perf_counter()
         response = pool.request("POST", url, body=body, headers={"Content-Type": "application/json"})
         elapsed = time.perf_counter() - started
@@ -175,11 +205,28 @@ def register_paths(cluster: harness.Cluster, url: str, ca_file: Path, mutate: st
     time.sleep(3)  # the API server loads configurations asynchronously
 
 
+def check_stored(cluster: harness.Cluster, namespace: str, names: list[str], expected: dict[str, Any],
+                 what: str) -> None:
+    """The objects ``names`` were stored as ``expected`` (a strict :func:`comparable`)."""
+    want = {k: v for k, v in expected.items() if k != "warnings"}
+    for name in names:
+        status, body = cluster.api("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+        if status != 200:
+            raise RuntimeError(f"{what}: GET {name}: HTTP {status}")
+        found = differences(want, comparable(body, bookkeeping=True))
+        if found:
+            raise RuntimeError(f"{what}: {name} stored unlike the checked answer: {found[:3]}")
+
+
 def measure(cluster: harness.Cluster, label: str, count: int, concurrency: int,
-            template: dict[str, Any], watched: dict[str, int]) -> dict[str, float]:
+            template: dict[str, Any], watched: dict[str, int], peer: PeerRound | None = None,
+            expected: dict[str, Any] | None = None) -> dict[str, float]:
     ns = cluster.create_namespace(harness.unique_name(f"bench-{label}", max_length=40))
-    run_round(cluster, ns, 50, concurrency, template)  # warm up connections and caches
     ns2 = cluster.create_namespace(ns + "-m")
+    if peer is not None:
+        peer.prepare([ns, ns2])
+    run_round(cluster, ns, 50, concurrency, template)  # warm up connections and caches
+    counters = admission_counters(cluster)
     before = {name: cpu_seconds(pid) for name, pid in watched.items()}
     before["client"] = own_cpu_seconds()
     started = time.perf_counter()
@@ -193,6 +240,9 @@ def measure(cluster: harness.Cluster, label: str, count: int, concurrency: int,
     for name, pid in watched.items():
         result[f"cpu:{name}"] = (cpu_seconds(pid) - before[name]) / count * 1000
     result["cpu:client"] = (own_cpu_seconds() - before["client"]) / count * 1000
+    result.update(intree.per_create(counters, admission_counters(cluster), count))
+    if expected is not None:
+        check_stored(cluster, ns2, ["bench-0", f"bench-{count - 1}"], expected, f"round {label}")
     return result
 
 
@@ -232,15 +282,17 @@ def main() -> int:
     parser.add_argument("--rounds", default="none,floor,floor-patch,go-h2,go-h1,envelope",
                         help=f"comma-separated, from {', '.join(ROUNDS)} ('none' always runs)")
     parser.add_argument("--object", default="mutated",
-                        help="comma-separated, from mutated (CPU limits to strip) and compliant "
-                             "(already as Envelope stores it)")
+                        help="comma-separated, from mutated (CPU limits to strip), burstable (the "
+                             "same with one memory limit left out: in the in-tree policy's domain) "
+                             "and compliant (already as Envelope stores it)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every round this many times (interleaved); report medians")
     parser.add_argument("--same-answer", type=int, default=60, metavar="N",
                         help="before timing peer rounds, check N generated Deployments store "
                              "equal through each peer and Envelope (0: skip)")
     args = parser.parse_args()
-    objects = {"mutated": timed_deployment, "compliant": compliant_deployment}
+    objects = {"mutated": timed_deployment, "burstable": burstable_deployment,
+               "compliant": compliant_deployment}
     wanted_objects = [o for o in args.object.split(",") if o]
     if set(wanted_objects) - set(objects):
         parser.error(f"unknown objects: {args.object}")
@@ -259,6 +311,7 @@ def main() -> int:
     runs: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     rss: dict[str, list[float]] = {}
     loads = [load()]
+    checked: dict[tuple[str, str], dict[str, Any]] = {}
     try:
         peer_labels = [r for r in rounds if r in ("map", "kyverno-cpol", "kyverno-mpol")]
         if peer_labels and args.same_answer:
@@ -266,6 +319,13 @@ def main() -> int:
                                     ("envelope", *peer_labels))
             if differing:
                 print(f"same answer: {differing} objects differ; not timing", file=sys.stderr)
+                return 1
+        if set(intree.INTREE_ROUNDS) & set(rounds):
+            checked = in_tree_answers(cluster, work / "intree-answer", templates)
+            if args.same_answer and same_answer(cluster, work / "intree-same", args.same_answer,
+                                                ("envelope-mc", "envelope-intree"), strict=True):
+                print("same answer: envelope-intree stores generated objects unlike envelope-mc; "
+                      "not timing", file=sys.stderr)
                 return 1
         probe_ns = cluster.create_namespace(harness.unique_name("bench-probe", max_length=40))
         for rep in range(args.repeat):
@@ -277,7 +337,8 @@ def main() -> int:
                         for c in concurrencies:
                             if label == "floor-envpatch" and obj_name != "mutated":
                                 continue  # its patch names the mutated object's paths
-                            r = measure(cluster, label, args.count, c, template, watched)
+                            r = measure(cluster, label, args.count, c, template, watched, peer,
+                                        checked.get((label, obj_name)))
                             runs.setdefault((label, obj_name, c), []).append(r)
                     if proc is not None:
                         rss.setdefault(label, []).append(rss_mib(proc.pid))
@@ -290,9 +351,39 @@ def main() -> int:
     return 0
 
 
+def in_tree_answers(cluster: harness.Cluster, workdir: Path,
+                    templates: dict[str, dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The timed objects created through ``envelope-mc``, ``intree-map`` and
+    ``envelope-intree``: each must be stored by ``envelope-intree`` as by ``envelope-mc``
+    (annotations and warnings included), and ``intree-map`` either stores it so too
+    (the object is in the policy's domain) or leaves it to the webhook (outside the
+    domain: the policy changes nothing). Prints which; raises on any other answer.
+    Returns (round, object) -> the stored form, for the checks after each timed round."""
+    labels = ("envelope-mc", *intree.INTREE_ROUNDS)
+    named = [timed_object(obj, f"answer-{name}") for name, obj in templates.items()]
+    stored = stored_through(cluster, workdir, labels, named, strict=True)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for name in templates:
+        key = f"answer-{name}"
+        answers = {label: stored[label][key] for label in labels}
+        for label, answer in answers.items():
+            if "error" in answer:
+                raise RuntimeError(f"{label} refused the {name} object: {answer['error']}")
+            out[(label, name)] = answer
+        found = differences(answers["envelope-mc"], answers["envelope-intree"])
+        if found:
+            raise RuntimeError(f"envelope-intree stores the {name} object unlike envelope-mc: {found[:5]}")
+        verdict = intree.domain_verdict(answers["envelope-mc"], answers["intree-map"],
+                                        timed_object(templates[name], name))
+        print(f"in-tree answer, {name} object: envelope-intree stores it as envelope-mc "
+              f"(warnings: {answers['envelope-mc']['warnings']}); intree-map: {verdict}")
+    return out
+
+
 def report(runs: dict[tuple[str, str, int], list[dict[str, float]]], rss: dict[str, list[float]],
            args: argparse.Namespace, loads: list[str]) -> None:
-    median = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+    median = {key: {k: statistics.median(r.get(k, 0.0) for r in rs)
+                    for k in dict.fromkeys(k for r in rs for k in r)} for key, rs in runs.items()}
     print(f"{args.count} Deployment creates per round through kube-apiserver; medians of "
           f"{args.repeat} run(s); {loads[0]} at start, {loads[-1]} at the end "
           f"(per repetition: {'; '.join(loads[1:])})")
@@ -311,6 +402,34 @@ def report(runs: dict[tuple[str, str, int], list[dict[str, float]]], rss: dict[s
                       f"| {r['p50'] - base['p50']:+.1f} | {r['p99'] - base['p99']:+.1f} "
                       f"| {r['cpu:kube-apiserver']:.2f} | {r['cpu:etcd']:.2f} "
                       f"| {r.get('cpu:webhook', 0.0):.2f} | {r['cpu:client']:.2f} |")
+            print(f"\nadmission per create, {obj_name} objects, concurrency {c} (API server metrics: "
+                  "webhook calls; milliseconds of wall time in each admission plugin and in "
+                  "matchConditions)")
+            print("| round | mutating calls | validating calls | MutatingAdmissionPolicy ms "
+                  "| MutatingAdmissionWebhook ms | ValidatingAdmissionWebhook ms "
+                  "| webhook matchConditions ms | policy matchConditions ms |")
+            print("|---|---|---|---|---|---|---|---|")
+            for (label, o, cc), r in median.items():
+                if (o, cc) == (obj_name, c):
+                    print(f"| {label} | {r.get('calls:admit', 0.0):.2f} "
+                          f"| {r.get('calls:validating', 0.0):.2f} "
+                          f"| {r.get('plugin:MutatingAdmissionPolicy', 0.0):.2f} "
+                          f"| {r.get('plugin:MutatingAdmissionWebhook', 0.0):.2f} "
+                          f"| {r.get('plugin:ValidatingAdmissionWebhook', 0.0):.2f} "
+                          f"| {r.get('match:webhook', 0.0):.2f} | {r.get('match:policy', 0.0):.2f} |")
+    targets = intree.target_ratios(median)
+    if targets:
+        print("\nin-tree targets (added p50 over none; ratio; API-server CPU ms per create)")
+        print("| objects | c | round | added p50 | against | added p50 | ratio | target | met "
+              "| kube-apiserver CPU | against |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for t in targets:
+            ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}×"
+            goal = "reported" if t["goal"] is None else f"≤ {t['goal']}×"
+            met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+            print(f"| {t['object']} | {t['concurrency']} | {t['round']} | {t['added']:+.1f} "
+                  f"| {t['against']} | {t['added_against']:+.1f} | {ratio} | {goal} | {met} "
+                  f"| {t['cpu']:.2f} | {t['cpu_against']:.2f} |")
     if rss:
         print("\nRSS of each webhook process after its round (MiB, median): "
               + ", ".join(f"{label} {statistics.median(v):.0f}" for label, v in rss.items()))

@@ -37,6 +37,22 @@ def timed_deployment() -> dict[str, Any]:
     return obj
 
 
+def burstable_deployment() -> dict[str, Any]:
+    """:func:`timed_deployment` with the log-shipper's memory limit left out (its memory
+    request stays): a Burstable pod, so no container has exclusive cores to lose and
+    Envelope gives no warning — the write is in the in-tree policy's domain (the timed
+    Deployment, a Guaranteed pod whose every container has CPU and memory limits, is
+    not: app/intree/compile.py ``_domain``). Envelope's answer: the three CPU limits
+    removed, the three CPU requests written, the log-shipper's memory limit set to its
+    request, the mutations annotation."""
+    obj = timed_deployment()
+    shipper = obj["spec"]["template"]["spec"]["containers"][2]
+    if shipper["name"] != "log-shipper":
+        raise RuntimeError(f"bench/webhook.py's third container is {shipper['name']}, not log-shipper")
+    del shipper["resources"]["limits"]["memory"]
+    return obj
+
+
 def stored_form(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` as Envelope would store it (a second pass changes nothing)."""
     rules = default_ruleset()
@@ -118,10 +134,11 @@ def generated_deployments(count: int, seed: str = "peers") -> list[dict[str, Any
 BOOKKEEPING = ("envelope.io/mutations",)
 
 
-def comparable(stored: dict[str, Any]) -> dict[str, Any]:
+def comparable(stored: dict[str, Any], *, bookkeeping: bool = False) -> dict[str, Any]:
     """What a write decided: the spec and the labels and annotations it stored (less
-    Envelope's bookkeeping annotation)."""
+    Envelope's bookkeeping annotation, unless ``bookkeeping``: Envelope against Envelope)."""
     meta = stored.get("metadata", {})
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in BOOKKEEPING}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if bookkeeping or k not in BOOKKEEPING}
     return {"labels": meta.get("labels"), "annotations": annotations or None,
             "spec": copy.deepcopy(stored.get("spec"))}

@@ -29,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "e2e"))
 
+import intree  # noqa: E402
+
 import harness  # noqa: E402
 
 BUILD = ROOT / "bench" / "peers" / "build-kyverno.sh"
@@ -142,6 +144,30 @@ def delete_objects(cluster: harness.Cluster, objects: list[dict[str, Any]]) -> N
         group = o["apiVersion"].rpartition("/")[0]
         cluster.kubectl("delete", f"{kind}.{group}" if group else kind, o["metadata"]["name"],
                         "--ignore-not-found", "--wait=false", check=False)
+
+
+def _mutating_calls(cluster: harness.Cluster) -> float:
+    status, body = cluster.get_raw("/metrics", timeout=20)
+    if status != 200:
+        raise harness.HarnessError(f"GET /metrics: HTTP {status}")
+    return intree.admission_counters(body).get("calls:admit", 0.0)
+
+
+def wait_in_tree(cluster: harness.Cluster, namespace: str, probe: dict[str, Any], what: str,
+                 proc: harness.ManagedProcess | None = None, timeout: float = 120) -> None:
+    """Like :func:`wait_mutates`, and until the mutation came from the in-tree policy:
+    the probe (in the policy's domain) loses its CPU limits while the API server calls
+    no mutating webhook (its request counter stands still)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        before = _mutating_calls(cluster)
+        wait_mutates(cluster, namespace, probe, what, proc, max(1.0, deadline - time.monotonic()))
+        if _mutating_calls(cluster) == before:
+            return
+        if time.monotonic() > deadline:
+            raise harness.HarnessError(f"{what}: the mutating webhook still answers the probe, "
+                                       f"the in-tree policy never did")
+        time.sleep(1)
 
 
 def wait_mutates(cluster: harness.Cluster, namespace: str, probe: dict[str, Any], what: str,

@@ -28,8 +28,21 @@ from rounds import PEER_ROUNDS, PeerRound  # noqa: E402
 import harness  # noqa: E402
 
 
-def create_all(cluster: harness.Cluster, namespace: str, objects: list[dict[str, Any]]) -> dict[str, Any]:
-    """Create each object; returns name -> the stored object (the 201 body) or the error."""
+def warnings(headers: Any) -> list[str]:
+    """``Warning: 299 - "text"`` headers, as the texts (RFC 7234 quoting undone)."""
+    out = []
+    for value in headers.get_all("Warning") or []:
+        text = value.split(" ", 2)[2] if value.startswith("299 ") else value
+        if text.startswith('"') and text.endswith('"'):
+            text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        out.append(text)
+    return sorted(out)
+
+
+def create_all(cluster: harness.Cluster, namespace: str, objects: list[dict[str, Any]], *,
+               strict: bool = False) -> dict[str, Any]:
+    """Create each object; returns name -> the stored object (the 201 body) or the error.
+    ``strict``: Envelope's bookkeeping annotation is compared too, and the warnings."""
     pool = urllib3.PoolManager(maxsize=4, ssl_context=cluster.admin_ssl_context())
     url = f"{cluster.api_url}/apis/apps/v1/namespaces/{namespace}/deployments"
     out: dict[str, Any] = {}
@@ -37,8 +50,14 @@ def create_all(cluster: harness.Cluster, namespace: str, objects: list[dict[str,
         response = pool.request("POST", url, body=json.dumps(obj).encode(),
                                 headers={"Content-Type": "application/json"}, timeout=30)
         data = json.loads(response.data)
-        out[obj["metadata"]["name"]] = comparable(data) if response.status == 201 else {
-            "error": f"HTTP {response.status}: {data.get('message', '')[:300]}"}
+        if response.status != 201:
+            out[obj["metadata"]["name"]] = {
+                "error": f"HTTP {response.status}: {data.get('message', '')[:300]}"}
+        elif strict:
+            out[obj["metadata"]["name"]] = {**comparable(data, bookkeeping=True),
+                                            "warnings": warnings(response.headers)}
+        else:
+            out[obj["metadata"]["name"]] = comparable(data)
     return out
 
 
@@ -54,9 +73,9 @@ def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     return [] if a == b else [(path or ".", a, b)]
 
 
-def same_answer(cluster: harness.Cluster, workdir: Path, count: int,
-                labels: tuple[str, ...] = ("envelope", "map", "kyverno-cpol", "kyverno-mpol")) -> int:
-    objects = generated_deployments(count)
+def stored_through(cluster: harness.Cluster, workdir: Path, labels: tuple[str, ...],
+                   objects: list[dict[str, Any]], *, strict: bool = False) -> dict[str, dict[str, Any]]:
+    """Per round label, what :func:`create_all` returns for ``objects`` created through it."""
     probe_ns = cluster.create_namespace(harness.unique_name("peers-probe", max_length=40))
     stored: dict[str, dict[str, Any]] = {}
     for label in labels:
@@ -64,9 +83,21 @@ def same_answer(cluster: harness.Cluster, workdir: Path, count: int,
         try:
             peer.start(probe_ns)
             ns = cluster.create_namespace(harness.unique_name(f"same-{label}", max_length=40))
-            stored[label] = create_all(cluster, ns, objects)
+            peer.prepare([ns])
+            stored[label] = create_all(cluster, ns, objects, strict=strict)
         finally:
             peer.stop()
+    return stored
+
+
+def same_answer(cluster: harness.Cluster, workdir: Path, count: int,
+                labels: tuple[str, ...] = ("envelope", "map", "kyverno-cpol", "kyverno-mpol"), *,
+                strict: bool = False, objects: list[dict[str, Any]] | None = None) -> int:
+    """How many of ``objects`` (default: ``count`` generated Deployments) each of
+    ``labels[1:]`` stores differently from ``labels[0]``; prints the differences."""
+    if objects is None:
+        objects = generated_deployments(count)
+    stored = stored_through(cluster, workdir, labels, objects, strict=strict)
     base = stored[labels[0]]
     errors = {n: v["error"] for n, v in base.items() if "error" in v}
     if errors:
