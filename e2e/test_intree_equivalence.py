@@ -340,17 +340,6 @@ def _path(obj: dict[str, Any], namespace: str, *, update: bool = False, dry_run:
     return f"{base}/namespaces/{namespace}/{PLURAL[obj['kind']]}{name}" + ("?dryRun=All" if dry_run else "")
 
 
-def _warnings(headers: Any) -> list[str]:
-    """``Warning: 299 - "text"`` headers, as the texts (RFC 7234 quoting undone)."""
-    out = []
-    for value in headers.get_all("Warning") or []:
-        text = value.split(" ", 2)[2] if value.startswith("299 ") else value
-        if text.startswith('"') and text.endswith('"'):
-            text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-        out.append(text)
-    return out
-
-
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """A uid in a validation message (a Job's generated selector): each set's own."""
 REFUSED_BY = re.compile(r"""^.*?(admission webhook "[^"]*" denied the request: |"""
@@ -375,7 +364,7 @@ def _answer(pool: urllib3.PoolManager, cluster: Cluster, obj: dict[str, Any],
     body = json.loads(response.data) if response.data else None
     stored = None
     message = ""
-    warnings = _warnings(response.headers)
+    warnings = harness.warning_texts(response.headers)
     # Counted, not compared: how often a ValidatingAdmissionPolicy answered.
     by_policy = ("refused" if response.status == 403 and isinstance(body, dict) and
                  "ValidatingAdmissionPolicy" in str(body.get("message", "")) else
@@ -432,7 +421,7 @@ def _policy_answered(pool: urllib3.PoolManager, cluster: Cluster, obj: dict[str,
     response = pool.request("POST", cluster.api_url + _path(obj, namespace),
                             body=json.dumps(obj).encode(),
                             headers={"Content-Type": "application/json"}, timeout=30)
-    warnings = _warnings(response.headers)
+    warnings = harness.warning_texts(response.headers)
     if response.status == 403:
         return "denied request: " in json.loads(response.data).get("message", "") and not warnings
     return len(warnings) == 1 and bool(WARNED_BY.match(warnings[0]))

@@ -5,33 +5,19 @@ matchConditions shrunk to match, and a refusal for any other policy."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
-
-import yaml
 
 from app.config import Policy
 from app.intree import compile_in_tree
 from app.intree.chartfile import stale
 from app.ruleset import default_ruleset
-from tests.helpers.chart import CHART, NAMESPACE, RELEASE, chart_values, deep_merge, helm
+from tests.helpers.chart import NAMESPACE, chart_values, render_on
 
 RULES = default_ruleset()
 MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 
 
-def _render(values: dict[str, Any], *api_versions: str) -> tuple[int, list[dict[str, Any]], str]:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(deep_merge({"image": {"local": True}}, values), f)
-    try:
-        extra = [a for v in api_versions for a in ("--api-versions", v)]
-        proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", f.name,
-                    "--skip-tests", "--kube-version", "1.37.2", *extra, check=False)
-    finally:
-        os.unlink(f.name)
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d] if proc.returncode == 0 else []
-    return proc.returncode, docs, proc.stderr
+_render = render_on
 
 
 def _mutate_condition(docs: list[dict[str, Any]]) -> str:

@@ -5,14 +5,11 @@ already has) and the Lease in the release namespace — rendered only then."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.helpers.chart import CHART, NAMESPACE, RELEASE, deep_merge, helm
+from tests.helpers.chart import NAMESPACE, deep_merge, render_on
 
 MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 PROVIDED = {"certificates": {"mode": "provided",
@@ -21,16 +18,9 @@ PATCH_NAMESPACES = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["p
 
 
 def _render(values: dict[str, Any], *api_versions: str) -> list[dict[str, Any]]:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(deep_merge({"image": {"local": True}}, values), f)
-    try:
-        extra = [a for v in api_versions for a in ("--api-versions", v)]
-        proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", f.name,
-                    "--skip-tests", "--kube-version", "1.37.2", *extra, check=False)
-    finally:
-        os.unlink(f.name)
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    code, docs, err = render_on(values, *api_versions)
+    assert code == 0, err
+    return docs
 
 
 def _of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

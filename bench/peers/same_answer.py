@@ -28,17 +28,6 @@ from rounds import PEER_ROUNDS, PeerRound  # noqa: E402
 import harness  # noqa: E402
 
 
-def warnings(headers: Any) -> list[str]:
-    """``Warning: 299 - "text"`` headers, as the texts (RFC 7234 quoting undone)."""
-    out = []
-    for value in headers.get_all("Warning") or []:
-        text = value.split(" ", 2)[2] if value.startswith("299 ") else value
-        if text.startswith('"') and text.endswith('"'):
-            text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-        out.append(text)
-    return sorted(out)
-
-
 def create_all(cluster: harness.Cluster, namespace: str, objects: list[dict[str, Any]], *,
                strict: bool = False) -> dict[str, Any]:
     """Create each object; returns name -> the stored object (the 201 body) or the error.
@@ -55,7 +44,7 @@ def create_all(cluster: harness.Cluster, namespace: str, objects: list[dict[str,
                 "error": f"HTTP {response.status}: {data.get('message', '')[:300]}"}
         elif strict:
             out[obj["metadata"]["name"]] = {**comparable(data, bookkeeping=True),
-                                            "warnings": warnings(response.headers)}
+                                            "warnings": sorted(harness.warning_texts(response.headers))}
         else:
             out[obj["metadata"]["name"]] = comparable(data)
     return out

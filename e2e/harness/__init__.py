@@ -69,8 +69,17 @@ from .base import (
 from .base import (
     unique_name as unique_name,
 )
+from .base import (
+    warning_texts as warning_texts,
+)
+from .binaries import (
+    GITOPSDIFF_MODES as GITOPSDIFF_MODES,
+)
 from .binaries import (
     _binaries_missing as _binaries_missing,
+)
+from .binaries import (
+    gitopsdiff_binary as gitopsdiff_binary,
 )
 from .binaries import (
     locate_bin_dir as locate_bin_dir,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "controlplane" / "build.sh"
@@ -48,3 +49,15 @@ def unique_name(prefix: str, max_length: int = 63) -> str:
     return f"{cleaned[: max_length - len(suffix) - 1].rstrip('-')}-{suffix}"
 
 
+
+
+def warning_texts(headers: Any) -> list[str]:
+    """The API server's ``Warning: 299 - "text"`` headers as their texts, in order (RFC 7234
+    quoting undone)."""
+    out = []
+    for value in headers.get_all("Warning") or []:
+        text = value.split(" ", 2)[2] if value.startswith("299 ") else value
+        if text.startswith('"') and text.endswith('"'):
+            text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        out.append(text)
+    return out

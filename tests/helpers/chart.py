@@ -176,6 +176,21 @@ def render(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE,
     return _render_cached(json.dumps(values or {}, sort_keys=True), namespace, release, tests)
 
 
+def render_on(values: dict[str, Any], *api_versions: str,
+              kube_version: str = "1.37.2") -> tuple[int, list[dict[str, Any]], str]:
+    """``helm template`` as on an API server of ``kube_version`` that serves
+    ``api_versions`` (``.Capabilities``): (exit code, the objects, stderr). Not cached."""
+    path = _values_file(values)
+    extra = [a for v in api_versions for a in ("--api-versions", v)]
+    try:
+        proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", path,
+                    "--skip-tests", "--kube-version", kube_version, *extra, check=False)
+    finally:
+        os.unlink(path)
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d] if proc.returncode == 0 else []
+    return proc.returncode, docs, proc.stderr
+
+
 def render_error(values: dict[str, Any]) -> str:
     proc = _template(json.dumps(values), NAMESPACE, RELEASE)
     assert proc.returncode != 0, "helm template should have refused these values"
