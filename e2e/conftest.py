@@ -150,6 +150,12 @@ def oracle_cases(request: pytest.FixtureRequest, default: int, *, minimum: int =
 
 
 @pytest.fixture(scope="session")
+def gitopsdiff() -> Path:
+    """Argo CD's diff and sync code (e2e/gitopsdiff); built once per session."""
+    return _or_fail(harness.gitopsdiff_binary)
+
+
+@pytest.fixture(scope="session")
 def kube_minor(cluster: Cluster) -> int:
     """The API server's minor version (37 for v1.37.2): the oracles' version-specific
     expectations (read from upstream at each tag) key on it."""

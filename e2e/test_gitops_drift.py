@@ -22,24 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from harness import GITOPSDIFF_MODES as MODES
 from harness import Cluster, Webhook
 
 REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "e2e" / "controlplane" / "build-gitopsdiff.sh"
-MODES = ("legacy", "structured-merge", "server-side", "server-side+mutation")
-
-
-@pytest.fixture(scope="module")
-def gitopsdiff() -> Path:
-    override = os.environ.get("ENVELOPE_GITOPSDIFF_BIN")
-    if override:
-        return Path(override) / "gitopsdiff"
-    done = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        pytest.fail(f"{BUILD.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return Path(done.stdout.strip().splitlines()[-1]) / "gitopsdiff"
 
 
 def deployment(name: str, namespace: str, resources: dict[str, Any]) -> dict[str, Any]:

@@ -381,20 +381,7 @@ def test_the_chart_keeps_the_fact_for_its_policy(cluster: Cluster, tmp_path: Pat
 
 # ------------------------------------------------------------------- what GitOps sees
 
-GITOPSDIFF_BUILD = harness.REPO_ROOT / "e2e" / "controlplane" / "build-gitopsdiff.sh"
-ARGO_MODES = ("legacy", "structured-merge", "server-side", "server-side+mutation")
-
-
-@pytest.fixture(scope="module")
-def gitopsdiff() -> Path:
-    """Argo CD's diff and sync code (e2e/gitopsdiff, as e2e/test_gitops_drift.py uses it)."""
-    override = os.environ.get("ENVELOPE_GITOPSDIFF_BIN")
-    if override:
-        return Path(override) / "gitopsdiff"
-    done = subprocess.run(["bash", str(GITOPSDIFF_BUILD)], capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        pytest.fail(f"{GITOPSDIFF_BUILD.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return Path(done.stdout.strip().splitlines()[-1]) / "gitopsdiff"
+ARGO_MODES = harness.GITOPSDIFF_MODES
 
 
 @pytest.mark.parametrize("server_side", [False, True], ids=["client-side-sync", "server-side-sync"])

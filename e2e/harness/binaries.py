@@ -73,3 +73,20 @@ def locate_bin_dir(*, build_output: IO[str] | None = None) -> Path:
     return bin_dir
 
 
+
+
+GITOPSDIFF_BUILD = REPO_ROOT / "e2e" / "controlplane" / "build-gitopsdiff.sh"
+GITOPSDIFF_MODES = ("legacy", "structured-merge", "server-side", "server-side+mutation")
+"""Argo CD's diff modes e2e/gitopsdiff runs (``gitopsdiff diff`` reports each)."""
+
+
+def gitopsdiff_binary() -> Path:
+    """Argo CD's diff and sync code built from its Go module (e2e/gitopsdiff, cached by
+    build-gitopsdiff.sh), or ``$ENVELOPE_GITOPSDIFF_BIN``."""
+    override = os.environ.get("ENVELOPE_GITOPSDIFF_BIN")
+    if override:
+        return Path(override) / "gitopsdiff"
+    done = subprocess.run(["bash", str(GITOPSDIFF_BUILD)], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise HarnessError(f"{GITOPSDIFF_BUILD.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1]) / "gitopsdiff"
