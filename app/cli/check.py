@@ -55,7 +55,9 @@ def _check_parser(sub: Any) -> None:
     check.add_argument("--validate", choices=("strict", "warn", "ignore", "true", "false"),
                        default="strict",
                        help="field validation as kubectl apply --validate does it, from the "
-                            "schemas of the Kubernetes version in app/data: strict (or true) "
+                            "schemas of the Kubernetes version in app/data and the published CRD "
+                            "schemas of the custom resources Envelope judges (KAI, agent-substrate): "
+                            "strict (or true) "
                             "refuses an object with an unknown field, warn warns and judges it "
                             "without the field, ignore (or false) drops it silently; an unknown "
                             "kind of a built-in API group is refused in every mode")
