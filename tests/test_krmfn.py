@@ -104,6 +104,31 @@ def test_not_a_resource_list_fails_with_a_result() -> None:
     assert "not a config.kubernetes.io/v1 ResourceList" in out["results"][0]["message"]
 
 
+def test_an_error_result_exits_1_and_still_writes_the_resource_list() -> None:
+    """kyaml's framework convention (kyaml/fn/framework/result.go, Results.ExitCode): any
+    result of severity error exits 1, so ``kustomize build`` stops instead of emitting a
+    manifest the webhook denies (before: exit 0 with the error in the results)."""
+    refused = yaml.safe_load(RESOURCE_LIST)
+    refused["items"].append(workload("Deployment", [
+        container("db", requests={"memory": "1Gi"}, limits={"memory": "2Gi"})], namespace="shop"))
+    refused["items"][-1]["metadata"]["name"] = "db"
+    text = yaml.safe_dump(refused, sort_keys=False)
+    out, status = process(text, RULES, POLICY)
+    assert status == 1
+    after = yaml.safe_load(out)
+    errors = [r for r in after["results"] if r["severity"] == "error"]
+    assert [r["resourceRef"]["name"] for r in errors] == ["db"]
+    assert errors[0]["message"].startswith("memory-request-equals-limit: ")
+    assert after["items"] == expected_items(refused["items"])  # the other items still fixed
+    done = subprocess.run([sys.executable, "-m", "app", "krm-fn"], input=text, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stderr
+    assert yaml.safe_load(done.stdout) == after
+    assert "results of severity error" in done.stderr
+    # warnings and infos alone keep exit 0 (the first test's list)
+    assert process(RESOURCE_LIST, RULES, POLICY)[1] == 0
+
+
 def kustomize() -> Path:
     override = os.environ.get("ENVELOPE_KUSTOMIZE_BIN")
     if override:
