@@ -41,8 +41,12 @@ import orjson
 
 from app.config import did_you_mean
 
-__all__ = ["FieldProblem", "FieldSchema", "compact", "default_schema", "metadata_problems", "prune"]
+__all__ = ["FIELDS_RULE", "FieldProblem", "FieldSchema", "compact", "default_schema", "metadata_problems",
+           "prune"]
 
+FIELDS_RULE = "fields"
+"""The rule id of strict field validation's findings in ``envelope check`` (not a rule of
+the rule set: the API server decides it before admission; ``envelope explain fields``)."""
 DATA = Path(__file__).resolve().parent / "data" / "fieldschema.json.gz"
 CRD_DATA = DATA.with_name("crdschema.json.gz")
 CRD_SOURCES = {

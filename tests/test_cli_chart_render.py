@@ -130,12 +130,18 @@ def test_quiet_drops_the_not_evaluated_lines_in_every_format(tmp_path: Path) -> 
 
 def test_a_chart_is_rendered_and_judged_at_its_templates(tmp_path: Path) -> None:
     chart = _chart(tmp_path, sub=True)
+    (chart / "crds").mkdir()
+    (chart / "crds" / "crd.yaml").write_text(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: ws.x.io}\n"
+        "spec: {group: x.io, names: {kind: W, plural: ws}, scope: Namespaced, versions: []}\n")
+    (chart / "files").mkdir()
+    (chart / "files" / "extra.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     report = _json(_run(str(chart), "-o", "json", "--helm-release", "shop", "--helm-namespace", "team",
                         env=_with_helm()))
     objects = {(o["kind"], o["name"]): o for o in report["objects"]}
     # the subchart is rendered once, by its parent
-    assert sorted(objects) == [("ConfigMap", "shop-cache"), ("ConfigMap", "shop-settings"),
-                               ("Deployment", "shop-web")]
+    assert sorted(objects) == [("ConfigMap", "shop-cache"), ("ConfigMap", "shop-settings"),  # crds/ as files
+                               ("CustomResourceDefinition", "ws.x.io"), ("Deployment", "shop-web")]
     web = objects[("Deployment", "shop-web")]
     assert web["file"] == str(chart / "templates" / "deploy.yaml")
     assert web["line"] == 2  # the template's `kind: Deployment` line
@@ -143,7 +149,7 @@ def test_a_chart_is_rendered_and_judged_at_its_templates(tmp_path: Path) -> None
                                                                 / "cm.yaml")
     [finding] = [f for f in web["findings"] if f["severity"] == "error"]
     assert finding["rule"] == "memory-request-equals-limit"
-    assert web["namespace"] == "" and report["summary"]["objects"] == 3
+    assert web["namespace"] == "" and len(report["objects"]) == 4
 
 
 def test_values_files_and_sets_reach_helm(tmp_path: Path) -> None:
@@ -166,17 +172,21 @@ def test_a_template_helm_cannot_render_exits_2_with_helms_message(tmp_path: Path
 
 
 def test_envelope_s_own_chart_is_judged_whole(tmp_path: Path) -> None:
-    """The issue's case: `envelope check charts/envelope` judged 2 objects (the CRD-less
-    leftovers outside templates/); now every object helm renders."""
+    """The issue's case: `envelope check charts/envelope` judged 2 objects (the CRDs in its
+    files/, read as plain files); now every object helm renders, and only those."""
     rendered = subprocess.run([str(bin_dir() / "helm"), "template", "release-name", str(CHART),
                                "--set", "image.local=true"], capture_output=True, text=True, check=True,
                               timeout=120).stdout
     expected = [d for d in yaml.safe_load_all(rendered) if d]
     report = _json(_run("charts/envelope", "-o", "json", "--helm-set", "image.local=true",
                         env=_with_helm()))
-    assert len(report["objects"]) == len(expected) > 10
+    assert sorted((o["kind"], o["name"]) for o in report["objects"]) == \
+        sorted((d["kind"], d["metadata"]["name"]) for d in expected)
+    assert len(expected) > 10
     assert all(o["file"].startswith("charts/envelope/templates/") for o in report["objects"])
-    assert not [s for s in report.get("skipped", []) if s["path"].endswith("templates")]
+    assert not [s for s in report["skipped"] if s["path"].endswith("templates")]
+    # files/crds/ (installed by a template only when enabled) is not judged as plain files
+    assert any(s["path"].startswith("charts/envelope/files/crds/") for s in report["skipped"])
 
 
 def test_find_helm_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.chart_render import HelmOptions, find_helm, no_helm_message, render_charts
-from app.cluster.static import Manifest, load
+from app.cluster.static import Manifest, Skipped, load
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import check_object
 from app.exemptions import needs_namespaces
+from app.fieldschema import FIELDS_RULE
 from app.render import FORMATS, render, render_input_errors
 from app.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
@@ -109,9 +110,6 @@ def _judged(m: Manifest, rules: RuleSet, view: StaticView, policy: Policy,
                         before, m.line_of)
 
 
-FIELDS_RULE = "fields"
-"""The rule id of strict field validation's findings (not a rule of the rule set: the API
-server decides it before admission, see app/fieldschema.py)."""
 
 
 def _validate_fields(manifests: list[Manifest], validate: str
@@ -217,6 +215,12 @@ def _kinds(objects: list[dict[str, Any]]) -> set[str]:
 VALIDATE_ALIASES = {"true": "strict", "false": "ignore"}
 
 
+def _in_chart(source: str, charts: list[str]) -> bool:
+    """A file of a chart directory that helm does not install as it is (not crds/)."""
+    path = Path(source)
+    return any(path.is_relative_to(c) and not path.is_relative_to(Path(c) / "crds") for c in charts)
+
+
 def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               fail_on: FailOn = "error",
               exclude: list[str] | None = None, allow_empty: bool = False,
@@ -230,6 +234,13 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
         if helm_bin is None:
             print(f"envelope check: {no_helm_message(charts)}", file=sys.stderr)
             return 2
+        # A chart's other files (files/, values) reach the cluster only through its
+        # templates; crds/ is installed by helm as it is, so it is judged as files.
+        inside = [m for m in loaded.manifests if _in_chart(m.source, charts)]
+        loaded.manifests = [m for m in loaded.manifests if m not in inside]
+        loaded.skipped.extend(Skipped(p, "in a Helm chart, outside templates/ and crds/: reaches "
+                                         "the cluster only through the rendered templates")
+                              for p in sorted({m.source for m in inside}))
         rendered = set(render_charts(charts, helm_bin, helm or HelmOptions(), loaded))
         loaded.skipped = [s for s in loaded.skipped
                           if not (s.path.endswith("/templates") and str(Path(s.path).parent) in rendered)]
