@@ -129,7 +129,7 @@ bench-quotas: $(STAMP)
 	$(PY) bench/quotas.py
 
 clean:
-	rm -rf $(VENV) $(UV_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(UV_VENV) $(RELEASE_TOOLS) .pytest_cache .ruff_cache .hypothesis
 
 # ---------------------------------------------------------------- chart and manifests
 # helm comes from the e2e control plane ($ENVELOPE_CONTROLPLANE_BIN, else built/cached
@@ -172,6 +172,8 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= envelope:$(VERSION)
 IMAGE_BUILDER ?=
 PYTHON_IMAGE ?=
+# Global buildah flags, e.g. --storage-driver=vfs where overlay cannot mount (make release's default).
+BUILDAH_FLAGS ?=
 
 image:
 	@builder="$(IMAGE_BUILDER)"; tried=""; \
@@ -187,7 +189,7 @@ image:
 		done; \
 	fi; \
 	if [ -z "$$builder" ]; then echo "make image: no image builder works here:$$tried" >&2; exit 1; fi; \
-	case $$builder in buildah) build="buildah build" ;; *) build="$$builder build" ;; esac; \
+	case $$builder in buildah) build="buildah $(BUILDAH_FLAGS) build" ;; *) build="$$builder build" ;; esac; \
 	echo "+ $$build -t $(IMAGE) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) ). "; \
 	$$build -t $(IMAGE) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) . || exit 1; \
 	echo "built $(IMAGE) with $$builder"; \
@@ -214,3 +216,59 @@ lock:
 	$(UV_COMPILE) pyproject.toml --extra test -c requirements.lock \
 		$$(sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*\)==.*/--no-emit-package \1/p' requirements.lock) \
 		-o requirements-test.lock
+
+# ------------------------------------------------------------------ release artifacts
+# `make release RELEASE_KEY=key.pem` writes into $(DIST): the image as an OCI archive
+# (envelope-<version>.oci.tar, built by buildah or podman: RELEASE_BUILDER), the chart
+# package (envelope-<version>.tgz, helm package), an SBOM of the image's Python packages
+# (envelope-<version>.sbom.cdx.json: CycloneDX 1.6 JSON by cyclonedx-py from
+# requirements.lock, what the image installs, and pyproject.toml), SHA256SUMS over them,
+# SHA256SUMS.sig (openssl, the caller's PEM private key, RSA or EC) and the public key
+# that verifies it (release-key.pub.pem; publish it apart from the artifacts).
+# RELEASE_IMAGE=0 leaves the image out (tests/test_release.py: the rest in seconds).
+# Verify: make verify-release PUBKEY=release-key.pub.pem (docs/deploy.md, "Release").
+DIST ?= dist
+RELEASE_KEY ?=
+RELEASE_IMAGE ?= 1
+RELEASE_BUILDER ?= buildah
+CYCLONEDX_VERSION ?= 7.5.0
+RELEASE_TOOLS := $(VENV)-release
+PUBKEY ?= $(DIST)/release-key.pub.pem
+# buildah as root without a daemon: vfs storage and chroot isolation work in a container
+# (buildah 1.28 reads BUILDAH_ISOLATION, not STORAGE_DRIVER: the flag is given).
+RELEASE_BUILDAH_FLAGS ?= --storage-driver=vfs
+release: export BUILDAH_ISOLATION ?= chroot
+
+.PHONY: release verify-release
+
+release:
+	@test -n "$(RELEASE_KEY)" && test -r "$(RELEASE_KEY)" || { echo "make release: give the signing key: \
+	RELEASE_KEY=key.pem (a PEM private key; e.g. openssl genpkey -algorithm EC -pkeyopt \
+	ec_paramgen_curve:P-256 -out key.pem)" >&2; exit 2; }
+	@bin="$(CONTROLPLANE_BIN)"; $(HELM_CHECK); \
+	mkdir -p $(DIST) && rm -f $(DIST)/envelope-$(VERSION).* $(DIST)/SHA256SUMS* $(DIST)/release-key.pub.pem \
+	&& "$$bin/helm" package $(CHART) -d $(DIST) >/dev/null
+	@test -x $(RELEASE_TOOLS)/bin/cyclonedx-py || { $(PYTHON) -m venv $(RELEASE_TOOLS) \
+		&& $(RELEASE_TOOLS)/bin/pip install -q cyclonedx-bom==$(CYCLONEDX_VERSION); }
+	$(RELEASE_TOOLS)/bin/cyclonedx-py requirements requirements.lock --pyproject pyproject.toml \
+		--output-reproducible --of JSON --sv 1.6 -o $(DIST)/envelope-$(VERSION).sbom.cdx.json 2>/dev/null
+	@if [ "$(RELEASE_IMAGE)" = 1 ]; then \
+		$(MAKE) --no-print-directory image IMAGE_BUILDER=$(RELEASE_BUILDER) IMAGE=localhost/envelope:$(VERSION) \
+			BUILDAH_FLAGS="$(RELEASE_BUILDAH_FLAGS)" || exit 1; \
+		case "$(RELEASE_BUILDER)" in \
+			buildah) buildah $(RELEASE_BUILDAH_FLAGS) push localhost/envelope:$(VERSION) \
+				oci-archive:$(DIST)/envelope-$(VERSION).oci.tar:envelope:$(VERSION) ;; \
+			podman) podman save --format oci-archive -o $(DIST)/envelope-$(VERSION).oci.tar \
+				localhost/envelope:$(VERSION) ;; \
+			*) echo "make release: RELEASE_BUILDER is buildah or podman" >&2; exit 2 ;; \
+		esac || exit 1; \
+	fi
+	cd $(DIST) && sha256sum -- envelope-$(VERSION).* > SHA256SUMS
+	openssl dgst -sha256 -sign "$(RELEASE_KEY)" -out $(DIST)/SHA256SUMS.sig $(DIST)/SHA256SUMS
+	openssl pkey -in "$(RELEASE_KEY)" -pubout -out $(DIST)/release-key.pub.pem
+	@$(MAKE) --no-print-directory verify-release DIST=$(DIST) PUBKEY=$(DIST)/release-key.pub.pem
+	@ls -l $(DIST)
+
+verify-release:
+	openssl dgst -sha256 -verify "$(PUBKEY)" -signature $(DIST)/SHA256SUMS.sig $(DIST)/SHA256SUMS
+	cd $(DIST) && sha256sum --strict -c SHA256SUMS
