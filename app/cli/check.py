@@ -66,7 +66,7 @@ def _check_parser(sub: Any) -> None:
     helm.add_argument("--helm-set", action="append", default=[], metavar="KEY=VALUE",
                       help="a value for helm template (its --set); repeatable")
     helm.add_argument("--helm-release", default="release-name", metavar="NAME",
-                      help="the release name to render with (default: %(default)s, as helm's)")
+                      help="default: %(default)s (as helm's); the release name to render with")
     helm.add_argument("--helm-namespace", default="default", metavar="NS",
                       help="the namespace to render for (helm's --namespace; default: %(default)s)")
     check.add_argument("--validate", choices=("strict", "warn", "ignore", "true", "false"),
