@@ -167,6 +167,19 @@ def run_krm_fn(rules: RuleSet, policy: Policy) -> int:
     out, status = process(text, rules, policy)
     sys.stdout.write(out)
     if status:
+        # kustomize drops stdout when a function fails: say the errors on stderr too, one per
+        # line as kyaml's Result.String() writes them ("[error] apiVersion/Kind/ns/name path: msg").
+        try:
+            results = (yaml.safe_load(out) or {}).get("results") or []
+        except yaml.YAMLError:
+            results = []
+        for r in results:
+            if isinstance(r, dict) and r.get("severity") == "error":
+                ref = r.get("resourceRef") or {}
+                who = "/".join(str(ref[k]) for k in ("apiVersion", "kind", "namespace", "name") if ref.get(k))
+                where = (r.get("field") or {}).get("path")
+                print(f"[error]{' ' + who if who else ''}{' ' + where if where else ''}: {r.get('message')}",
+                      file=sys.stderr)
         print("envelope krm-fn: results of severity error (findings the webhook refuses, or items "
               "that could not be fixed); see the ResourceList's results", file=sys.stderr)
     return status
