@@ -54,10 +54,10 @@ CRD_SOURCES = {
         "kai-scheduler/kai-resource-management-api 732bf842 config/crd/kai.resources_{nodepools,"
         "departments,projects}.yaml: the same fields, written from them (tests/test_fieldschema.py "
         "holds the spec fields to upstream's)",
-    "e2e/crds/kai-scheduler-d5bc503a/scheduling.run.ai_queues.yaml":
+    "e2e/crds/sources/kai-scheduler-d5bc503a/scheduling.run.ai_queues.yaml":
         "kai-scheduler/KAI-Scheduler d5bc503a deployments/kai-scheduler/crds/"
         "scheduling.run.ai_queues.yaml, verbatim",
-    "e2e/crds/substrate/crd-era-86e138f6/ate.dev_actortemplates.yaml":
+    "e2e/crds/sources/agent-substrate-86e138f6/ate.dev_actortemplates.yaml":
         "agent-substrate/substrate 86e138f6 manifests/ate-install/generated/"
         "ate.dev_actortemplates.yaml, verbatim",
     "e2e/crds/ate-dev.yaml":
