@@ -4,7 +4,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# The venv holds exactly the locks: requirements.lock (what the image ships) and
+# requirements-test.lock (the [test] extra's packages that are not in it), both with
+# sha256 hashes. The stamp is named after pyproject.toml and both locks, so a changed lock
+# reinstalls on the next make run/test.
+LOCKS := requirements.lock requirements-test.lock
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCKS) | cksum | cut -d' ' -f1)
 PORT ?= 8443
 METRICS_PORT ?= 9090
 # Where the e2e control plane (kube-apiserver, etcd, kubectl, helm) is built and cached.
@@ -13,10 +18,22 @@ export ENVELOPE_CONTROLPLANE_DIR
 
 .PHONY: run test unit e2e e2e-second lint fmt bench bench-apiserver bench-audit bench-peers bench-intree bench-cache bench-quotas install controlplane clean image lock
 
-$(STAMP): pyproject.toml
+# --no-deps: nothing outside the locks is installed (pip check then proves they are
+# closed); Envelope itself is installed editable without resolving anything, with the
+# locked setuptools (--no-build-isolation). A package the locks do not pin is removed, so
+# a venv made before (or by a `pip install -U`) comes back to what ships.
+$(STAMP): pyproject.toml $(LOCKS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements.lock -r requirements-test.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@$(PY) -c "import re, sys; from importlib import metadata; \
+		norm = lambda name: re.sub(r'[-_.]+', '-', name).lower(); \
+		pins = {norm(n) for f in sys.argv[1:] for n in re.findall(r'(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==', open(f).read())}; \
+		print(' '.join(sorted({norm(d.metadata['Name']) for d in metadata.distributions()} - pins - {'pip', 'envelope'})), end='')" \
+		$(LOCKS) > $(VENV)/.unpinned
+	@test ! -s $(VENV)/.unpinned || { echo "removing what the locks do not pin: $$(cat $(VENV)/.unpinned)"; \
+		$(PY) -m pip uninstall -q -y $$(cat $(VENV)/.unpinned); }
+	$(PY) -m pip check
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -112,7 +129,7 @@ bench-quotas: $(STAMP)
 	$(PY) bench/quotas.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(UV_VENV) $(RELEASE_TOOLS) .pytest_cache .ruff_cache .hypothesis
 
 # ---------------------------------------------------------------- chart and manifests
 # helm comes from the e2e control plane ($ENVELOPE_CONTROLPLANE_BIN, else built/cached
@@ -155,6 +172,8 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= envelope:$(VERSION)
 IMAGE_BUILDER ?=
 PYTHON_IMAGE ?=
+# Global buildah flags, e.g. --storage-driver=vfs where overlay cannot mount (make release's default).
+BUILDAH_FLAGS ?=
 
 image:
 	@builder="$(IMAGE_BUILDER)"; tried=""; \
@@ -170,7 +189,7 @@ image:
 		done; \
 	fi; \
 	if [ -z "$$builder" ]; then echo "make image: no image builder works here:$$tried" >&2; exit 1; fi; \
-	case $$builder in buildah) build="buildah build" ;; *) build="$$builder build" ;; esac; \
+	case $$builder in buildah) build="buildah $(BUILDAH_FLAGS) build" ;; *) build="$$builder build" ;; esac; \
 	echo "+ $$build -t $(IMAGE) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) ). "; \
 	$$build -t $(IMAGE) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) . || exit 1; \
 	echo "built $(IMAGE) with $$builder"; \
@@ -179,11 +198,77 @@ image:
 	echo "            --set image.repository=$$(echo '$(IMAGE)' | sed 's/:[^:/]*$$//') --set image.tag=$$(echo '$(IMAGE)' | sed -n 's/.*:\([^:/]*\)$$/\1/p')"
 
 # requirements.lock: every dependency of pyproject.toml (and the build backend) pinned with
-# its sha256, for the Dockerfile's pip --require-hashes. Regenerate after changing
-# dependencies; tests/test_lockfile.py fails when the lock no longer satisfies pyproject.toml.
-lock: $(STAMP)
-	$(PY) -m pip install -q uv
-	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))" \
-		> $(VENV)/build-requires.in
-	$(VENV)/bin/uv pip compile pyproject.toml $(VENV)/build-requires.in --generate-hashes --universal \
-		--python-version 3.11 --custom-compile-command "make lock" -o requirements.lock
+# its sha256, for the Dockerfile's pip --require-hashes. requirements-test.lock: the [test]
+# extra, resolved with requirements.lock as constraints and without the packages it already
+# pins, so the venv runs the shipped versions. Regenerate both after changing dependencies
+# (`make lock`; `make lock UPGRADE=1` to move every pin); tests/test_image_lock.py fails when
+# the locks no longer satisfy pyproject.toml or each other. uv is pinned (UV_VERSION) and
+# runs from its own venv, outside the locked one.
+UV_VERSION ?= 0.13.9
+UV_VENV := $(VENV)-uv
+UV_COMPILE = $(UV_VENV)/bin/uv pip compile --generate-hashes --universal --python-version 3.11 \
+	--custom-compile-command "make lock"
+lock:
+	@test -x $(UV_VENV)/bin/uv || { $(PYTHON) -m venv $(UV_VENV) && $(UV_VENV)/bin/pip install -q uv==$(UV_VERSION); }
+	$(PYTHON) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))" \
+		> $(UV_VENV)/build-requires.in
+	$(UV_COMPILE) $(if $(UPGRADE),--upgrade) pyproject.toml $(UV_VENV)/build-requires.in -o requirements.lock
+	$(UV_COMPILE) pyproject.toml --extra test -c requirements.lock \
+		$$(sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*\)==.*/--no-emit-package \1/p' requirements.lock) \
+		-o requirements-test.lock
+
+# ------------------------------------------------------------------ release artifacts
+# `make release RELEASE_KEY=key.pem` writes into $(DIST): the image as an OCI archive
+# (envelope-<version>.oci.tar, built by buildah or podman: RELEASE_BUILDER), the chart
+# package (envelope-<version>.tgz, helm package), an SBOM of the image's Python packages
+# (envelope-<version>.sbom.cdx.json: CycloneDX 1.6 JSON by cyclonedx-py from
+# requirements.lock, what the image installs, and pyproject.toml), SHA256SUMS over them,
+# SHA256SUMS.sig (openssl, the caller's PEM private key, RSA or EC) and the public key
+# that verifies it (release-key.pub.pem; publish it apart from the artifacts).
+# RELEASE_IMAGE=0 leaves the image out (tests/test_release.py: the rest in seconds).
+# Verify: make verify-release PUBKEY=release-key.pub.pem (docs/deploy.md, "Release").
+DIST ?= dist
+RELEASE_KEY ?=
+RELEASE_IMAGE ?= 1
+RELEASE_BUILDER ?= buildah
+CYCLONEDX_VERSION ?= 7.5.0
+RELEASE_TOOLS := $(VENV)-release
+PUBKEY ?= $(DIST)/release-key.pub.pem
+# buildah as root without a daemon: vfs storage and chroot isolation work in a container
+# (buildah 1.28 reads BUILDAH_ISOLATION, not STORAGE_DRIVER: the flag is given).
+RELEASE_BUILDAH_FLAGS ?= --storage-driver=vfs
+release: export BUILDAH_ISOLATION ?= chroot
+
+.PHONY: release verify-release
+
+release:
+	@test -n "$(RELEASE_KEY)" && test -r "$(RELEASE_KEY)" || { echo "make release: give the signing key: \
+	RELEASE_KEY=key.pem (a PEM private key; e.g. openssl genpkey -algorithm EC -pkeyopt \
+	ec_paramgen_curve:P-256 -out key.pem)" >&2; exit 2; }
+	@bin="$(CONTROLPLANE_BIN)"; $(HELM_CHECK); \
+	mkdir -p $(DIST) && rm -f $(DIST)/envelope-$(VERSION).* $(DIST)/SHA256SUMS* $(DIST)/release-key.pub.pem \
+	&& "$$bin/helm" package $(CHART) -d $(DIST) >/dev/null
+	@test -x $(RELEASE_TOOLS)/bin/cyclonedx-py || { $(PYTHON) -m venv $(RELEASE_TOOLS) \
+		&& $(RELEASE_TOOLS)/bin/pip install -q cyclonedx-bom==$(CYCLONEDX_VERSION); }
+	$(RELEASE_TOOLS)/bin/cyclonedx-py requirements requirements.lock --pyproject pyproject.toml \
+		--output-reproducible --of JSON --sv 1.6 -o $(DIST)/envelope-$(VERSION).sbom.cdx.json 2>/dev/null
+	@if [ "$(RELEASE_IMAGE)" = 1 ]; then \
+		$(MAKE) --no-print-directory image IMAGE_BUILDER=$(RELEASE_BUILDER) IMAGE=localhost/envelope:$(VERSION) \
+			BUILDAH_FLAGS="$(RELEASE_BUILDAH_FLAGS)" || exit 1; \
+		case "$(RELEASE_BUILDER)" in \
+			buildah) buildah $(RELEASE_BUILDAH_FLAGS) push localhost/envelope:$(VERSION) \
+				oci-archive:$(DIST)/envelope-$(VERSION).oci.tar:envelope:$(VERSION) ;; \
+			podman) podman save --format oci-archive -o $(DIST)/envelope-$(VERSION).oci.tar \
+				localhost/envelope:$(VERSION) ;; \
+			*) echo "make release: RELEASE_BUILDER is buildah or podman" >&2; exit 2 ;; \
+		esac || exit 1; \
+	fi
+	cd $(DIST) && sha256sum -- envelope-$(VERSION).* > SHA256SUMS
+	openssl dgst -sha256 -sign "$(RELEASE_KEY)" -out $(DIST)/SHA256SUMS.sig $(DIST)/SHA256SUMS
+	openssl pkey -in "$(RELEASE_KEY)" -pubout -out $(DIST)/release-key.pub.pem
+	@$(MAKE) --no-print-directory verify-release DIST=$(DIST) PUBKEY=$(DIST)/release-key.pub.pem
+	@ls -l $(DIST)
+
+verify-release:
+	openssl dgst -sha256 -verify "$(PUBKEY)" -signature $(DIST)/SHA256SUMS.sig $(DIST)/SHA256SUMS
+	cd $(DIST) && sha256sum --strict -c SHA256SUMS

@@ -1,7 +1,7 @@
 """The API server's resource defaulting of a Pod, before any webhook judges it.
 
 Pure functions over plain Kubernetes dicts; no I/O. Matched against Kubernetes
-v1.34.12 (the e2e control plane) and checked there by the scheduling and admission
+v1.34.12 (ported then) and checked on every e2e version by the scheduling and admission
 oracles (``e2e/test_oracle_scheduling.py``, ``e2e/test_oracle_admission.py``):
 
 - API defaulting of a *Pod* (never of a template): ``pkg/apis/core/v1/defaults.go``

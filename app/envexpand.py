@@ -1,6 +1,6 @@
 """Environment variables as the container sees them (issue 12, class 6).
 
-A port of the kubelet's expansion, Kubernetes v1.34.12:
+A port of the kubelet's expansion as of Kubernetes v1.34.12 (ported then):
 
 - ``third_party/forked/golang/expansion/expand.go`` ``Expand``: ``$(NAME)`` is
   replaced by NAME's value when NAME is defined, and left as written when it is

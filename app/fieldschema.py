@@ -13,8 +13,17 @@ The schema is the API server's own: ``python -m app.fieldschema --kubeconfig K``
 nesting, maps, lists, where unknown fields are kept) of every built-in group it serves to
 ``app/data/fieldschema.json.gz``. ``e2e/test_fieldschema.py`` rebuilds it from the e2e API
 server and compares, and holds ``envelope check`` to ``kubectl apply --dry-run=server
---validate=strict`` over generated typos. Custom resources are not covered (their schemas
-are the cluster's CRDs, not Kubernetes'): their objects are never refused here.
+--validate=strict`` over generated typos.
+
+Custom resources: the kinds Envelope judges (KAI ``kai.resources/v1alpha1`` NodePool,
+Department, Project, KAI ``scheduling.run.ai/v2`` Queue, agent-substrate ``ate.dev/v1alpha1``
+ActorTemplate and WorkerPool) are checked against their published CRD schemas, vendored
+in ``app/data/crdschema.json.gz`` by ``python -m app.fieldschema --crds`` from the CRD files
+``CRD_SOURCES`` names (each pinned to an upstream commit; docs/upstream.md). A CRD's
+schema is what the API server prunes and, with ``fieldValidation=Strict``, refuses
+(``strict decoding error: unknown field "spec.gaurantee"``). Two schemas of one kind
+(WorkerPool before and after agent-substrate #1298) are merged: a field either knows is
+kept. Other custom resources are never refused here (only their metadata's types).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -32,9 +41,40 @@ import orjson
 
 from app.config import did_you_mean
 
-__all__ = ["FieldProblem", "FieldSchema", "compact", "default_schema", "metadata_problems", "prune"]
+__all__ = ["FIELDS_RULE", "FieldProblem", "FieldSchema", "compact", "default_schema", "metadata_problems",
+           "prune"]
 
+FIELDS_RULE = "fields"
+"""The rule id of strict field validation's findings in ``envelope check`` (not a rule of
+the rule set: the API server decides it before admission; ``envelope explain fields``)."""
 DATA = Path(__file__).resolve().parent / "data" / "fieldschema.json.gz"
+CRD_DATA = DATA.with_name("crdschema.json.gz")
+CRD_SOURCES = {
+    "e2e/crds/kai-resources.yaml":
+        "kai-scheduler/kai-resource-management-api 732bf842 config/crd/kai.resources_{nodepools,"
+        "departments,projects}.yaml: the same fields, written from them (tests/test_fieldschema.py "
+        "holds the spec fields to upstream's)",
+    "e2e/crds/sources/kai-scheduler-d5bc503a/scheduling.run.ai_queues.yaml":
+        "kai-scheduler/KAI-Scheduler d5bc503a deployments/kai-scheduler/crds/"
+        "scheduling.run.ai_queues.yaml, verbatim",
+    "e2e/crds/sources/agent-substrate-86e138f6/ate.dev_actortemplates.yaml":
+        "agent-substrate/substrate 86e138f6 manifests/ate-install/generated/"
+        "ate.dev_actortemplates.yaml, verbatim",
+    "e2e/crds/ate-dev.yaml":
+        "hand-written from agent-substrate's types (its header); only its ActorTemplate, for "
+        "spec.resources and spec.imagePullSecrets, which Envelope's actor rules judge and "
+        "86e138f6's generated CRD does not name",
+    "e2e/crds/substrate/crd-era-86e138f6/ate.dev_workerpools.yaml":
+        "agent-substrate/substrate 86e138f6 manifests/ate-install/generated/"
+        "ate.dev_workerpools.yaml, verbatim",
+    "e2e/crds/substrate/current/ate.dev_workerpools.yaml":
+        "controller-gen v0.20.1 on agent-substrate's WorkerPool types after #1298 "
+        "(docs/upstream.md, How the current WorkerPool CRD was made)",
+}
+"""The CRD files ``crdschema.json.gz`` is made from (repository paths) and where each comes
+from; the file records this too (``sources``)."""
+CRD_ONLY = {"e2e/crds/ate-dev.yaml": ("ActorTemplate",)}
+"""The kinds taken from a source that has others (by default: every CRD in the file)."""
 
 Node = str | dict[str, Any]
 """A compact schema node: a type name, or ``{"p": {field: node}}`` (an object with these
@@ -171,22 +211,26 @@ def _ref_name(ref: str) -> str:
     return ref.rsplit("/", 1)[-1]
 
 
-def _convert(node: Mapping[str, Any]) -> Node:
+def _convert(node: Mapping[str, Any], names: bool = False) -> Node:
+    """``names``: a node that keeps unknown fields keeps its named ones too (``{"u": 1,
+    "p": ...}``), for :func:`_merge`; checking treats it as keeping anything."""
     if "$ref" in node:
         return _ref_name(node["$ref"])
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) == 1 and "$ref" in all_of[0]:
         return _ref_name(all_of[0]["$ref"])
     if node.get("x-kubernetes-preserve-unknown-fields"):
+        if names and isinstance(node.get("properties"), dict):
+            return {"u": 1, "p": {k: _convert(v, names) for k, v in sorted(node["properties"].items())}}
         return {"u": 1}
     out: dict[str, Any] = {}
     if isinstance(node.get("properties"), dict):
-        out["p"] = {k: _convert(v) for k, v in sorted(node["properties"].items())}
+        out["p"] = {k: _convert(v, names) for k, v in sorted(node["properties"].items())}
     if isinstance(node.get("items"), dict):
-        out["i"] = _convert(node["items"])
+        out["i"] = _convert(node["items"], names)
     extra = node.get("additionalProperties")
     if isinstance(extra, dict):
-        out["a"] = _convert(extra) if extra else {"u": 1}
+        out["a"] = _convert(extra, names) if extra else {"u": 1}
     elif extra is True:
         out["a"] = {"u": 1}
     if node.get("type") == "object" and not out:
@@ -240,6 +284,53 @@ def compact(openapi: Mapping[str, Mapping[str, Any]], discovery: Mapping[str, An
     return {"kubernetesVersion": version, "kinds": kinds, "types": dict(sorted(used.items()))}
 
 
+def _merge(a: Node, b: Node) -> Node:
+    """A node that knows every field ``a`` or ``b`` names (two schemas of one kind). Where
+    one keeps unknown fields and the other names its fields, the names decide: a schema
+    written to stay open (e2e/crds/ate-dev.yaml) does not undo the published one."""
+    if a == b:
+        return a
+    if isinstance(a, str) or isinstance(b, str):
+        return {"u": 1}
+    if ("u" in a and not b) or ("u" in b and not a):
+        return {"u": 1}  # a scalar or free node beside a free one
+    out: dict[str, Any] = {"u": 1} if "u" in a and "u" in b else {}
+    if "p" in a or "p" in b:
+        pa, pb = a.get("p") or {}, b.get("p") or {}
+        out["p"] = {k: _merge(pa[k], pb[k]) if k in pa and k in pb else pa[k] if k in pa else pb[k]
+                    for k in sorted({*pa, *pb})}
+    for key in ("i", "a"):
+        if key in a and key in b:
+            out[key] = _merge(a[key], b[key])
+        elif key in a or key in b:
+            out[key] = a[key] if key in a else b[key]
+    return out
+
+
+def crd_compact(crds: Iterable[Mapping[str, Any]], sources: Mapping[str, str]) -> dict[str, Any]:
+    """The field structure of every served version of these CustomResourceDefinitions, in
+    :func:`compact`'s form (types named ``<group>/<version>.<Kind>``); the root's
+    ``metadata`` is ObjectMeta, as the API server decodes it for every custom resource."""
+    kinds: dict[str, dict[str, str]] = {}
+    types: dict[str, Node] = {}
+    for crd in crds:
+        if crd.get("kind") != "CustomResourceDefinition":
+            continue
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if not version.get("served", True) or not isinstance(schema, dict):
+                continue
+            node = _convert(schema, names=True)
+            if isinstance(node, dict) and "metadata" in (node.get("p") or {}):
+                node["p"]["metadata"] = OBJECT_META
+            group_version, kind = f"{spec['group']}/{version['name']}", spec["names"]["kind"]
+            name = f"{group_version}.{kind}"
+            types[name] = _merge(types[name], node) if name in types else node
+            kinds.setdefault(group_version, {})[kind] = name
+    return {"kinds": kinds, "types": dict(sorted(types.items())), "sources": dict(sources)}
+
+
 def _refs(node: Node) -> Iterator[str]:
     if isinstance(node, str):
         yield node
@@ -254,10 +345,14 @@ def _refs(node: Node) -> Iterator[str]:
 class FieldSchema:
     """The vendored structure; :meth:`check` finds what strict decoding refuses."""
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any], crds: Mapping[str, Any] | None = None) -> None:
         self.version: str = data["kubernetesVersion"]
         self.kinds: dict[str, dict[str, str]] = data["kinds"]
-        self.types: dict[str, Node] = data["types"]
+        self.types: dict[str, Node] = dict(data["types"])
+        self.custom: dict[str, dict[str, str]] = dict(crds["kinds"]) if crds else {}
+        """Custom resource kinds with a vendored CRD schema (:func:`crd_compact`)."""
+        if crds:
+            self.types.update(crds["types"])
         self.groups: dict[str, list[str]] = {}
         for group_version in self.kinds:
             group, _, ver = group_version.rpartition("/")
@@ -269,11 +364,17 @@ class FieldSchema:
 
     def check(self, obj: Mapping[str, Any]) -> list[FieldProblem]:
         """Unknown kind/version of a built-in group, else every unknown field (the API
-        server lists them all). ``[]`` for custom resources."""
+        server lists them all). A custom resource is checked against its vendored CRD
+        schema, if any (else only its metadata's types)."""
         api_version, kind = str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
         group = api_version.rpartition("/")[0]
         if group not in self.groups:
-            return metadata_problems(obj.get("metadata")) if "metadata" in obj else []
+            crd = self.custom.get(api_version, {}).get(kind)
+            if crd is None:
+                return metadata_problems(obj.get("metadata")) if "metadata" in obj else []
+            found: list[FieldProblem] = []
+            self._walk(obj, crd, "", found)
+            return found
         by_kind = self.kinds.get(api_version)
         if by_kind is None:
             served = ", ".join(sorted(f"{group}/{v}" if group else v for v in self.groups[group]))
@@ -351,8 +452,22 @@ def _steps(path: str) -> list[str | int]:
 
 @cache
 def default_schema() -> FieldSchema:
-    """The vendored schema (read once)."""
-    return FieldSchema(orjson.loads(gzip.decompress(DATA.read_bytes())))
+    """The vendored schemas, built-in and custom resources (read once)."""
+    return FieldSchema(orjson.loads(gzip.decompress(DATA.read_bytes())),
+                       orjson.loads(gzip.decompress(CRD_DATA.read_bytes())))
+
+
+def crd_data(root: Path) -> dict[str, Any]:
+    """``crdschema.json.gz``'s content, made from the files of :data:`CRD_SOURCES` under
+    ``root`` (the repository)."""
+    import yaml
+
+    documents: list[Mapping[str, Any]] = []
+    for path in CRD_SOURCES:
+        only = CRD_ONLY.get(path)
+        documents.extend(d for d in yaml.safe_load_all((root / path).read_text()) if isinstance(d, dict)
+                         and (only is None or (d.get("spec") or {}).get("names", {}).get("kind") in only))
+    return crd_compact(documents, CRD_SOURCES)
 
 
 def read_from_cluster(kubeconfig: str | None) -> dict[str, Any]:
@@ -381,8 +496,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.fieldschema", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", help="the API server to read (default: $KUBECONFIG)")
-    parser.add_argument("--out", default=str(DATA), help="where to write (default: %(default)s)")
+    parser.add_argument("--out", default=None, help=f"where to write (default: {DATA}, or "
+                                                    f"{CRD_DATA} with --crds)")
+    parser.add_argument("--crds", action="store_true",
+                        help="write the custom resources' schemas from the CRD files CRD_SOURCES "
+                             "names (under the repository) instead of reading an API server")
     args = parser.parse_args(argv)
+    if args.crds:
+        crds = crd_data(Path(__file__).resolve().parent.parent)
+        out = Path(args.out or CRD_DATA)
+        out.write_bytes(encode(crds))
+        print(f"wrote {out}: {sum(map(len, crds['kinds'].values()))} kinds from "
+              f"{len(CRD_SOURCES)} CRD files", file=sys.stderr)
+        return 0
+    args.out = args.out or str(DATA)
     data = read_from_cluster(args.kubeconfig)
     Path(args.out).write_bytes(encode(data))
     print(f"wrote {args.out}: {len(data['types'])} types, "

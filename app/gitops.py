@@ -210,7 +210,8 @@ def argocd_config(rules: RuleSet, policy: Policy, release: str = "envelope") -> 
             "#    out of the diff, and RespectIgnoreDifferences=true leaves them out of a sync.\n"
             "#    Alternative without ignoreDifferences: the annotation\n"
             "#    argocd.argoproj.io/compare-options: ServerSideDiff=true (Server-Side Diff\n"
-            "#    dry-runs through the webhook), but NOT with IncludeMutationWebhook=true.\n"
+            "#    dry-runs through the webhook; in sync with or without IncludeMutationWebhook=true,\n"
+            "#    as measured in docs/gitops.md).\n"
             "#    Fields Envelope only adds are never drift and are not listed.\n"
             + _dump(workloads, sort_keys=False, width=100)
             + "---\n# 2. The Application that installs Envelope's chart (release "

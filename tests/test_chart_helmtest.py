@@ -258,8 +258,9 @@ def test_helm_test_pod_command_against_the_real_api_server(installed: Installed)
     # NOTES.txt: the helm test step, where metrics are, the troubleshooting page (absolute).
     assert f"helm test {release} -n {ns} --logs" in install.stdout, install.stdout
     assert f"port-forward deployment/{name} " in install.stdout
-    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
-    assert f"{home}/blob/main/docs/troubleshooting.md" in install.stdout
+    assert "docs/troubleshooting.md in Envelope's source (set links.docsBaseURL for a link)" in install.stdout
+    # the webhooks as installed: Ignore until a replica is ready (webhooks.safeInstall)
+    assert "validate: Ignore until a replica is ready, then Fail" in install.stdout, install.stdout
 
     # The hook's objects as Helm stored them for `helm test` (the Pod's command is run below).
     stored = [d for d in yaml.safe_load_all(cluster.helm("get", "hooks", release, "-n", ns).stdout) if d]

@@ -98,27 +98,29 @@ def test_readme_has_one_generated_section() -> None:
     assert text.count(BEGIN) == 1 and text.count(END) == 1
 
 
-def test_chart_links_work_from_the_packaged_chart() -> None:
-    """The packaged chart contains no docs/: every link in its README and NOTES.txt is
-    absolute, and those into the repository name a file that exists."""
-    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
-    prefix = f"{home}/blob/main/"
+def test_chart_links_stay_in_the_repository_or_the_installers_hands() -> None:
+    """No link to a domain or organisation the project does not control (issue 35: the
+    chart's home, sources, NOTES and runbook_url named a GitHub organisation it does not
+    own). The README links relatively to files that exist; NOTES.txt links only to the
+    installer's ``links.docsBaseURL``; Chart.yaml names no home, sources or links."""
     text = README.read_text()
     links = re.findall(r"\]\(([^)]+)\)", text)
     assert links, "no links found"
     for link in links:
-        assert link.startswith(("https://", "#")), f"relative link {link} (the package has no such file)"
-        if link.startswith(prefix):
-            target = ROOT / link[len(prefix):].split("#", 1)[0]
-            assert target.is_file(), f"{link}: {target.relative_to(ROOT)} does not exist"
+        assert not link.startswith(("http://", "https://")), f"absolute link {link}"
+        if not link.startswith("#"):
+            target = (CHART / link.split("#", 1)[0]).resolve()
+            assert target.is_file(), f"{link}: {target} does not exist"
     notes = (CHART / "templates" / "NOTES.txt").read_text()
-    assert "See docs/" not in notes
-    assert '{{ trimSuffix "/" .Chart.Home }}/blob/main/docs/troubleshooting.md' in notes
-    annotations = yaml.safe_load((CHART / "Chart.yaml").read_text())["annotations"]
-    for link in yaml.safe_load(annotations["artifacthub.io/links"]):
-        assert link["url"].startswith(home + "/"), link
-        if link["url"].startswith(prefix):
-            assert (ROOT / link["url"][len(prefix):]).is_file(), link
+    assert "See docs/" not in notes and ".Chart.Home" not in notes
+    assert '{{ trimSuffix "/" .Values.links.docsBaseURL }}/docs/troubleshooting.md' in notes
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert not {"home", "sources"} & set(chart), chart
+    assert "artifacthub.io/links" not in chart["annotations"]
+    for path in CHART.rglob("*"):
+        if path.is_file() and "files" not in path.relative_to(CHART).parts:
+            found = re.findall(r"https?://(?:www\.)?github\.com/[^\s)\"']+", path.read_text(errors="replace"))
+            assert not found, f"{path.relative_to(ROOT)} links {found}"
 
 
 def test_helm_package_holds_what_the_chart_needs(tmp_path: Path) -> None:

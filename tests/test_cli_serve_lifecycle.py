@@ -226,6 +226,26 @@ def test_auto_with_no_cluster_anywhere_says_so_in_a_warning(
                for line in server.lines())
 
 
+def test_the_start_line_names_the_serving_versions_and_they_are_the_locked_ones(
+        tmp_path: Path, running: list[Running]) -> None:
+    """A log says whether what runs is what ships: uvicorn (whose internals
+    app/httplimits.py subclasses) at the version requirements.lock pins (issue 35: ``make
+    run`` had installed uvicorn 0.55.0 while the lock and the image pinned 0.54.0)."""
+    import re
+
+    server = Running(tmp_path, tmp_path / "certs")
+    running.append(server)
+    server.wait_ready()
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(30)
+    [start] = [line for line in server.lines() if line["msg"].startswith("starting envelope")]
+    lock = (ROOT / "requirements.lock").read_text()
+    for name in ("uvicorn", "uvloop", "httptools", "fastapi", "starlette"):
+        [pinned] = re.findall(rf"(?m)^{name}==([^ ;\\]+)", lock)
+        assert start["versions"][name] == pinned, (name, start["versions"], pinned)
+        assert f"{name} {pinned}" in start["msg"]
+
+
 # -- a failed start leaves the certificate files -----------------------------------------
 
 def unusable_pair(directory: Path) -> dict[str, bytes]:

@@ -1,7 +1,7 @@
 """Manifests read as kubectl reads them: values, keys, encodings, documents, lines.
 
 The differential tests at the end put the same files through the loader and through
-the real kubectl (v1.34.12 from the e2e control plane, ``kubectl annotate --local``:
+the real kubectl (the e2e control plane's, ``kubectl annotate --local``:
 kubectl's own file reading and YAML-to-JSON conversion, no server) and require the
 same objects, or both refusing.
 """

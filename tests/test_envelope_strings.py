@@ -124,7 +124,7 @@ def test_long_strings_parse_the_same_but_are_not_cached() -> None:
 
 
 # --- class 6 of issue 12: the value the container sees (kubelet makeEnvironmentVariables
-# and third_party/forked/golang/expansion, Kubernetes v1.34.12) -------------------------
+# and third_party/forked/golang/expansion, Kubernetes v1.34.12, ported then) -----------------
 
 def _values(obj: dict, result: Evaluation) -> list[str | None]:
     after = jsonpatch.apply_patch(obj, result.patch)

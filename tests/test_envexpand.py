@@ -1,6 +1,6 @@
 """app/envexpand.py: the kubelet's $(VAR) expansion (class 6).
 
-UPSTREAM_CASES is doExpansionTest of Kubernetes v1.34.12
+UPSTREAM_CASES is doExpansionTest of Kubernetes v1.34.12 (ported then)
 third_party/forked/golang/expansion/expand_test.go, copied as data."""
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ overrides its parser callbacks; ``limits._tls_layer`` subclasses the event loop'
 ``SSLProtocol``. Nothing in uvicorn's public API promises these names, so a release that
 moves them would break the server in ways the behaviour tests (tests/test_httplimits.py,
 test_httplimits_slots.py) report only as a failing request. This file names each internal used, so
-an upgrade that moves one fails here first and says which (requirements.lock pins the
-versions the image ships; this guards a `pip install -U`).
+an upgrade that moves one fails here first and says which. requirements.lock pins the
+versions the image ships, and ``make test`` installs exactly that lock, so this runs
+against the shipped uvicorn (tests/test_image_lock.py fails in a venv that is not the lock).
 """
 
 from __future__ import annotations

@@ -104,6 +104,32 @@ def test_not_a_resource_list_fails_with_a_result() -> None:
     assert "not a config.kubernetes.io/v1 ResourceList" in out["results"][0]["message"]
 
 
+def test_an_error_result_exits_1_and_still_writes_the_resource_list() -> None:
+    """kyaml's framework convention (kyaml/fn/framework/result.go, Results.ExitCode): any
+    result of severity error exits 1, so ``kustomize build`` stops instead of emitting a
+    manifest the webhook denies (before: exit 0 with the error in the results)."""
+    refused = yaml.safe_load(RESOURCE_LIST)
+    refused["items"].append(workload("Deployment", [
+        container("db", requests={"memory": "1Gi"}, limits={"memory": "2Gi"})], namespace="shop"))
+    refused["items"][-1]["metadata"]["name"] = "db"
+    text = yaml.safe_dump(refused, sort_keys=False)
+    out, status = process(text, RULES, POLICY)
+    assert status == 1
+    after = yaml.safe_load(out)
+    errors = [r for r in after["results"] if r["severity"] == "error"]
+    assert [r["resourceRef"]["name"] for r in errors] == ["db"]
+    assert errors[0]["message"].startswith("memory-request-equals-limit: ")
+    assert after["items"] == expected_items(refused["items"])  # the other items still fixed
+    done = subprocess.run([sys.executable, "-m", "app", "krm-fn"], input=text, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stderr
+    assert yaml.safe_load(done.stdout) == after
+    assert "results of severity error" in done.stderr
+    assert "[error] apps/v1/Deployment/shop/db " in done.stderr  # kustomize shows only stderr
+    # warnings and infos alone keep exit 0 (the first test's list)
+    assert process(RESOURCE_LIST, RULES, POLICY)[1] == 0
+
+
 def kustomize() -> Path:
     override = os.environ.get("ENVELOPE_KUSTOMIZE_BIN")
     if override:
@@ -165,3 +191,22 @@ def test_kustomize_build_with_the_function_equals_what_the_cluster_stores(tmp_pa
     # what kustomize now renders needs no change from the webhook
     assert not any(check_object(RULES, subject_of(o), StaticView(fixed, RULES.indexes), POLICY).patch
                    for o in fixed)
+
+
+@pytest.mark.e2e
+def test_kustomize_build_stops_on_an_error_result(tmp_path: Path) -> None:
+    """With a workload the webhook refuses, the real kustomize stops (before: it printed
+    the manifests, and the apply failed later at the webhook)."""
+    binary = kustomize()
+    base = _kustomization(tmp_path, function=True)
+    refused = workload("Deployment", [container("db", requests={"memory": "1Gi"}, limits={"memory": "2Gi"})],
+                       namespace="shop")
+    refused["metadata"]["name"] = "db"
+    with (base / "deploy.yaml").open("a") as f:
+        f.write("---\n" + yaml.safe_dump(refused, sort_keys=False))
+    done = subprocess.run([str(binary), "build", "--enable-alpha-plugins", "--enable-exec", str(base)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert done.stdout == ""
+    assert "memory-request-equals-limit" in done.stderr, done.stderr[-2000:]

@@ -11,6 +11,7 @@ import sys
 from typing import Any, NoReturn
 
 from app.cli.audit_cmd import _audit_parser, run_audit
+from app.cli.chart_render import HelmOptions
 from app.cli.check import VALIDATE_ALIASES, _check_parser, _version, run_check
 from app.cli.fix_cmd import _fix_parsers, _run_fix
 from app.cli.reference import _reference_parsers, run_explain, run_rules, run_webhook_config
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_check(paths, rules, policy, args.output, fail_on=args.fail_on,
                              exclude=args.exclude, allow_empty=args.allow_empty,
                              kubeconfig=args.kubeconfig,
-                             validate=VALIDATE_ALIASES.get(args.validate, args.validate))
+                             validate=VALIDATE_ALIASES.get(args.validate, args.validate),
+                             quiet=args.quiet,
+                             helm=HelmOptions(args.helm_values, args.helm_set, args.helm_release,
+                                              args.helm_namespace))
         except Exception as exc:  # a bug of ours: say so in one line, the details on request
             if os.environ.get("ENVELOPE_DEBUG"):
                 raise

@@ -10,11 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.cluster.static import Manifest, load
+from app.cli.chart_render import HelmOptions, find_helm, no_helm_message, render_charts
+from app.cluster.static import Manifest, Skipped, load
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.engine import check_object
 from app.exemptions import needs_namespaces
+from app.fieldschema import FIELDS_RULE
 from app.render import FORMATS, render, render_input_errors
 from app.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
@@ -52,10 +54,27 @@ def _check_parser(sub: Any) -> None:
                             "WorkerPools from this cluster (one LIST each; api.ate.dev "
                             "ActorTemplates are placed against its WorkerPools); the files' "
                             "objects replace the cluster's of the same name")
+    check.add_argument("--quiet", action="store_true",
+                       help='leave out the "not evaluated" notes (rules with nothing to judge in '
+                            "the input), in every output format")
+    helm = check.add_argument_group(
+        "Helm charts", "a directory with a Chart.yaml and templates/ is rendered with helm "
+                       "template ($ENVELOPE_HELM, helm on PATH, or $ENVELOPE_CONTROLPLANE_BIN/helm; "
+                       "exit 2 without one) and its objects judged, named by their template")
+    helm.add_argument("--helm-values", action="append", default=[], metavar="FILE",
+                      help="a values file for helm template (its -f); repeatable")
+    helm.add_argument("--helm-set", action="append", default=[], metavar="KEY=VALUE",
+                      help="a value for helm template (its --set); repeatable")
+    helm.add_argument("--helm-release", default="release-name", metavar="NAME",
+                      help="default: %(default)s (as helm's); the release name to render with")
+    helm.add_argument("--helm-namespace", default="default", metavar="NS",
+                      help="the namespace to render for (helm's --namespace; default: %(default)s)")
     check.add_argument("--validate", choices=("strict", "warn", "ignore", "true", "false"),
                        default="strict",
                        help="field validation as kubectl apply --validate does it, from the "
-                            "schemas of the Kubernetes version in app/data: strict (or true) "
+                            "schemas of the Kubernetes version in app/data and the published CRD "
+                            "schemas of the custom resources Envelope judges (KAI, agent-substrate): "
+                            "strict (or true) "
                             "refuses an object with an unknown field, warn warns and judges it "
                             "without the field, ignore (or false) drops it silently; an unknown "
                             "kind of a built-in API group is refused in every mode")
@@ -91,9 +110,6 @@ def _judged(m: Manifest, rules: RuleSet, view: StaticView, policy: Policy,
                         before, m.line_of)
 
 
-FIELDS_RULE = "fields"
-"""The rule id of strict field validation's findings (not a rule of the rule set: the API
-server decides it before admission, see app/fieldschema.py)."""
 
 
 def _validate_fields(manifests: list[Manifest], validate: str
@@ -199,11 +215,35 @@ def _kinds(objects: list[dict[str, Any]]) -> set[str]:
 VALIDATE_ALIASES = {"true": "strict", "false": "ignore"}
 
 
+def _in_chart(source: str, charts: list[str]) -> bool:
+    """A file of a chart directory that helm does not install as it is (not crds/)."""
+    path = Path(source)
+    return any(path.is_relative_to(c) and not path.is_relative_to(Path(c) / "crds") for c in charts)
+
+
 def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               fail_on: FailOn = "error",
               exclude: list[str] | None = None, allow_empty: bool = False,
-              kubeconfig: str | None = None, validate: str = "strict") -> int:
+              kubeconfig: str | None = None, validate: str = "strict", quiet: bool = False,
+              helm: HelmOptions | None = None) -> int:
     loaded = load(paths, exclude or ())
+    charts = [c for c in loaded.charts  # a subchart is rendered by the chart that holds it
+              if not any(Path(c).is_relative_to(Path(o)) and c != o for o in loaded.charts)]
+    if charts:
+        helm_bin = find_helm()
+        if helm_bin is None:
+            print(f"envelope check: {no_helm_message(charts)}", file=sys.stderr)
+            return 2
+        # A chart's other files (files/, values) reach the cluster only through its
+        # templates; crds/ is installed by helm as it is, so it is judged as files.
+        inside = [m for m in loaded.manifests if _in_chart(m.source, charts)]
+        loaded.manifests = [m for m in loaded.manifests if m not in inside]
+        loaded.skipped.extend(Skipped(p, "in a Helm chart, outside templates/ and crds/: reaches "
+                                         "the cluster only through the rendered templates")
+                              for p in sorted({m.source for m in inside}))
+        rendered = set(render_charts(charts, helm_bin, helm or HelmOptions(), loaded))
+        loaded.skipped = [s for s in loaded.skipped
+                          if not (s.path.endswith("/templates") and str(Path(s.path).parent) in rendered)]
     if loaded.errors:
         errors = sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))
         for error in errors:
@@ -259,9 +299,9 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
         objects.append(_judged(m, rules, view, policy, field_findings))
     declared = list(rules.values())
     report = Report(objects, declared,
-                    not_evaluated(declared, ((o.api_version.rpartition("/")[0], o.kind)
-                                          for o in objects),
-                                  present=_kinds(context)),
+                    [] if quiet else not_evaluated(
+                        declared, ((o.api_version.rpartition("/")[0], o.kind) for o in objects),
+                        present=_kinds(context)),
                     skipped, _version())
     return _report(report, output, fail_on)
 

@@ -61,9 +61,37 @@ def run_rules(rules: RuleSet, output: str, family_name: str | None) -> int:
     return 0
 
 
+FIELDS_PAGE = """\
+# fields — strict field validation (envelope check only; not a rule of the policy)
+
+What: an object has a field its kind does not have (`resource:` for `resources:`,
+`gaurantee:`), a field of the wrong type in its metadata, or a kind or version a built-in
+API group does not serve. The API server refuses such a write with `kubectl apply`
+(`strict decoding error: unknown field ...`), before any admission webhook runs.
+
+Why: `envelope check` reads files, so without this a typo passes the pull request and
+fails at apply time, or (with --validate=false) is silently dropped. Built-in kinds are
+checked against the API server's own field structure (app/data/fieldschema.json.gz);
+the custom resources Envelope judges (KAI NodePool, Department, Project, Queue;
+agent-substrate ActorTemplate, WorkerPool) against their published CRD schemas
+(app/data/crdschema.json.gz). Other custom resources are not checked.
+
+Fix: correct or remove the field the finding names (it suggests the nearest known name).
+
+Modes: --validate strict (default; the object is refused and not judged), warn (a warning,
+the object judged without the field, as the server stores it), ignore (dropped silently).
+Metadata of the wrong type and unknown kinds are refused in every mode.
+"""
+"""``envelope explain fields``: what check's ``fields`` findings are (app/fieldschema.py)."""
+
+
 def run_explain(rules: RuleSet, rule_id: str) -> int:
+    from app.fieldschema import FIELDS_RULE
     from app.ruledocs import page
 
+    if rule_id == FIELDS_RULE:
+        sys.stdout.write(FIELDS_PAGE)
+        return 0
     if rule_id not in rules:
         print(f"envelope explain: unknown rule id {rule_id!r}{did_you_mean(rule_id, rules)}; "
               f"`envelope rules` lists them", file=sys.stderr)

@@ -218,6 +218,28 @@ def _cluster_configuration(args: argparse.Namespace) -> tuple[Any, str]:
     return serve_configuration(args.kubeconfig or None)
 
 
+#: The packages whose versions the start line names: the server's own internals
+#: (app/httplimits.py subclasses uvicorn's and uvloop's private classes), so a log says
+#: whether what runs is what requirements.lock pins (issue 35).
+SERVING_PACKAGES = ("envelope", "uvicorn", "uvloop", "httptools", "fastapi", "starlette")
+
+
+def _log_versions() -> None:
+    import logging
+    import platform
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for name in SERVING_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    logging.getLogger("envelope").info(
+        "starting envelope " + ", ".join(f"{n} {v}" for n, v in versions.items() if n != "envelope"),
+        extra={"fields": {"versions": {**versions, "python": platform.python_version()}}})
+
+
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
 
@@ -228,6 +250,7 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     from app.serving import Server
 
     setup_logging(args.log_level)
+    _log_versions()
     try:
         configuration, where = _cluster_configuration(args)
     except ClusterConfigError as exc:

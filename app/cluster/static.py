@@ -207,6 +207,8 @@ class Loaded:
     errors: list[LoadError] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     """Files and directories left out, and why (not Kubernetes objects, excluded, ...)."""
+    charts: list[str] = field(default_factory=list)
+    """Helm chart directories found (their ``templates/`` are skipped: render them)."""
 
 
 def decode(data: bytes) -> str:
@@ -357,6 +359,7 @@ def _walk_dir(root: Path, exclude: tuple[str, ...], out: Loaded) -> Iterator[Pat
                 out.skipped.append(Skipped(str(path), "excluded"))
             elif d == "templates" and "Chart.yaml" in files:
                 out.skipped.append(Skipped(str(path), "Helm chart templates (render them first)"))
+                out.charts.append(str(base))
             else:
                 keep.append(d)
         dirs[:] = keep

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from app.fieldschema import FIELDS_RULE
 from app.render.gate import change_gate_text
 from app.reports import FailOn, Report
 
@@ -37,5 +38,9 @@ def explain_line(rule_ids: Collection[str]) -> str:
     """Where the rules that reported are explained: their pages and ``envelope explain``."""
     from app.ruledocs import docs_url
 
-    return (f"why and how to fix: envelope explain RULE, or {docs_url()}rules/RULE.md, for "
-            f"{', '.join(rule_ids)}")
+    pages = [r for r in rule_ids if r != FIELDS_RULE]
+    line = (f"why and how to fix: envelope explain RULE, or {docs_url()}rules/RULE.md, for "
+            f"{', '.join(pages)}") if pages else ""
+    if FIELDS_RULE in rule_ids:  # strict field validation: explained, but not a rule page
+        line += ("; " if line else "why and how to fix: ") + f"envelope explain {FIELDS_RULE}"
+    return line

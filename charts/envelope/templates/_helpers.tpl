@@ -314,3 +314,9 @@ true
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* NOTES.txt: a webhook's failure policy as written (envelope.failurePolicy: Ignore with
+webhooks.safeInstall) and, with safeInstall, what a ready replica raises it to. */}}
+{{- define "envelope.notesPolicy" -}}
+{{ include "envelope.failurePolicy" (dict "root" .root "want" .want) }}{{ if and .root.Values.webhooks.safeInstall (ne .want "Ignore") }} until a replica is ready, then {{ .want }}{{ end }}
+{{- end }}
