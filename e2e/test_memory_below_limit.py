@@ -34,6 +34,7 @@ from app.cli import main
 from app.cluster.static import Loaded, load_text, split_documents
 from app.config import Policy
 from app.matchconditions import mutate_match_conditions
+from app.quantity import QuantityError, parse_quantity
 from app.ruleset import default_ruleset
 from harness import Cluster
 
@@ -133,18 +134,33 @@ def _apply(cluster: Cluster, tmp: Path, docs: list[str]) -> tuple[list[dict[str,
 
 
 def _within(part: Any, whole: Any, where: str = "") -> list[str]:
-    """Where ``part`` is not contained in ``whole`` (every key it sets, as stored)."""
+    """Where ``part`` (an object as the file writes it) is not in ``whole`` (as stored),
+    up to how the API server serialises: empty and false values are omitted (``omitempty``:
+    ``hostNetwork: false``, ``value: ""``), a null is defaulted (``replicas: null`` -> 1),
+    and quantities are written canonically (``1024Mi`` -> ``1Gi``)."""
+    if part is None or part is False or part in ("", {}, []):
+        return []
     if isinstance(part, dict):
         if not isinstance(whole, dict):
             return [where]
         return [p for k, v in part.items() for p in
-                (_within(v, whole[k], f"{where}.{k}") if k in whole else [f"{where}.{k} missing"])]
+                (_within(v, whole[k], f"{where}.{k}") if k in whole else
+                 [] if v is None or v is False or v in ("", {}, []) else [f"{where}.{k} missing"])]
     if isinstance(part, list):
         if not isinstance(whole, list) or len(part) != len(whole):
             return [where]
         return [p for i, (a, b) in enumerate(zip(part, whole, strict=True))
                 for p in _within(a, b, f"{where}[{i}]")]
-    return [] if part == whole or str(part) == str(whole) else [f"{where}: {part!r} != {whole!r}"]
+    if part == whole or str(part) == str(whole) or _same_quantity(part, whole):
+        return []
+    return [f"{where}: {part!r} != {whole!r}"]
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    try:
+        return parse_quantity(str(a)) == parse_quantity(str(b))
+    except QuantityError:
+        return False
 
 
 def _renamed(objs: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:

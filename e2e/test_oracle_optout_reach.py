@@ -96,6 +96,9 @@ def test_workload_opt_outs_reach_the_pods_of_every_kind(converging: Converging) 
             else stored["spec"]["template"]
         annotations = template["metadata"].get("annotations") or {}
         assert annotations == (OPT_OUT if opted else {}), (kind, annotations)
+        if kind == "CronJob":  # and its Jobs' own metadata (the Job is judged too)
+            job_meta = stored["spec"]["jobTemplate"].get("metadata") or {}
+            assert (job_meta.get("annotations") or {}) == (OPT_OUT if opted else {}), job_meta
     # every controller (the CronJob's within a minute: its schedule) makes its Pods
     found: dict[str, list[dict[str, Any]]] = {}
     deadline = time.monotonic() + 150
@@ -118,6 +121,13 @@ def test_workload_opt_outs_reach_the_pods_of_every_kind(converging: Converging) 
                 assert resources["requests"]["memory"] == "128Mi", (kind, resources)
             else:  # the control: the Pod webhook strips the limit from these Pods
                 assert "cpu" not in resources["limits"], (kind, resources)
+    # the Deployment controller took the mutated template as its own: one ReplicaSet each
+    # (kubernetes-facts.md: a ReplicaSet whose template a webhook changed is never the new one)
+    for name in ("deployment-opt", "deployment-ctl"):
+        status, sets = cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/replicasets"
+                                          f"?labelSelector=app%3D{name}")
+        names = [s["metadata"]["name"] for s in sets["items"]]
+        assert status == 200 and len(names) == 1, (name, names)
     print(f"{len(PATHS)} kinds: {sum(len(found[n]) for _, n, o in cases if o)} opted-out Pods kept "
           f"their CPU limit and exemption; {sum(len(found[n]) for _, n, o in cases if not o)} control "
           f"Pods lost it")

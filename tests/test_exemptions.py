@@ -132,6 +132,13 @@ def test_the_keep_cpu_limit_opt_out_on_the_workload_reaches_its_pods() -> None:
     pod = workload("Pod", [container(limits={"cpu": "2", "memory": "1Gi"})],
                    annotations=result.obj["spec"]["template"]["metadata"]["annotations"])
     assert run(pod).patch == []
+    # a CronJob's also go to its Jobs' metadata, which the Job controller does not need but
+    # the Job's own exemption does
+    cron = run(workload("CronJob", [BAD_MEMORY], namespace="team-a",
+                        annotations={"envelope.io/exempt": "memory-request-equals-limit"}))
+    assert cron.obj["spec"]["jobTemplate"]["metadata"]["annotations"] == \
+        cron.obj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"] == \
+        {"envelope.io/exempt": "memory-request-equals-limit"}
     # "false", or an opt-out already on the template, is not copied
     for own, template in (({"envelope.io/keep-cpu-limit": "false"}, None),
                           ({"envelope.io/keep-cpu-limit": "true"},

@@ -92,35 +92,48 @@ def template_opt_outs(subject: Subject, obj: dict[str, Any], view: ClusterView,
     ReplicaSet, a CronJob's through its Job), so ``keep-cpu-limit`` or ``exempt`` on the
     workload's own metadata would stop at the Pod webhook. Each one the template does not
     have is copied there, value as written (a template that has its own value keeps it).
+    A CronJob's also go to its ``jobTemplate.metadata``: the cronjob controller gives its
+    Jobs those annotations (``getJobFromTemplate2``, pkg/controller/cronjob/utils.go), and
+    the Job is itself judged (an exemption is read from the object's own metadata).
     The opt-out is copied only when it says ``"true"``; an exemption of no rule is not."""
-    template = pod_template(subject, obj)
     own = dig(obj, ("metadata", "annotations"))
-    if template is None or not isinstance(own, dict):
+    if pod_template(subject, obj) is None or not isinstance(own, dict):
         return []
-    meta = template.get("metadata")
-    if meta is not None and not isinstance(meta, dict):
-        return []
-    theirs = (meta or {}).get("annotations")
-    if theirs is not None and not isinstance(theirs, dict):
-        return []
-    added: dict[str, str] = {}
+    carried: dict[str, str] = {}
     for key in _carried(policy):
         value = own.get(key)
-        if not isinstance(value, str) or (theirs and key in theirs):
+        if not isinstance(value, str):
             continue
         if key == policy.opt_out_annotation and value.strip().lower() != "true":
             continue
         if key != policy.opt_out_annotation and not value.replace(",", "").strip():
             continue
-        added[key] = value
-    if not added:
+        carried[key] = value
+    if not carried:
         return []
-    # copy-on-write: the copier shares the template's metadata with the admitted object
-    template["metadata"] = {**(meta or {}), "annotations": {**(theirs or {}), **added}}
-    where = f"{'.'.join(POD_SPEC_PATHS[(subject.group, subject.kind)][:-1])}.metadata.annotations"
-    return [change(where, f"{key}: {shown(value)} copied from the {subject.kind}'s metadata to its "
-                          f"pod template, so the Pods it makes carry it")
-            for key, value in added.items()]
+    places = [POD_SPEC_PATHS[(subject.group, subject.kind)][:-1]]
+    if subject.kind == "CronJob":
+        places.insert(0, ("spec", "jobTemplate"))
+    findings = []
+    for place in places:
+        holder = dig(obj, place)  # a copy the copier made (it copies every dict on the path)
+        meta = holder.get("metadata") if isinstance(holder, dict) else None
+        theirs = meta.get("annotations") if isinstance(meta, dict) else None
+        if not isinstance(holder, dict) or (meta is not None and not isinstance(meta, dict)) or \
+                (theirs is not None and not isinstance(theirs, dict)):
+            continue
+        added = {k: v for k, v in carried.items() if not (theirs and k in theirs)}
+        if not added:
+            continue
+        # copy-on-write: the copier shares the metadata with the admitted object
+        holder["metadata"] = {**(meta or {}), "annotations": {**(theirs or {}), **added}}
+        what = "job template, so the Jobs it makes carry it" if place == ("spec", "jobTemplate") \
+            else "pod template, so the Pods it makes carry it"
+        findings += [change(f"{'.'.join(place)}.metadata.annotations",
+                            f"{key}: {shown(value)} copied from the {subject.kind}'s metadata to "
+                            f"its {what}")
+                     for key, value in added.items()]
+    return findings
 
 
 def _parses(value: object) -> bool:
