@@ -126,7 +126,8 @@ def _apply(cluster: Cluster, tmp: Path, docs: list[str]) -> tuple[list[dict[str,
             assert "denied the request" in done.stderr, done.stderr  # only Envelope refuses
             refused.append(done.stderr.strip())
             continue
-        obj = json.loads(done.stdout)
+        uid = json.loads(done.stdout)["metadata"]["uid"]
+        obj = json.loads(done.stdout.replace(uid, "UID"))  # a Job's selector holds its uid
         for key in VOLATILE:
             obj["metadata"].pop(key, None)
         stored.append(obj)
