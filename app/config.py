@@ -32,7 +32,7 @@ from pydantic import (
 from app.quantity import parse_quantity
 from app.selectors import StrictLabelSelector
 
-__all__ = ["ConfigError", "KnownRules", "Mode", "Policy", "capped", "load_policy"]
+__all__ = ["ConfigError", "KnownRules", "MemoryBelowLimit", "Mode", "Policy", "capped", "load_policy"]
 
 
 class KnownRules(Protocol):
@@ -164,6 +164,31 @@ class RuleException(BaseModel):
         return self
 
 
+class MemoryBelowLimit(BaseModel):
+    """Where a memory request below its limit is written equal (rule ``memory-below-limit``,
+    mutate phase) instead of being refused by ``memory-request-equals-limit``: for stacks
+    the platform does not own (vendor charts, operator-made workloads). Every condition
+    given must hold, as in a :class:`RuleException`; ``namespaces: ["*"]`` is every
+    namespace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    action: Literal["raise-request", "lower-limit"] = "raise-request"
+    """``raise-request``: the request becomes the limit (the pods keep the memory the
+    vendor allowed them, now reserved: it may no longer fit a node or a quota);
+    ``lower-limit``: the limit becomes the request (the pods may be OOM-killed sooner)."""
+    namespaces: list[str] | None = None
+    namespace_selector: StrictLabelSelector | None = Field(None, alias="namespaceSelector")
+    """Labels of the object's Namespace (e.g. ``envelope.io/memory: raise-request``, set by
+    whoever may label namespaces)."""
+
+    @model_validator(mode="after")
+    def _narrowed(self) -> MemoryBelowLimit:
+        if not (self.namespaces or self.namespace_selector):
+            raise ValueError("memoryBelowLimit needs namespaces (\"*\" for every namespace) or "
+                             "a namespaceSelector")
+        return self
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -189,6 +214,9 @@ class Policy(BaseModel):
     mutations_annotation: str = Field("envelope.io/mutations", alias="mutationsAnnotation")
     """Written on every object Envelope mutates, in the same patch, naming what changed
     (``cpu-limits:app,sidecar;memory-limit:app``); "" writes nothing."""
+    memory_below_limit: MemoryBelowLimit | None = Field(None, alias="memoryBelowLimit")
+    """Where ``memory-below-limit`` writes a memory request below its limit equal to it
+    (off: nowhere; ``memory-request-equals-limit`` refuses it)."""
     annotate_pods: bool = Field(False, alias="annotatePods")
     """Also annotate Pods (off: their template's owner already carries it, and a Pod
     annotation per pod is noise in every ``kubectl get -o yaml``)."""

@@ -128,10 +128,12 @@ def _stamp(rule: Rule, found: list[Finding]) -> list[Finding]:
     return found
 
 
-def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation) -> None:
+def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation, announces: bool = False) -> None:
     for f in found:
         if mode is Mode.ENFORCE:
             (out.changes if f.severity == "change" else out.findings).append(f)
+            if announces and f.severity == "change":
+                out.findings.append(Finding("warning", f.rule, f.path, f.message))
         elif f.severity == "change":
             out.findings.append(Finding("warning", f.rule, f.path,
                                         f"not applied ({f.rule} in warn mode): {f.message}"))
@@ -226,6 +228,9 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
             if not ok:
                 results[rule.id] = "skip"
                 continue
+        if rule.where is not None and not rule.where(subject, view, policy):
+            results[rule.id] = "skip"
+            continue
         if exempt:
             why = exempt.get(rule.id) or exempt.get(ALL)
             if why is not None:
@@ -288,7 +293,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
             found = _stamp(rule, found)
             if rule.holds_back and any(f.severity != "change" for f in found):
                 held |= rule.holds_back
-            _apply_mode(found, mode, out)
+            _apply_mode(found, mode, out, rule.announces)
             severities = {f.severity for f in found}
             results[rule.id] = ("fail" if "error" in severities and mode is Mode.ENFORCE
                                 else "warn" if severities - {"change"} or mode is not Mode.ENFORCE
@@ -334,7 +339,8 @@ def _where(change: Finding, obj: dict[str, Any]) -> str:
                 isinstance(parts[i + 1], int):
             name = dig(obj, (*parts[:i + 2], "name"))
             return name if isinstance(name, str) else f"{part}[{parts[i + 1]}]"
-    return "pod" if change.path.endswith((".resources.limits.cpu", ".resources.limits.memory")) \
+    return "pod" if change.path.endswith((".resources.limits.cpu", ".resources.limits.memory",
+                                          ".resources.requests.memory")) \
         else change.path
 
 

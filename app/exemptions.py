@@ -16,8 +16,11 @@ ALL = "*"
 
 
 def needs_namespaces(policy: Policy) -> bool:
-    """Whether the view must hold Namespaces for the policy's exceptions."""
-    return any(e.namespace_selector is not None for e in policy.exceptions)
+    """Whether the view must hold Namespaces for the policy's exceptions (or for where
+    ``memoryBelowLimit`` applies)."""
+    choice = policy.memory_below_limit
+    return any(e.namespace_selector is not None for e in policy.exceptions) or \
+        (choice is not None and choice.namespace_selector is not None)
 
 
 def _labels(obj: Any) -> dict[str, str]:

@@ -55,19 +55,34 @@ from app.cluster.static import (
 )
 from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
-from app.config import Policy
+from app.config import MemoryBelowLimit, Mode, Policy
 from app.engine import check_object
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
 
-__all__ = ["FileFix", "FixError", "apply_patch", "fix_paths", "fix_text", "patch_items", "patch_text",
-           "patches", "run_fix"]
+__all__ = ["MEMORY_ACTIONS", "FileFix", "FixError", "apply_patch", "fix_paths", "fix_text",
+           "patch_items", "patch_text", "patches", "run_fix", "with_memory_action"]
 
 HELM_ADVICE = ("a template (it holds '{{', as a Helm template does): for a Helm chart fix its "
                "values files instead, or fix the rendered output (`helm template … | envelope "
                "fix -`, or `envelope fix -` as a `helm install --post-renderer`); render other "
                "templates first and fix what they produce")
+
+
+MEMORY_ACTIONS = ("raise-request", "lower-limit")
+"""``envelope fix --memory``: what to write where a memory request is below its limit."""
+
+
+def with_memory_action(policy: Policy, action: str | None) -> Policy:
+    """The policy ``envelope fix`` judges with: ``memory-below-limit`` in every namespace
+    with ``action`` (and enforced), or nowhere when no action is given — never implicit,
+    whatever the policy's ``memoryBelowLimit`` says."""
+    if action is None:
+        return policy.model_copy(update={"memory_below_limit": None})
+    choice = MemoryBelowLimit.model_validate({"action": action, "namespaces": ["*"]})
+    return policy.model_copy(update={"memory_below_limit": choice,
+                                     "rules": {**policy.rules, "memory-below-limit": Mode.ENFORCE}})
 
 
 class FixError(ValueError):
@@ -142,7 +157,7 @@ def _scalar(value: Any, *, flow: bool, json_style: bool, style: str | None = Non
         return json.dumps(value, ensure_ascii=False)
     if style == "'" and "\n" not in value:
         return "'" + value.replace("'", "''") + "'"
-    if style is None and value and value.strip() == value and "\n" not in value and "#" not in value:
+    if not style and value and value.strip() == value and "\n" not in value and "#" not in value:
         probe = f"k: {{x: {value}}}" if flow else f"k: {value}"
         if _reads_as(probe, {"k": {"x": value}} if flow else {"k": value}):
             return value

@@ -88,6 +88,12 @@ def _probe_specs(policy: Policy) -> list[dict[str, Any]]:
                                              "requests": {"cpu": "1", "memory": "1Gi"}})]},
         {"containers": [_container("c", {})],
          "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1"}}},
+        # a memory request below its limit (memory-below-limit, with memoryBelowLimit)
+        {"containers": [_container("c", {"limits": {"memory": "2Gi"},
+                                         "requests": {"memory": "1Gi"}})],
+         "initContainers": [_container("i", {"limits": {"memory": "2Gi"},
+                                             "requests": {"memory": "1Gi"}})],
+         "resources": {"limits": {"memory": "2Gi"}, "requests": {"memory": "1Gi"}}},
     ]
 
 
@@ -141,6 +147,10 @@ def _jq(tokens: list[str], obj: dict[str, Any]) -> str:
 def touched_paths(rules: RuleSet, policy: Policy) -> list[Touched]:
     """Every field the enforced mutating rules change, per kind, from their own patches."""
     view = StaticView(indexes=rules.indexes)
+    choice = policy.memory_below_limit
+    if choice is not None:  # the probes' namespace stands for every namespace it selects
+        policy = policy.model_copy(update={"memory_below_limit": choice.model_copy(
+            update={"namespaces": ["*"], "namespace_selector": None})})
     found: dict[tuple[str, str, str], tuple[str, set[str]]] = {}
     kinds = sorted({k for rule in rules.values() if rule.phase == "mutate" for k in rule.kinds
                     if k in POD_SPEC_PATHS})

@@ -11,6 +11,11 @@ exactly what the mutate-phase rules act on:
 - ``env-envelope-cpu``: a container env var named ``envelopeEnv.limits`` whose value
   mentions ``cpu`` (case-insensitive), unless opted out;
 - ``memory-limit``: a memory request without a memory limit (any holder);
+- ``template-opt-outs``: a workload (not a Pod) whose own metadata carries the opt-out
+  or exemption annotation (any value);
+- ``memory-below-limit`` (only with the policy's ``memoryBelowLimit``: matchConditions
+  see no Namespace, so in every namespace): a memory limit whose request is absent or
+  written differently (any holder);
 - ``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``: a CPU limit anywhere,
   opted out or not — these guards judge the namespace, not the annotation, and they
   warn (or deny) for opted-out workloads too.
@@ -49,7 +54,8 @@ MUTATING_WEBHOOK = "workloads.mutate.envelope.io"
 """The chart's name for the workloads' mutating webhook."""
 
 #: The workload kinds' mutate-phase rules this module has a condition for.
-KNOWN_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "memory-limit",
+KNOWN_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "memory-limit", "memory-below-limit",
+                         "template-opt-outs",
                          "quota-needs-cpu-limits", "limitrange-needs-cpu-limits",
                          # warns only where cpu-limits removes a limit: its writes are a
                          # subset of cpu-limits' clause, added when cpu-limits is on
@@ -100,8 +106,19 @@ def _memory_without_limit(r: str) -> str:
             f"!(has({r}.limits) && \"memory\" in {r}.limits))")
 
 
+def _memory_apart(r: str) -> str:
+    """A memory request and limit written differently, or a memory limit without a
+    request (over-approximates ``memory-below-limit``: 1Gi and 1024Mi are equal)."""
+    return (f"(has({r}.limits) && \"memory\" in {r}.limits && "
+            f"!(has({r}.requests) && \"memory\" in {r}.requests && "
+            f"{r}.requests[\"memory\"] == {r}.limits[\"memory\"]))")
+
+
 _CPU_ANY = _any_resources(lambda r: f"has({r}.limits) && \"cpu\" in {r}.limits")
 _MEMORY_NO_LIMIT = _any_resources(_memory_without_limit)
+MEMORY_APART = _any_resources(_memory_apart)
+"""Some resources block whose memory request and limit ``memory-below-limit`` may write
+equal (its domain; ``s`` is the pod spec)."""
 
 
 def _env_cpu(name: str) -> str:
@@ -131,10 +148,25 @@ def mutate_expression(rules: RuleSet, policy: Policy) -> str:
         clauses.append(f"({_env_cpu(policy.envelope_env.limits)} && {not_opted_out})")
     if "memory-limit" in on:
         clauses.append(_MEMORY_NO_LIMIT)
+    if "memory-below-limit" in on and policy.memory_below_limit is not None:
+        clauses.append(MEMORY_APART)
+    carried = _carried_on_object(policy) if "template-opt-outs" in on else ""
     if not clauses:
-        return "false"
-    return (f"{_template_roots()}.exists(t, has(t.spec) && [t.spec].exists(s, "
-            f"{' || '.join(clauses)}))")
+        return carried or "false"
+    found = (f"{_template_roots()}.exists(t, has(t.spec) && [t.spec].exists(s, "
+             f"{' || '.join(clauses)}))")
+    return f"({carried}) || {found}" if carried else found
+
+
+def _carried_on_object(policy: Policy) -> str:
+    """``template-opt-outs``: a workload (not a Pod) whose own metadata has the opt-out
+    or (where objects may exempt themselves) the exemption annotation, whatever its
+    value."""
+    keys = [policy.opt_out_annotation,
+            *([policy.exempt_annotation] if policy.allow_object_exemptions else [])]
+    there = " || ".join(f"{_cel_string(k)} in object.metadata.annotations" for k in keys)
+    return (f"object.kind != \"Pod\" && has(object.metadata) && "
+            f"has(object.metadata.annotations) && ({there})")
 
 
 def mutate_match_conditions(rules: RuleSet, policy: Policy) -> list[dict[str, Any]]:

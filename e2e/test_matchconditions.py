@@ -14,8 +14,8 @@ the namespace guards report). A counterexample is a write ``cond`` was not calle
 whose evaluation has a patch, a finding or an internal error. There must be none, and
 both outcomes must be common (the test is not vacuous).
 
-Run for the default policy and for one with other names and the guards off (there the
-opt-out annotation is what decides the CPU part).
+Run for the default policy, for one with other names and the guards off (there the
+opt-out annotation is what decides the CPU part), and for one with ``memoryBelowLimit``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ POLICIES = {
         "optOutAnnotation": "example.com/keep-cpu",
         "envelopeEnv": {"limits": "APP_LIMITS", "requests": "APP_REQUESTS"},
         "rules": {"quota-needs-cpu-limits": "off", "limitrange-needs-cpu-limits": "off"}}),
+    # memory-below-limit everywhere (matchConditions see no namespace)
+    "memory-below-limit": Policy.model_validate({"memoryBelowLimit": {"namespaces": ["*"]}}),
 }
 
 # --------------------------------------------------------------------- the recorder
@@ -143,7 +145,7 @@ MEMORY = ["64Mi", "128Mi", "1Gi", "512Mi", "2G"]
 def _resources(rng: random.Random, tidy: bool) -> dict[str, Any] | None:
     """A resources block; ``tidy`` draws from the shapes Envelope leaves alone (no CPU
     limit, no memory request without a limit)."""
-    shape = rng.choice([0, 1, 5, 7, 8, 9]) if tidy else rng.randrange(11)
+    shape = rng.choice([0, 1, 5, 7, 8, 9]) if tidy else rng.randrange(13)
     cpu, mem = rng.choice(CPU), rng.choice(MEMORY)
     return [
         None,
@@ -157,6 +159,8 @@ def _resources(rng: random.Random, tidy: bool) -> dict[str, Any] | None:
         {"limits": {"memory": mem}},
         {"requests": {"cpu": "100m"}, "limits": {"memory": mem, "ephemeral-storage": "1Gi"}},
         {"limits": {"ephemeral-storage": "1Gi"}, "requests": {"memory": mem}},
+        {"limits": {"memory": "1Gi"}, "requests": {"memory": mem}},  # apart, unless mem is 1Gi
+        {"limits": {"memory": "1024Mi"}, "requests": {"memory": "1Gi"}},  # equal, written apart
     ][shape]
 
 
@@ -214,7 +218,7 @@ def _pod_spec(rng: random.Random, env_names: tuple[str, ...]) -> dict[str, Any]:
 def generate(rng: random.Random, count: int, prefix: str) -> Iterator[dict[str, Any]]:
     """Workloads of every kind the webhook matches, resources drawn so that about half
     need nothing from Envelope's mutation."""
-    keys = ("envelope.io/keep-cpu-limit", "example.com/keep-cpu")
+    keys = ("envelope.io/keep-cpu-limit", "example.com/keep-cpu", "envelope.io/exempt")
     env_names = ("RESOURCE_LIMITS", "APP_LIMITS", "RESOURCE_REQUESTS")
     labels = {"app": "mc"}
     for i in range(count):

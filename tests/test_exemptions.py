@@ -85,27 +85,67 @@ def test_the_object_can_exempt_itself_unless_the_policy_forbids_it() -> None:
     assert rules_hit(run(everything)) == {"memory-request-equals-limit"}  # only rule ids
 
 
-def test_an_exemption_that_does_not_reach_the_pods_says_so() -> None:
+def test_an_exemption_on_the_workload_is_copied_to_its_pod_template() -> None:
     """Only the template's annotations reach the Pods (app/podmodel.py): a Deployment
-    exempting itself is told its Pods are still judged; on the template, it is not."""
+    exempting itself gets the annotation copied into its template (template-opt-outs),
+    so its Pods are exempt too; with that rule off, it is told its Pods are still judged."""
     only_workload = deployment(annotations={"envelope.io/exempt": "memory-request-equals-limit"})
     result = run(only_workload)
     assert rules_hit(result) == set()
-    said = [f for f in result.warnings if f.rule == "memory-request-equals-limit"]
+    assert result.obj["spec"]["template"]["metadata"]["annotations"] == {
+        "envelope.io/exempt": "memory-request-equals-limit"}
+    assert not [f for f in result.warnings if "still judges" in f.message]
+    off = Policy.model_validate({"rules": {"template-opt-outs": "off"}})
+    said = [f for f in run(only_workload, off).warnings if f.rule == "memory-request-equals-limit"]
     assert len(said) == 1 and "spec.template" not in said[0].message
     assert "still judges every Pod it makes" in said[0].message
     both = workload("Deployment", [BAD_MEMORY], namespace="team-a",
                     annotations={"envelope.io/exempt": "memory-request-equals-limit"},
                     template_annotations={"envelope.io/exempt": "memory-request-equals-limit"})
     assert not [f for f in run(both).warnings if "still judges" in f.message]
+    assert not [c for c in run(both).changes if c.rule == "template-opt-outs"]
     pod = workload("Pod", [BAD_MEMORY], annotations={"envelope.io/exempt": "memory-request-equals-limit"})
     assert not [f for f in run(pod).warnings if "still judges" in f.message]
+    # a template with its own value keeps it (and is told which rule does not reach)
+    other = workload("Deployment", [BAD_MEMORY], namespace="team-a",
+                     annotations={"envelope.io/exempt": "memory-request-equals-limit"},
+                     template_annotations={"envelope.io/exempt": "pod-fits-node"})
+    kept = run(other)
+    assert kept.obj["spec"]["template"]["metadata"]["annotations"] == {
+        "envelope.io/exempt": "pod-fits-node"}
+    assert [f for f in kept.warnings if "still judges" in f.message]
+    # where objects may not exempt themselves, nothing is copied
+    closed = Policy.model_validate({"allowObjectExemptions": False})
+    assert not [c for c in run(only_workload, closed).changes if c.rule == "template-opt-outs"]
 
 
-def test_the_keep_cpu_limit_opt_out_still_works() -> None:
+def test_the_keep_cpu_limit_opt_out_on_the_workload_reaches_its_pods() -> None:
     obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],
                    annotations={"envelope.io/keep-cpu-limit": "true"})
-    assert run(obj).patch == []
+    result = run(obj)
+    assert [op["path"] for op in result.patch] == [
+        "/metadata/annotations/envelope.io~1mutations", "/spec/template/metadata"]
+    assert result.obj["spec"]["template"]["metadata"]["annotations"] == {
+        "envelope.io/keep-cpu-limit": "true"}
+    assert result.obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
+    # the Pod its controller makes carries the template's annotations: the CPU limit stays
+    pod = workload("Pod", [container(limits={"cpu": "2", "memory": "1Gi"})],
+                   annotations=result.obj["spec"]["template"]["metadata"]["annotations"])
+    assert run(pod).patch == []
+    # a CronJob's also go to its Jobs' metadata, which the Job controller does not need but
+    # the Job's own exemption does
+    cron = run(workload("CronJob", [BAD_MEMORY], namespace="team-a",
+                        annotations={"envelope.io/exempt": "memory-request-equals-limit"}))
+    assert cron.obj["spec"]["jobTemplate"]["metadata"]["annotations"] == \
+        cron.obj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"] == \
+        {"envelope.io/exempt": "memory-request-equals-limit"}
+    # "false", or an opt-out already on the template, is not copied
+    for own, template in (({"envelope.io/keep-cpu-limit": "false"}, None),
+                          ({"envelope.io/keep-cpu-limit": "true"},
+                           {"envelope.io/keep-cpu-limit": "true"})):
+        again = workload("Deployment", [container(limits={"memory": "1Gi"})],
+                         annotations=own, template_annotations=template)
+        assert not [c for c in run(again).changes if c.rule == "template-opt-outs"]
 
 
 @pytest.mark.parametrize(("text", "says"), [

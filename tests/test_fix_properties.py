@@ -17,8 +17,8 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from app.cluster.static import Loaded, compose, load_text
 from app.cluster.yamlk8s import build
-from app.config import load_policy
-from app.fix import fix_text, patches
+from app.config import Policy, load_policy
+from app.fix import fix_text, patches, with_memory_action
 from app.ruleset import default_ruleset
 from tests.conftest import workload
 from tests.helpers.workloads import KINDS, containers
@@ -28,9 +28,9 @@ POLICY = load_policy(None, None, RULES)
 
 
 @st.composite
-def objects(draw: st.DrawFn) -> dict[str, Any]:
+def objects(draw: st.DrawFn, apart: bool = False) -> dict[str, Any]:
     kind = draw(st.sampled_from(KINDS))
-    obj = workload(kind, draw(containers("c")), draw(containers("init")) or None)
+    obj = workload(kind, draw(containers("c", apart)), draw(containers("init", apart)) or None)
     if draw(st.booleans()):
         obj["metadata"]["labels"] = {"app": "web", "tier": draw(st.sampled_from(["a", "b c"]))}
     return obj
@@ -103,8 +103,8 @@ def block_map(rnd: Random, value: dict[str, Any], indent: int, step: int) -> lis
 
 
 @st.composite
-def manifest_files(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]]]:
-    objs = draw(st.lists(objects(), min_size=1, max_size=3))
+def manifest_files(draw: st.DrawFn, apart: bool = False) -> tuple[str, list[dict[str, Any]]]:
+    objs = draw(st.lists(objects(apart), min_size=1, max_size=3))
     style = draw(st.randoms(use_true_random=False))  # layout choices: cheap, and reproducible
     if len(objs) == 1 and style.randint(0, 3) == 0:
         indent = style.choice([None, 1, 2, 4])
@@ -173,11 +173,23 @@ def _read(text: str) -> Loaded:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(manifest_files())
 def test_fix_writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]]) -> None:
+    _writes_exactly_the_patch(case, POLICY)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(manifest_files(apart=True), st.sampled_from(["raise-request", "lower-limit"]))
+def test_fix_memory_writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]],
+                                             action: str) -> None:
+    """``envelope fix --memory``: the same, over memory requests apart from their limits."""
+    _writes_exactly_the_patch(case, with_memory_action(POLICY, action))
+
+
+def _writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]], policy: Policy) -> None:
     text, objs = case
     loaded = _read(text)
     assert not loaded.errors, loaded.errors
     assert [m.obj for m in loaded.manifests] == objs  # the generator writes what it means
-    found = patches(loaded.manifests, RULES, POLICY)
+    found = patches(loaded.manifests, RULES, policy)
     result = fix_text(text, "gen.yaml", found)
     assert not result.problems, (result.problems, text)
     again = _read(result.fixed)
@@ -194,5 +206,5 @@ def test_fix_writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]]) ->
             assert set(range(i1, i2)) <= allowed, (tag, old[i1:i2], text, result.fixed)
     assert result.changed == sum(bool(p) for p in found)
     # idempotent: the fixed file needs no change
-    assert not any(patches(again.manifests, RULES, POLICY))
+    assert not any(patches(again.manifests, RULES, policy))
     assert fix_text(result.fixed, "gen.yaml", [[] for _ in again.manifests]).fixed == result.fixed

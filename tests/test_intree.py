@@ -41,7 +41,8 @@ def test_the_default_policy_compiles_both_enforced_mutations() -> None:
     compiled = compile_in_tree(RULES, Policy())
     assert compiled.rules == ("cpu-limits", "memory-limit")
     assert set(compiled.not_compiled) == {"env-envelope-cpu", "quota-needs-cpu-limits",
-                                          "limitrange-needs-cpu-limits", "downward-cpu-limit"}
+                                          "limitrange-needs-cpu-limits", "downward-cpu-limit",
+                                          "template-opt-outs"}
     kinds = [m["kind"] for m in compiled.manifests]
     assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
     binding = compiled.manifests[1]
@@ -84,7 +85,8 @@ def test_guards_off_drop_the_namespace_fact() -> None:
     compiled = compile_in_tree(RULES, policy(quota_needs_cpu_limits="off",
                                              limitrange_needs_cpu_limits="off"))
     assert FACT_LABEL not in compiled.domain
-    assert set(compiled.not_compiled) == {"env-envelope-cpu", "downward-cpu-limit"}
+    assert set(compiled.not_compiled) == {"env-envelope-cpu", "downward-cpu-limit",
+                                          "template-opt-outs"}
 
 
 def test_warn_mode_is_not_compiled_and_leaves_its_writes_to_the_webhook() -> None:

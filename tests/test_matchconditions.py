@@ -55,7 +55,7 @@ def test_opt_out_does_not_gate_cpu_limits_while_a_guard_is_on() -> None:
 
 def test_rules_that_are_off_add_nothing() -> None:
     off = dict.fromkeys(["cpu-limits", "env-envelope-cpu", "memory-limit", "quota-needs-cpu-limits",
-                         "limitrange-needs-cpu-limits"], "off")
+                         "limitrange-needs-cpu-limits", "template-opt-outs"], "off")
     assert mutate_expression(RULES, Policy.model_validate({"rules": off})) == "false"
     only_memory = {k: v for k, v in off.items() if k != "memory-limit"}
     expr = mutate_expression(RULES, Policy.model_validate({"rules": only_memory}))
@@ -115,7 +115,8 @@ def test_the_mutate_rules_are_the_known_ones() -> None:
               if r.phase == "mutate" and r.kinds & WORKLOAD_KINDS}
     assert mutate == {"cpu-limits": "enforce", "env-envelope-cpu": "enforce", "memory-limit": "enforce",
                       "quota-needs-cpu-limits": "warn", "limitrange-needs-cpu-limits": "warn",
-                      "downward-cpu-limit": "warn"}
+                      "downward-cpu-limit": "warn", "template-opt-outs": "enforce",
+                      "memory-below-limit": "enforce"}
     assert set(mutate) == KNOWN_RULES
 
 
@@ -129,6 +130,10 @@ CHART_POLICIES = [
     {"defaultMode": "off"},
     {"defaultMode": "off", "rules": {"memory-limit": "warn"}},
     {"defaultMode": "off", "rules": {"quota-needs-cpu-limits": "enforce"}},
+    {"memoryBelowLimit": {"namespaces": ["*"]}, "allowObjectExemptions": False},
+    {"memoryBelowLimit": {"namespaces": ["x"]}, "rules": {"memory-below-limit": "off"}},
+    {"memoryBelowLimit": {"namespaces": ["*"]}, "defaultMode": "off",
+     "rules": {"memory-below-limit": "enforce"}},
 ]
 
 

@@ -81,7 +81,7 @@ def test_create_examples_give_the_same_answer_through_envelope_check(
         manifest = getattr(example, which).strip()
         path.write_text(f"{example.cluster.strip()}\n---\n{manifest}\n" if example.cluster.strip()
                         else manifest + "\n")
-        run_check([str(path)], RULES, Policy(), "json")
+        run_check([str(path)], RULES, Policy.model_validate(example.policy), "json")
         objects = json.loads(capsys.readouterr().out)["objects"]
         written = objects[-1]  # the manifest is the last document
         assert written["document"] == len(objects)

@@ -36,6 +36,12 @@ def _fix_parsers(sub: Any) -> None:
                      help="leave out files and directories matching GLOB; repeatable")
     fix.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
                      help="policy file (rule modes, settings); default $ENVELOPE_CONFIG")
+    fix.add_argument("--memory", choices=("raise-request", "lower-limit"), default=None,
+                     help="where a memory request is below its limit, write them equal: "
+                          "raise-request (the request becomes the limit) or lower-limit (the "
+                          "limit becomes the request), in every object; without it neither is "
+                          "written (not even where the policy's memoryBelowLimit selects the "
+                          "namespace) and memory-request-equals-limit keeps reporting them")
     krm = sub.add_parser(
         "krm-fn", help="a KRM function (kustomize/kpt) applying Envelope's mutations",
         description="Read a KRM ResourceList on stdin (kustomize exec function, kpt fn), "
@@ -50,7 +56,7 @@ def _run_fix(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         from app.krmfn import run_krm_fn
 
         return run_krm_fn(rules, policy)
-    from app.fix import run_fix
+    from app.fix import run_fix, with_memory_action
 
     paths = [*args.paths, *args.filenames]
     if not paths:
@@ -58,4 +64,5 @@ def _run_fix(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
               file=sys.stderr)
         return 2
     mode = "diff" if args.diff else "check" if args.check else "write"
-    return run_fix(paths, rules, policy, mode=mode, exclude=args.exclude)
+    return run_fix(paths, rules, with_memory_action(policy, args.memory), mode=mode,
+                   exclude=args.exclude)

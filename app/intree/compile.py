@@ -78,7 +78,7 @@ from app.intree.cel import (
     resource_rules,
     template_exists,
 )
-from app.matchconditions import MUTATING_WEBHOOK, mutate_expression
+from app.matchconditions import MEMORY_APART, MUTATING_WEBHOOK, mutate_expression
 from app.podspec import WORKLOAD_KINDS
 from app.ruleset import RuleSet
 
@@ -98,7 +98,8 @@ neither namespace guard can report on any of its workloads."""
 #: Mutate-phase workload rules and what the compiler does with each.
 _COMPILABLE = ("cpu-limits", "memory-limit")
 _GUARDS = ("quota-needs-cpu-limits", "limitrange-needs-cpu-limits")
-_KNOWN = frozenset({*_COMPILABLE, *_GUARDS, "env-envelope-cpu", "downward-cpu-limit"})
+_KNOWN = frozenset({*_COMPILABLE, *_GUARDS, "env-envelope-cpu", "downward-cpu-limit",
+                    "memory-below-limit", "template-opt-outs"})
 _SPEC_POINTER = {"Pod": "/spec", "CronJob": "/spec/jobTemplate/spec/template/spec"}
 _ALL = "((has(s.initContainers) ? s.initContainers : []) + (has(s.containers) ? s.containers : []))"
 
@@ -195,7 +196,7 @@ def _modes(rules: RuleSet, policy: Policy) -> tuple[dict[str, Mode], list[str]]:
     return on, [rid for rid in order if rid in on]
 
 
-def _not_compiled(on: dict[str, Mode]) -> dict[str, str]:
+def _not_compiled(on: dict[str, Mode], policy: Policy) -> dict[str, str]:
     why: dict[str, str] = {}
     for rid, mode in on.items():
         if rid in _COMPILABLE and mode is Mode.WARN:
@@ -205,6 +206,13 @@ def _not_compiled(on: dict[str, Mode]) -> dict[str, str]:
             why[rid] = ("the kubelet's $(VAR) expansion, the last duplicate entry winning and "
                         "Python's whitespace rules in the key=value parser are not CEL's; "
                         "string envelopes stay in the webhook")
+        elif rid == "template-opt-outs":
+            why[rid] = ("copies annotations into the pod template: workloads whose own "
+                        "metadata carries the opt-out annotation stay in the webhook")
+        elif rid == "memory-below-limit" and policy.memory_below_limit is not None:
+            why[rid] = ("reads the Namespace and says what it raised as a warning (a "
+                        "MutatingAdmissionPolicy cannot warn): writes with a memory request "
+                        "apart from its limit stay in the webhook")
         elif rid == "downward-cpu-limit":
             why[rid] = ("a warning (a MutatingAdmissionPolicy cannot warn): writes whose "
                         "containers or volumes read limits.cpu through the downward API stay "
@@ -246,6 +254,8 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
             f"(has(v.downwardAPI) && [v.downwardAPI].exists(d, {items})) || "
             f"(has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(p, "
             f"has(p.downwardAPI) && [p.downwardAPI].exists(d, {items}))))))")
+    if on.get("memory-below-limit") and policy.memory_below_limit is not None:
+        body.append(f"!{MEMORY_APART}")
     if on.get("env-envelope-cpu"):
         name = lit(policy.envelope_env.limits)
         body.append(f"!{_ALL}.exists(c, has(c.env) && c.env.exists(e, e.name == {name} && "
@@ -264,6 +274,9 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
         "request.operation == \"CREATE\"",
         _plain_annotation("object.metadata", opt_out) if "cpu-limits" in compiled else "true",
     ]
+    if on.get("template-opt-outs"):
+        there, _ = annotation_value("object.metadata", opt_out)
+        parts.append(f"(object.kind == \"Pod\" || !{there})")
     parts += exemption_clauses(policy, compiled)
     parts.append(not_owned_by_deployment())
     parts.append(template_exists(" && ".join(body)))
@@ -388,7 +401,7 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
     namespace in the chart)."""
     on, order = _modes(rules, policy)
     compiled = tuple(rid for rid in order if rid in _COMPILABLE and on[rid] is Mode.ENFORCE)
-    why = _not_compiled(on)
+    why = _not_compiled(on, policy)
     old = mutate_expression(rules, policy)
     if not compiled:
         return Compiled((), why, "false", [], old)

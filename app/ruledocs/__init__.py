@@ -56,7 +56,7 @@ FAMILY_TEXT = {
               "[actors.md](../actors.md)",
 }
 
-CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "quota-needs-cpu-limits",
+CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "quota-needs-cpu-limits", "template-opt-outs",
                              "limitrange-needs-cpu-limits", "downward-cpu-limit"})
 """Rules the ``keep-cpu-limit`` opt-out is about: it is their hint, and no other's."""
 

@@ -164,6 +164,14 @@ class Rule:
     """The rule judges only objects for which this holds (e.g. workload rules need the
     shape Kubernetes gives a pod spec; the ``quantities`` rule reports what is wrong).
     Asked once per object and phase, however many rules share it."""
+    announces: bool = False
+    """Its changes are also said as warnings (``kubectl`` shows them): a change the user
+    would not guess from the manifest, such as a raised memory request."""
+    where: Callable[[Subject, ClusterView, Policy], bool] | None = None
+    """The rule runs only where the policy chose it to (e.g. ``memoryBelowLimit``'s
+    namespaces). Asked by the engine with the whole view, as exemptions are: what it reads
+    (Namespaces) is watched only when the policy needs it (``exemptions.needs_namespaces``),
+    not on the rule's behalf."""
 
 
 def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode, summary: str,
@@ -171,6 +179,8 @@ def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode,
          mutates: bool = True, order: int = 100, judges: Part | None = None,
          ratchet: Ratchet = Ratchet.NONE, holds_back: Iterable[str] = (),
          requires: Callable[[Subject, dict[str, Any]], bool] | None = None,
+         announces: bool = False,
+         where: Callable[[Subject, ClusterView, Policy], bool] | None = None,
          ) -> Callable[[RuleFn], RuleFn]:
     """Declare a rule: the one place its id, kinds, phase, mode and reads are written.
 
@@ -181,7 +191,7 @@ def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode,
     def declare(fn: RuleFn) -> RuleFn:
         declared = Rule(id, phase, frozenset(kinds), default, fn, summary, frozenset(operations),
                         mutates, order, frozenset(reads), judges, ratchet, frozenset(holds_back),
-                        requires)
+                        requires, announces, where)
         vars(fn)["rule"] = declared  # a function's attributes are its __dict__
         return fn
 

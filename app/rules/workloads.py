@@ -38,6 +38,7 @@ from app.podspec import (
     holders,
     pod_resources,
     pod_spec,
+    pod_template,
     qos_class,
     shape_problems,
     spec_text,
@@ -49,7 +50,7 @@ from app.quantity import QuantityError, format_bytes, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
 from app.util import cut, dig, dotted, shown
 
-__all__ = ["COPIERS", "CPU_LIMIT_RULES", "keeps_cpu_limit"]
+__all__ = ["COPIERS", "CPU_LIMIT_RULES", "keeps_cpu_limit", "memory_below_limit_applies"]
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
 """The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
@@ -68,6 +69,71 @@ def keeps_cpu_limit(subject: Subject, obj: dict[str, Any], policy: Policy) -> bo
             if isinstance(value, str) and value.strip().lower() == "true":
                 return True
     return False
+
+
+_TEMPLATED_KINDS = WORKLOAD_KINDS - {("", "Pod")}
+
+
+def _carried(policy: Policy) -> list[str]:
+    """The annotations a workload's own metadata may carry for its Pods: the opt-out, and
+    the exemption annotation where objects may exempt themselves."""
+    return [policy.opt_out_annotation,
+            *([policy.exempt_annotation] if policy.allow_object_exemptions else [])]
+
+
+@rule("template-opt-outs", "mutate", _TEMPLATED_KINDS, Mode.ENFORCE,
+      "a workload's opt-out and exemption annotations are copied to its pod template, so "
+      "its Pods carry them", order=1)
+def template_opt_outs(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                      policy: Policy) -> list[Finding]:
+    """A controller gives its Pods the pod template's annotations only (ReplicaSet,
+    StatefulSet, DaemonSet, Job controllers: ``GetPodFromTemplate`` in
+    pkg/controller/controller_utils.go at v1.37.2; a Deployment's Pods through its
+    ReplicaSet, a CronJob's through its Job), so ``keep-cpu-limit`` or ``exempt`` on the
+    workload's own metadata would stop at the Pod webhook. Each one the template does not
+    have is copied there, value as written (a template that has its own value keeps it).
+    A CronJob's also go to its ``jobTemplate.metadata``: the cronjob controller gives its
+    Jobs those annotations (``getJobFromTemplate2``, pkg/controller/cronjob/utils.go), and
+    the Job is itself judged (an exemption is read from the object's own metadata).
+    The opt-out is copied only when it says ``"true"``; an exemption of no rule is not."""
+    own = dig(obj, ("metadata", "annotations"))
+    if pod_template(subject, obj) is None or not isinstance(own, dict):
+        return []
+    carried: dict[str, str] = {}
+    for key in _carried(policy):
+        value = own.get(key)
+        if not isinstance(value, str):
+            continue
+        if key == policy.opt_out_annotation and value.strip().lower() != "true":
+            continue
+        if key != policy.opt_out_annotation and not value.replace(",", "").strip():
+            continue
+        carried[key] = value
+    if not carried:
+        return []
+    places = [POD_SPEC_PATHS[(subject.group, subject.kind)][:-1]]
+    if subject.kind == "CronJob":
+        places.insert(0, ("spec", "jobTemplate"))
+    findings = []
+    for place in places:
+        holder = dig(obj, place)  # a copy the copier made (it copies every dict on the path)
+        meta = holder.get("metadata") if isinstance(holder, dict) else None
+        theirs = meta.get("annotations") if isinstance(meta, dict) else None
+        if not isinstance(holder, dict) or (meta is not None and not isinstance(meta, dict)) or \
+                (theirs is not None and not isinstance(theirs, dict)):
+            continue
+        added = {k: v for k, v in carried.items() if not (theirs and k in theirs)}
+        if not added:
+            continue
+        # copy-on-write: the copier shares the metadata with the admitted object
+        holder["metadata"] = {**(meta or {}), "annotations": {**(theirs or {}), **added}}
+        what = "job template, so the Jobs it makes carry it" if place == ("spec", "jobTemplate") \
+            else "pod template, so the Pods it makes carry it"
+        findings += [change(f"{'.'.join(place)}.metadata.annotations",
+                            f"{key}: {shown(value)} copied from the {subject.kind}'s metadata to "
+                            f"its {what}")
+                     for key, value in added.items()]
+    return findings
 
 
 def _parses(value: object) -> bool:
@@ -232,6 +298,89 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                             f"memory limits not set to the requests: the Pod would become "
                             f"{after} (it is {before}), and a resize cannot change the QoS "
                             f"class; set equal memory limits when the Pod is next created")]
+    return findings
+
+
+def memory_below_limit_applies(subject: Subject, view: ClusterView, policy: Policy) -> bool:
+    """Whether ``policy.memoryBelowLimit`` selects the subject's namespace: every condition
+    given holds (``namespaces``, ``"*"`` for any; ``namespaceSelector`` on the Namespace's
+    labels, an unknown namespace matching none)."""
+    choice = policy.memory_below_limit
+    if choice is None:
+        return False
+    if choice.namespaces and "*" not in choice.namespaces and \
+            subject.namespace not in choice.namespaces:
+        return False
+    if choice.namespace_selector is not None:
+        namespace = view.get("Namespace", subject.namespace) if subject.namespace else None
+        labels = dig(namespace, ("metadata", "labels")) if namespace is not None else None
+        if not isinstance(labels, dict) or not choice.namespace_selector.matches(
+                {str(k): str(v) for k, v in labels.items()}):
+            return False
+    return True
+
+
+@rule("memory-below-limit", "mutate", WORKLOAD_KINDS, Mode.ENFORCE,
+      "where the policy's memoryBelowLimit selects the namespace, a memory request below its "
+      "limit is raised to it (or the limit lowered to it)",
+      judges=pod_resources, requires=well_formed, announces=True,
+      where=memory_below_limit_applies)
+def memory_below_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
+                       policy: Policy) -> list[Finding]:
+    """``memory-request-equals-limit``'s fix, at admission, for stacks the platform does
+    not own: in every resources block (init containers, sidecars, containers, pod level)
+    with a memory request below its memory limit, the request becomes the limit
+    (``raise-request``) or the limit the request (``lower-limit``). A pod-level memory
+    limit without a request (the API server would default the request to the containers'
+    sum) gets the request equal to the limit when raising. A request above its limit is
+    left to the API server, which refuses it. Nothing on a ``pods/resize`` (a resize must
+    not change the QoS class; the validating rule ratchets what the Pod had)."""
+    choice = policy.memory_below_limit
+    if choice is None or subject.subresource == "resize":
+        return []  # the engine asked memory_below_limit_applies for the namespace
+    raising = choice.action == "raise-request"
+    findings = []
+    for holder in holders(subject, obj):
+        requests = holder.resources.get("requests")
+        limits = holder.resources.get("limits")
+        if not isinstance(limits, dict) or "memory" not in limits:
+            continue
+        limit = limits["memory"]
+        request = requests.get("memory") if isinstance(requests, dict) else None
+        try:
+            if request is None:
+                if holder.container is not None or not raising:
+                    continue  # a container's request defaults to its limit
+                defaulted = (dig(default_pod({"spec": pod_spec(subject, obj) or {}}),
+                                 ("spec", "resources", "requests", "memory")))
+                if defaulted is None or compare_quantities(defaulted, limit) == 0:
+                    continue
+                request_amount = parse_quantity(defaulted)
+            else:
+                if compare_quantities(request, limit) >= 0:
+                    continue  # equal, or above: the API server refuses that
+                request_amount = parse_quantity(request)
+            gap = format_bytes(parse_quantity(limit) - request_amount)
+        except QuantityError:
+            continue  # the quantities rule names the value
+        shown_request = request if request is not None else \
+            f"{format_bytes(request_amount)} (the containers' sum the API server defaults)"
+        if raising:
+            if not isinstance(requests, dict):
+                requests = holder.resources["requests"] = {}
+            requests["memory"] = limit
+            findings.append(change(
+                f"{holder.path}.requests.memory",
+                f"{holder.label}: memory request raised from {shown_request} to {limit} "
+                f"(+{gap}) to equal its limit (policy memoryBelowLimit; "
+                f"memory-request-equals-limit)"))
+        else:
+            assert isinstance(requests, dict)
+            limits["memory"] = request
+            findings.append(change(
+                f"{holder.path}.limits.memory",
+                f"{holder.label}: memory limit lowered from {limit} to {request} (-{gap}) to "
+                f"equal its request (policy memoryBelowLimit; memory-request-equals-limit)"))
     return findings
 
 

@@ -25,7 +25,9 @@ other = st.dictionaries(
 
 
 @st.composite
-def resources(draw: st.DrawFn) -> dict[str, Any]:
+def resources(draw: st.DrawFn, apart: bool = False) -> dict[str, Any]:
+    """``apart``: memory request and limit may also differ (request below or above the
+    limit, in any notation), the case ``memory-below-limit`` writes equal."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = dict(draw(other))
     if draw(st.booleans()):
@@ -33,11 +35,18 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         requests["cpu"] = draw(cpu)
     mem = draw(memory)
-    shape = draw(st.sampled_from(["both-same", "both-notation", "request", "limit", "none"]))
+    shapes = ["both-same", "both-notation", "request", "limit", "none"]
+    shape = draw(st.sampled_from([*shapes, "below", "below", "above"] if apart else shapes))
     if shape in ("both-same", "both-notation", "request"):
         requests["memory"] = mem
     if shape in ("both-same", "limit"):
         limits["memory"] = mem
+    if shape in ("below", "above"):
+        requests["memory"] = mem
+        factor = draw(st.integers(2, 4))
+        amount = parse_quantity(mem) * factor if shape == "below" else parse_quantity(mem) / factor
+        limits["memory"] = draw(st.sampled_from([f"{int(amount)}", f"{int(amount) // 1024}Ki"]
+                                                if amount % 1024 == 0 else [f"{int(amount)}"]))
     if shape == "both-notation":
         limits["memory"] = f"{int(parse_quantity(mem) / 1024)}Ki" \
             if parse_quantity(mem) % 1024 == 0 else mem
@@ -50,13 +59,13 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
+def containers(draw: st.DrawFn, prefix: str, apart: bool = False) -> list[dict[str, Any]]:
     n = draw(st.integers(0 if prefix == "init" else 1, 3))
     items = []
     for i in range(n):
         c: dict[str, Any] = {"name": f"{prefix}{i}", "image": "img"}
         if draw(st.booleans()) or prefix == "c":
-            c["resources"] = draw(resources())
+            c["resources"] = draw(resources(apart))
         if draw(st.booleans()):
             c["env"] = [{"name": "RESOURCE_LIMITS", "value": draw(st.sampled_from(
                 ["cpu=7,memory=29Gi", "cpu=7", "", "memory=1Gi", " cpu=2 , ephemeral-storage=1Gi",

@@ -243,14 +243,15 @@ The workloads' mutating webhook's matchConditions: the CEL expression that
 app/matchconditions.py generates for .Values.policy (`envelope webhook-config` prints
 it; tests/test_matchconditions.py checks that both say the same, byte for byte). True
 when some mutate-phase rule could act on the write; the API server does not call the
-webhook otherwise. Default modes: cpu-limits, env-envelope-cpu, memory-limit enforce;
+webhook otherwise. Default modes: cpu-limits, env-envelope-cpu, memory-limit,
+template-opt-outs, memory-below-limit (which acts only with policy.memoryBelowLimit) enforce;
 the two namespace guards warn; `defaultMode: off` turns the unlisted ones off (`warn`
 keeps them running, so it changes nothing here).
 */}}
 {{- define "envelope.mutateMatchExpression" -}}
 {{- $p := .Values.policy -}}
 {{- $rules := $p.rules | default dict -}}
-{{- $defaults := dict "cpu-limits" "enforce" "env-envelope-cpu" "enforce" "memory-limit" "enforce" "quota-needs-cpu-limits" "warn" "limitrange-needs-cpu-limits" "warn" -}}
+{{- $defaults := dict "cpu-limits" "enforce" "env-envelope-cpu" "enforce" "memory-limit" "enforce" "quota-needs-cpu-limits" "warn" "limitrange-needs-cpu-limits" "warn" "template-opt-outs" "enforce" "memory-below-limit" "enforce" -}}
 {{- $on := dict -}}
 {{- range $id, $mode := $defaults -}}
 {{- $m := $mode -}}
@@ -276,11 +277,22 @@ keeps them running, so it changes nothing here).
 {{- $mem := "(has(%s.requests) && \"memory\" in %s.requests && !(has(%s.limits) && \"memory\" in %s.limits))" -}}
 {{- $clauses = append $clauses (printf "(%s.exists(c, has(c.resources) && %s) || (has(s.resources) && %s))" $all (printf $mem "c.resources" "c.resources" "c.resources" "c.resources") (printf $mem "s.resources" "s.resources" "s.resources" "s.resources")) -}}
 {{- end -}}
+{{- if and (hasKey $on "memory-below-limit") $p.memoryBelowLimit -}}
+{{- $apart := "(has(%s.limits) && \"memory\" in %s.limits && !(has(%s.requests) && \"memory\" in %s.requests && %s.requests[\"memory\"] == %s.limits[\"memory\"]))" -}}
+{{- $clauses = append $clauses (printf "(%s.exists(c, has(c.resources) && %s) || (has(s.resources) && %s))" $all (printf $apart "c.resources" "c.resources" "c.resources" "c.resources" "c.resources" "c.resources") (printf $apart "s.resources" "s.resources" "s.resources" "s.resources" "s.resources" "s.resources")) -}}
+{{- end -}}
+{{- $carried := "" -}}
+{{- if hasKey $on "template-opt-outs" -}}
+{{- $keys := list (printf "%s in object.metadata.annotations" $key) -}}
+{{- if $p.allowObjectExemptions -}}{{- $keys = append $keys (printf "%s in object.metadata.annotations" (toJson $p.exemptAnnotation)) -}}{{- end -}}
+{{- $carried = printf "object.kind != \"Pod\" && has(object.metadata) && has(object.metadata.annotations) && (%s)" (join " || " $keys) -}}
+{{- end -}}
 {{- if not $clauses -}}
-false
+{{- if $carried -}}{{ $carried }}{{- else -}}false{{- end -}}
 {{- else -}}
 {{- $roots := "(object.kind == \"Pod\" ? [object] : object.kind == \"CronJob\" ? (has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : []) : (has(object.spec) && has(object.spec.template) ? [object.spec.template] : []))" -}}
-{{- printf "%s.exists(t, has(t.spec) && [t.spec].exists(s, %s))" $roots (join " || " $clauses) -}}
+{{- $found := printf "%s.exists(t, has(t.spec) && [t.spec].exists(s, %s))" $roots (join " || " $clauses) -}}
+{{- if $carried -}}{{- printf "(%s) || %s" $carried $found -}}{{- else -}}{{ $found }}{{- end -}}
 {{- end -}}
 {{- end -}}
 
