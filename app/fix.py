@@ -233,8 +233,11 @@ ALIAS = "the value is shared through a YAML anchor (&) and alias (*): changing i
         "would change every place that refers to it; fix it by hand"
 
 
-def _locate(root: Node, tokens: list[str]) -> _Located:
-    shared = _shared(root)
+def _locate(root: Node, tokens: list[str], shared: set[int] | None = None) -> _Located:
+    """The node ``tokens`` name under ``root``; ``shared``: the nodes reached more than
+    once in the whole document (a List item's node may be aliased from another item)."""
+    if shared is None:
+        shared = _shared(root)
     node: Node = root
     for token in tokens[:-1]:
         if id(node) in shared:
@@ -285,6 +288,38 @@ def _content_end(text: str, node: Node) -> int:
     return end
 
 
+def _is_alias(key: Node, value: Node) -> bool:
+    """Whether ``value`` is written here as an alias (``*name``): the composer hands back
+    the anchored node, whose marks point at the anchor, which YAML puts before any of its
+    aliases, so the value "starts" before its own key ends."""
+    return value.start_mark.index < key.end_mark.index
+
+
+_ALIAS_END = frozenset(" \t\r\n,[]{}")
+
+
+def _alias_end(text: str, key: Node) -> int:
+    """Index just past the ``*name`` written as the value of ``key``."""
+    i = _colon_after(text, key)
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if not text.startswith("*", i):
+        raise FixError("an alias (*) that is not where its key's value is; fix it by hand")
+    i += 1
+    while i < len(text) and text[i] not in _ALIAS_END:
+        i += 1
+    return i
+
+
+def _value_end(text: str, key: Node, value: Node, *, flow: bool) -> int:
+    """Index just past the text of ``key``'s value in *this* place: an alias's own
+    ``*name``, never the anchored node it names (issue 37: ``memory: *mem`` under
+    requests with ``&mem`` under limits placed a new request under limits)."""
+    if _is_alias(key, value):
+        return _alias_end(text, key)
+    return int(value.end_mark.index) if flow else _content_end(text, value)
+
+
 def _rest_is_comment(text: str, i: int) -> bool:
     """Whether only blanks or a comment follow ``i`` on its line."""
     rest = text[i:_line_end(text, i)].strip()
@@ -306,8 +341,8 @@ def _newline(text: str) -> str:
 
 def _indent_step(text: str, mapping: MappingNode) -> int:
     """Indentation of nested block mappings in this document (2 when none is nested)."""
-    for _, v in mapping.value:
-        if isinstance(v, MappingNode) and not v.flow_style and v.value:
+    for k, v in mapping.value:
+        if isinstance(v, MappingNode) and not v.flow_style and v.value and not _is_alias(k, v):
             step: int = v.value[0][0].start_mark.column - mapping.value[0][0].start_mark.column
             if step > 0:
                 return step
@@ -339,7 +374,7 @@ def _remove(text: str, at: _Located) -> str:
     if parent.flow_style:
         if i + 1 < len(pairs):
             return _splice(text, key.start_mark.index, pairs[i + 1][0].start_mark.index, "")
-        prev_end = pairs[i - 1][1].end_mark.index
+        prev_end = _value_end(text, pairs[i - 1][0], pairs[i - 1][1], flow=True)
         return _splice(text, prev_end, node.end_mark.index, "")
     start, end = key.start_mark.index, _content_end(text, node)
     if _only_on_line(text, start) and _rest_is_comment(text, end):
@@ -380,7 +415,7 @@ def _add(text: str, at: _Located, token: str, value: Any, reuse: dict[str, str])
         if not parent.value:
             return _splice(text, parent.start_mark.index, parent.end_mark.index, "{" + pair + "}")
         last_key, last_value = parent.value[-1]
-        end = last_value.end_mark.index
+        end = _value_end(text, last_key, last_value, flow=True)
         if last_key.start_mark.line != parent.start_mark.line:
             nl = _newline(text)
             return _splice(text, end, end, "," + nl + " " * last_key.start_mark.column + pair)
@@ -395,8 +430,8 @@ def _add(text: str, at: _Located, token: str, value: Any, reuse: dict[str, str])
         lines = f"{' ' * indent}{_key(token, json_style=False)}: {reused}"
     else:
         lines = _block_pair(token, value, indent, _indent_step(text, parent), nl)
-    last_value = parent.value[-1][1]
-    end = _content_end(text, last_value)
+    last_key, last_value = parent.value[-1]
+    end = _value_end(text, last_key, last_value, flow=False)
     if not _rest_is_comment(text, end):
         raise FixError("the mapping's last line holds more than its value; fix it by hand")
     at_line = _line_end(text, end)
@@ -464,11 +499,12 @@ def patch_text(text: str, patch: list[dict[str, Any]], item: int | None = None) 
     return text
 
 
-def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str]) -> str:
+def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str],
+              shared: set[int] | None = None) -> str:
     tokens = _tokens(op["path"])
     if not tokens:
         raise FixError("the patch replaces the whole object")
-    at = _locate(root, tokens)
+    at = _locate(root, tokens, shared)
     kind = op["op"]
     if kind == "remove":
         node = at.node
@@ -478,7 +514,7 @@ def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str]) 
         try:
             return _remove(text, at)
         except _EmptyBlock:
-            holder = _locate(root, tokens[:-1]) if len(tokens) > 1 else _Located(root, None, root)
+            holder = _locate(root, tokens[:-1], shared) if len(tokens) > 1 else _Located(root, None, root)
             return _remove_only_pair(text, holder, at)
     if kind == "add" and at.node is None and isinstance(at.parent, MappingNode):
         return _add(text, at, tokens[-1], op["value"], reuse)
@@ -516,9 +552,10 @@ def _patch_item_in_place(text: str, patch: list[dict[str, Any]], item: int) -> s
     for op in patch:
         root = compose(text)
         pair = _pair_of(root, "items") if isinstance(root, MappingNode) else None
-        if pair is None or not isinstance(pair[1], SequenceNode) or item >= len(pair[1].value):
+        if root is None or pair is None or not isinstance(pair[1], SequenceNode) \
+                or item >= len(pair[1].value):
             raise FixError("the List's items are not where they were")
-        text = _apply_op(text, pair[1].value[item], op, reuse)
+        text = _apply_op(text, pair[1].value[item], op, reuse, _shared(root))
     return text
 
 
@@ -534,6 +571,7 @@ def patch_items(text: str, patches: dict[int, list[dict[str, Any]]]
     items = pair[1] if pair else None
     if not isinstance(items, SequenceNode):
         return text, {i: FixError("the List's items are not where they were") for i in patches}
+    aliased = root is not None and bool(_shared(root))
     for i in sorted(patches, reverse=True):
         if not patches[i]:
             continue
@@ -541,7 +579,9 @@ def patch_items(text: str, patches: dict[int, list[dict[str, Any]]]
             failed[i] = FixError("the List's items are not where they were")
             continue
         node = items.value[i]
-        found = _item_text(text, node) if not items.flow_style else None
+        # an item cut out as a document of its own loses the anchors and aliases that
+        # tie it to other items: with any in the document, patch it in place
+        found = _item_text(text, node) if not items.flow_style and not aliased else None
         if found is None:  # a flow list, or lines not indented alike: in the whole document
             try:
                 text = _patch_item_in_place(text, patches[i], i)
