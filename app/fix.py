@@ -20,8 +20,12 @@ change —
 Comments, key order, quoting, flow style and column alignment elsewhere stay byte for
 byte. Before anything is written the new text is read back as ``check`` reads it and
 must give exactly the old objects with their patches applied; a file where that fails
-is refused, never written. Helm templates (``{{``) are refused with how to handle
-charts instead.
+is refused, never written. A file that does not read as YAML and holds ``{{`` is
+refused as an unrendered template, with how to handle charts instead; ``{{`` inside a
+string value (a Jinja chat template in a ConfigMap, a rendered chart's alert template)
+is rendered YAML like any other. An object ``envelope check`` refuses for its fields
+(strict field validation) gets no patch and is left out of the rules' view, as ``check``
+leaves it out, and is named on stderr.
 
 Why one module of ~800 lines: every function here works on the same three things, the
 libyaml marks of one document's nodes, the text they point into and one JSON-pointer
@@ -57,6 +61,7 @@ from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.config import Policy
 from app.engine import check_object
+from app.fieldschema import default_schema
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
@@ -64,10 +69,20 @@ from app.substrate import is_current_template
 __all__ = ["FileFix", "FixError", "apply_patch", "fix_paths", "fix_text", "patch_items", "patch_text",
            "patches", "run_fix"]
 
-HELM_ADVICE = ("a template (it holds '{{', as a Helm template does): for a Helm chart fix its "
-               "values files instead, or fix the rendered output (`helm template … | envelope "
-               "fix -`, or `envelope fix -` as a `helm install --post-renderer`); render other "
-               "templates first and fix what they produce")
+def template_advice(source: str) -> str:
+    """Why a file that does not read as YAML and holds ``{{`` is refused: it looks like an
+    unrendered template. A rendered stream (a post-renderer's input) holds ``{{`` only
+    inside string values (Jinja chat templates, alert templates), which read fine; so
+    this is said only when the text does not read, and never recommends the command that
+    was just run."""
+    if source == "<stdin>":
+        return ("the input does not read as YAML and holds '{{', as an unrendered template "
+                "does: give `envelope fix -` the rendered output (`helm template` renders "
+                "a chart; as `helm install --post-renderer` it receives rendered manifests)")
+    return ("the file does not read as YAML and holds '{{', as a Helm template does: for a "
+            "Helm chart fix its values files instead, or fix the rendered output (`helm "
+            "template … | envelope fix -`, or `envelope fix -` as a `helm install "
+            "--post-renderer`); render other templates first and fix what they produce")
 
 
 class FixError(ValueError):
@@ -612,6 +627,8 @@ class FileFix:
     """Objects whose patch was written."""
     problems: list[str] = field(default_factory=list)
     """Why the file is refused (nothing is written when there is any)."""
+    skipped: list[str] = field(default_factory=list)
+    """Objects left as they are because ``envelope check`` refuses them for their fields."""
 
     @property
     def changes(self) -> bool:
@@ -646,6 +663,15 @@ def _loaded(text: str, source: str) -> Loaded:
     return out
 
 
+def _load_problems(source: str, text: str, loaded: Loaded) -> list[str]:
+    """Why a file that does not read is refused: the reader's errors, and the template
+    advice when the text holds ``{{`` (it comes first: it says what to do)."""
+    problems = [str(e) for e in loaded.errors]
+    if problems and "{{" in text:
+        problems.insert(0, f"{source}: {template_advice(source)}")
+    return problems
+
+
 def _refusal(source: str, m: Manifest, exc: Exception) -> str:
     name = (m.obj.get("metadata") or {}).get("name")
     return (f"{source}:{m.line}: {m.obj.get('kind')} {name}: cannot write the change in place "
@@ -657,11 +683,8 @@ def fix_text(text: str, source: str, patches: list[list[dict[str, Any]]]) -> Fil
     from it, verified by reading the result back."""
     result = FileFix(source, text, text)
     loaded = _loaded(text, source)
-    if "{{" in text and (loaded.errors or any(patches)):
-        result.problems = [f"{source}: {HELM_ADVICE}"]
-        return result
     if loaded.errors:
-        result.problems = [str(e) for e in loaded.errors]
+        result.problems = _load_problems(source, text, loaded)
         return result
     manifests = loaded.manifests
     result.objects = len(manifests)
@@ -791,11 +814,12 @@ def fix_paths(paths: list[str], rules: RuleSet, policy: Policy, *,
     per_file: list[tuple[_Input, list[Manifest], list[str]]] = []
     for inp in inputs:
         loaded = _loaded(inp.text, inp.source) if not inp.problem else Loaded()
-        problems = [inp.problem] if inp.problem else [str(e) for e in loaded.errors]
-        if problems and "{{" in inp.text:
-            problems = [f"{inp.source}: {HELM_ADVICE}"]
+        problems = [inp.problem] if inp.problem else _load_problems(inp.source, inp.text, loaded)
         per_file.append((inp, loaded.manifests, problems))
-    everything = [m for _, ms, problems in per_file if not problems for m in ms]
+    refused = {id(m): why for _, ms, problems in per_file if not problems for m in ms
+               if (why := field_refusal(m))}
+    everything = [m for _, ms, problems in per_file if not problems for m in ms
+                  if id(m) not in refused]
     all_patches = patches(everything, rules, policy)
     by_id = {id(m): p for m, p in zip(everything, all_patches, strict=True)}
     results = []
@@ -803,8 +827,26 @@ def fix_paths(paths: list[str], rules: RuleSet, policy: Policy, *,
         if problems:
             results.append(FileFix(inp.source, inp.text, inp.text, len(manifests), 0, problems))
             continue
-        results.append(fix_text(inp.text, inp.source, [by_id[id(m)] for m in manifests]))
+        result = fix_text(inp.text, inp.source, [by_id.get(id(m), []) for m in manifests])
+        result.skipped = [refused[id(m)] for m in manifests if id(m) in refused]
+        results.append(result)
     return results, skipped
+
+
+def field_refusal(m: Manifest) -> str:
+    """Why ``envelope check`` refuses this object for its fields (strict field validation,
+    as ``kubectl apply`` does by default; ``app.fieldschema``), or ``""``: such an object
+    is neither patched nor part of the view the rules judge the others against."""
+    problems = default_schema().check(m.obj)
+    if not problems:
+        return ""
+    name = (m.obj.get("metadata") or {}).get("name") if isinstance(m.obj.get("metadata"), dict) else None
+    first = problems[0]
+    said = first.message if first.path in first.message else f"{first.path}: {first.message}"
+    more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
+    return (f"{m.source}:{m.line}: {m.obj.get('kind')} {name}: not changed: `envelope check` "
+            f"refuses it for its fields, as kubectl apply does ({said}{more}); fix the field, "
+            f"then run envelope fix again")
 
 
 def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "write",
@@ -818,6 +860,8 @@ def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "wr
     for r in results:
         for problem in r.problems:
             print(f"envelope fix: {problem}", file=sys.stderr)
+        for note in r.skipped:
+            print(f"envelope fix: {note}", file=sys.stderr)
         if r.problems:
             continue
         if r.source == "<stdin>" and mode == "write":
