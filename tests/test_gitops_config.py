@@ -40,6 +40,8 @@ def test_argo_ignores_what_envelope_removes_or_rewrites_and_nothing_it_only_adds
     assert entries[("apps", "Deployment")] == [
         '.spec.template.spec.containers[]?.env[]? | select(.name == "RESOURCE_LIMITS") | .value',
         ".spec.template.spec.containers[]?.resources.limits.cpu",
+        # init containers and restartable sidecars: the string envelope too (issue 37)
+        '.spec.template.spec.initContainers[]?.env[]? | select(.name == "RESOURCE_LIMITS") | .value',
         ".spec.template.spec.initContainers[]?.resources.limits.cpu",
         ".spec.template.spec.resources.limits.cpu"]
     assert entries[("batch", "CronJob")][1] == \
