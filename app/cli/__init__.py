@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_check(paths, rules, policy, args.output, fail_on=args.fail_on,
                              exclude=args.exclude, allow_empty=args.allow_empty,
                              kubeconfig=args.kubeconfig,
-                             validate=VALIDATE_ALIASES.get(args.validate, args.validate))
+                             validate=VALIDATE_ALIASES.get(args.validate, args.validate),
+                             namespace=args.namespace)
         except Exception as exc:  # a bug of ours: say so in one line, the details on request
             if os.environ.get("ENVELOPE_DEBUG"):
                 raise
