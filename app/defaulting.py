@@ -382,7 +382,9 @@ def limit_ranger_pod(pod: Mapping[str, Any],
     annotation says what was set (``mergePodResourceRequirements`` and
     ``mergeContainerResources``, ``plugin/pkg/admission/limitranger/admission.go`` lines
     236-292 at v1.37.2: requests before limits, names sorted, containers before init
-    containers; a later LimitRange that sets anything rewrites the annotation). The Pod
+    containers; a later LimitRange that sets anything rewrites the annotation), after
+    decoding gave every limited resource its request (no default request is set for
+    it; the request itself is left to ``default_pod``). The Pod
     itself is returned when no LimitRange sets anything. ``envelope check`` judges a
     Pod this way, as the webhook receives it."""
     out: dict[str, Any] | None = None
@@ -402,10 +404,19 @@ def limit_ranger_pod(pod: Mapping[str, Any],
                     continue
                 res = container.get("resources")
                 set_by: dict[str, list[str]] = {}
+                # decoding (SetDefaults_Pod) ran first: a resource the container limits
+                # has its request already, and LimitRanger sets none for it
+                limited = res.get("limits") if isinstance(res, dict) else None
+                written = dict(limited) if isinstance(limited, dict) else {}
                 for which, defaults in (("limits", limits), ("requests", requests)):
                     current = res.get(which) if isinstance(res, dict) else None
+                    if which == "limits":
+                        written_here: dict[str, Any] = {}
+                    else:
+                        written_here = written
                     missing = {n: v for n, v in defaults.items()
-                               if not (isinstance(current, dict) and n in current)}
+                               if not (isinstance(current, dict) and n in current)
+                               and n not in written_here}
                     if not missing:
                         continue
                     if not isinstance(res, dict):
