@@ -40,9 +40,9 @@ from app.scheduling import (
     pod_requests,
 )
 
-__all__ = ["apply_limit_range_defaults", "copy_for_defaulting", "default_pod", "defaulted_limit_range_item",
-           "effective_pod_requests", "limit_range_default", "limit_range_items",
-           "merge_limit_range_defaults"]
+__all__ = ["LIMIT_RANGER_ANNOTATION", "apply_limit_range_defaults", "copy_for_defaulting", "default_pod",
+           "defaulted_limit_range_item", "effective_pod_requests", "limit_range_default",
+           "limit_range_items", "limit_ranger_pod", "merge_limit_range_defaults"]
 
 _HUGEPAGES = "hugepages-"
 
@@ -369,6 +369,70 @@ def merge_limit_range_defaults(spec: dict[str, Any],
                         res[which] = current
                     for name, value in defaults.items():
                         current.setdefault(name, value)
+
+
+LIMIT_RANGER_ANNOTATION = "kubernetes.io/limit-ranger"
+
+
+def limit_ranger_pod(pod: Mapping[str, Any],
+                     limit_ranges: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of a *Pod* as LimitRanger leaves it before the mutating webhooks see it:
+    for each LimitRange in turn, every container and init container gets the default
+    limits and requests it does not set, and the ``kubernetes.io/limit-ranger``
+    annotation says what was set (``mergePodResourceRequirements`` and
+    ``mergeContainerResources``, ``plugin/pkg/admission/limitranger/admission.go`` lines
+    236-292 at v1.37.2: requests before limits, names sorted, containers before init
+    containers; a later LimitRange that sets anything rewrites the annotation), after
+    decoding gave every limited resource its request (no default request is set for
+    it; the request itself is left to ``default_pod``). The Pod
+    itself is returned when no LimitRange sets anything. ``envelope check`` judges a
+    Pod this way, as the webhook receives it."""
+    out: dict[str, Any] | None = None
+    for lr in limit_ranges:
+        limits, requests = _container_defaults(lr)
+        if not limits and not requests:
+            continue
+        if out is None:
+            out = copy_for_defaulting(pod)
+        spec = out.get("spec")
+        if not isinstance(spec, dict):
+            return out
+        notes: list[str] = []
+        for key, word in (("containers", "container"), ("initContainers", "init container")):
+            for container in spec.get(key) or []:
+                if not isinstance(container, dict):
+                    continue
+                res = container.get("resources")
+                set_by: dict[str, list[str]] = {}
+                # decoding (SetDefaults_Pod) ran first: a resource the container limits
+                # has its request already, and LimitRanger sets none for it
+                limited = res.get("limits") if isinstance(res, dict) else None
+                written = dict(limited) if isinstance(limited, dict) else {}
+                for which, defaults in (("limits", limits), ("requests", requests)):
+                    current = res.get(which) if isinstance(res, dict) else None
+                    if which == "limits":
+                        written_here: dict[str, Any] = {}
+                    else:
+                        written_here = written
+                    missing = {n: v for n, v in defaults.items()
+                               if not (isinstance(current, dict) and n in current)
+                               and n not in written_here}
+                    if not missing:
+                        continue
+                    if not isinstance(res, dict):
+                        res = container["resources"] = {}
+                    res[which] = {**(current if isinstance(current, dict) else {}), **missing}
+                    set_by[which] = list(missing)
+                for which, word_of in (("requests", "request"), ("limits", "limit")):
+                    if set_by.get(which):
+                        notes.append(f"{', '.join(sorted(set_by[which]))} {word_of} for "
+                                     f"{word} {container.get('name')}")
+        if notes:
+            meta = out["metadata"] = dict(out.get("metadata") or {})
+            meta["annotations"] = {**(meta.get("annotations") or {}),
+                                   LIMIT_RANGER_ANNOTATION: "LimitRanger plugin set: "
+                                   + "; ".join(notes)}
+    return dict(pod) if out is None else out
 
 
 def apply_limit_range_defaults(spec: Mapping[str, Any],

@@ -20,8 +20,12 @@ change —
 Comments, key order, quoting, flow style and column alignment elsewhere stay byte for
 byte. Before anything is written the new text is read back as ``check`` reads it and
 must give exactly the old objects with their patches applied; a file where that fails
-is refused, never written. Helm templates (``{{``) are refused with how to handle
-charts instead.
+is refused, never written. A file that does not read as YAML and holds ``{{`` is
+refused as an unrendered template, with how to handle charts instead; ``{{`` inside a
+string value (a Jinja chat template in a ConfigMap, a rendered chart's alert template)
+is rendered YAML like any other. An object ``envelope check`` refuses for its fields
+(strict field validation) gets no patch and is left out of the rules' view, as ``check``
+leaves it out, and is named on stderr.
 
 Why one module of ~800 lines: every function here works on the same three things, the
 libyaml marks of one document's nodes, the text they point into and one JSON-pointer
@@ -57,6 +61,7 @@ from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.config import MemoryBelowLimit, Mode, Policy
 from app.engine import check_object
+from app.fieldschema import default_schema
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
@@ -64,10 +69,20 @@ from app.substrate import is_current_template
 __all__ = ["MEMORY_ACTIONS", "FileFix", "FixError", "apply_patch", "fix_paths", "fix_text",
            "patch_items", "patch_text", "patches", "run_fix", "with_memory_action"]
 
-HELM_ADVICE = ("a template (it holds '{{', as a Helm template does): for a Helm chart fix its "
-               "values files instead, or fix the rendered output (`helm template … | envelope "
-               "fix -`, or `envelope fix -` as a `helm install --post-renderer`); render other "
-               "templates first and fix what they produce")
+def template_advice(source: str) -> str:
+    """Why a file that does not read as YAML and holds ``{{`` is refused: it looks like an
+    unrendered template. A rendered stream (a post-renderer's input) holds ``{{`` only
+    inside string values (Jinja chat templates, alert templates), which read fine; so
+    this is said only when the text does not read, and never recommends the command that
+    was just run."""
+    if source == "<stdin>":
+        return ("the input does not read as YAML and holds '{{', as an unrendered template "
+                "does: give `envelope fix -` the rendered output (`helm template` renders "
+                "a chart; as `helm install --post-renderer` it receives rendered manifests)")
+    return ("the file does not read as YAML and holds '{{', as a Helm template does: for a "
+            "Helm chart fix its values files instead, or fix the rendered output (`helm "
+            "template … | envelope fix -`, or `envelope fix -` as a `helm install "
+            "--post-renderer`); render other templates first and fix what they produce")
 
 
 MEMORY_ACTIONS = ("raise-request", "lower-limit")
@@ -248,8 +263,11 @@ ALIAS = "the value is shared through a YAML anchor (&) and alias (*): changing i
         "would change every place that refers to it; fix it by hand"
 
 
-def _locate(root: Node, tokens: list[str]) -> _Located:
-    shared = _shared(root)
+def _locate(root: Node, tokens: list[str], shared: set[int] | None = None) -> _Located:
+    """The node ``tokens`` name under ``root``; ``shared``: the nodes reached more than
+    once in the whole document (a List item's node may be aliased from another item)."""
+    if shared is None:
+        shared = _shared(root)
     node: Node = root
     for token in tokens[:-1]:
         if id(node) in shared:
@@ -300,6 +318,38 @@ def _content_end(text: str, node: Node) -> int:
     return end
 
 
+def _is_alias(key: Node, value: Node) -> bool:
+    """Whether ``value`` is written here as an alias (``*name``): the composer hands back
+    the anchored node, whose marks point at the anchor, which YAML puts before any of its
+    aliases, so the value "starts" before its own key ends."""
+    return value.start_mark.index < key.end_mark.index
+
+
+_ALIAS_END = frozenset(" \t\r\n,[]{}")
+
+
+def _alias_end(text: str, key: Node) -> int:
+    """Index just past the ``*name`` written as the value of ``key``."""
+    i = _colon_after(text, key)
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if not text.startswith("*", i):
+        raise FixError("an alias (*) that is not where its key's value is; fix it by hand")
+    i += 1
+    while i < len(text) and text[i] not in _ALIAS_END:
+        i += 1
+    return i
+
+
+def _value_end(text: str, key: Node, value: Node, *, flow: bool) -> int:
+    """Index just past the text of ``key``'s value in *this* place: an alias's own
+    ``*name``, never the anchored node it names (issue 37: ``memory: *mem`` under
+    requests with ``&mem`` under limits placed a new request under limits)."""
+    if _is_alias(key, value):
+        return _alias_end(text, key)
+    return int(value.end_mark.index) if flow else _content_end(text, value)
+
+
 def _rest_is_comment(text: str, i: int) -> bool:
     """Whether only blanks or a comment follow ``i`` on its line."""
     rest = text[i:_line_end(text, i)].strip()
@@ -321,8 +371,8 @@ def _newline(text: str) -> str:
 
 def _indent_step(text: str, mapping: MappingNode) -> int:
     """Indentation of nested block mappings in this document (2 when none is nested)."""
-    for _, v in mapping.value:
-        if isinstance(v, MappingNode) and not v.flow_style and v.value:
+    for k, v in mapping.value:
+        if isinstance(v, MappingNode) and not v.flow_style and v.value and not _is_alias(k, v):
             step: int = v.value[0][0].start_mark.column - mapping.value[0][0].start_mark.column
             if step > 0:
                 return step
@@ -354,7 +404,7 @@ def _remove(text: str, at: _Located) -> str:
     if parent.flow_style:
         if i + 1 < len(pairs):
             return _splice(text, key.start_mark.index, pairs[i + 1][0].start_mark.index, "")
-        prev_end = pairs[i - 1][1].end_mark.index
+        prev_end = _value_end(text, pairs[i - 1][0], pairs[i - 1][1], flow=True)
         return _splice(text, prev_end, node.end_mark.index, "")
     start, end = key.start_mark.index, _content_end(text, node)
     if _only_on_line(text, start) and _rest_is_comment(text, end):
@@ -395,7 +445,7 @@ def _add(text: str, at: _Located, token: str, value: Any, reuse: dict[str, str])
         if not parent.value:
             return _splice(text, parent.start_mark.index, parent.end_mark.index, "{" + pair + "}")
         last_key, last_value = parent.value[-1]
-        end = last_value.end_mark.index
+        end = _value_end(text, last_key, last_value, flow=True)
         if last_key.start_mark.line != parent.start_mark.line:
             nl = _newline(text)
             return _splice(text, end, end, "," + nl + " " * last_key.start_mark.column + pair)
@@ -410,8 +460,8 @@ def _add(text: str, at: _Located, token: str, value: Any, reuse: dict[str, str])
         lines = f"{' ' * indent}{_key(token, json_style=False)}: {reused}"
     else:
         lines = _block_pair(token, value, indent, _indent_step(text, parent), nl)
-    last_value = parent.value[-1][1]
-    end = _content_end(text, last_value)
+    last_key, last_value = parent.value[-1]
+    end = _value_end(text, last_key, last_value, flow=False)
     if not _rest_is_comment(text, end):
         raise FixError("the mapping's last line holds more than its value; fix it by hand")
     at_line = _line_end(text, end)
@@ -479,11 +529,12 @@ def patch_text(text: str, patch: list[dict[str, Any]], item: int | None = None) 
     return text
 
 
-def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str]) -> str:
+def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str],
+              shared: set[int] | None = None) -> str:
     tokens = _tokens(op["path"])
     if not tokens:
         raise FixError("the patch replaces the whole object")
-    at = _locate(root, tokens)
+    at = _locate(root, tokens, shared)
     kind = op["op"]
     if kind == "remove":
         node = at.node
@@ -493,7 +544,7 @@ def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str]) 
         try:
             return _remove(text, at)
         except _EmptyBlock:
-            holder = _locate(root, tokens[:-1]) if len(tokens) > 1 else _Located(root, None, root)
+            holder = _locate(root, tokens[:-1], shared) if len(tokens) > 1 else _Located(root, None, root)
             return _remove_only_pair(text, holder, at)
     if kind == "add" and at.node is None and isinstance(at.parent, MappingNode):
         return _add(text, at, tokens[-1], op["value"], reuse)
@@ -531,9 +582,10 @@ def _patch_item_in_place(text: str, patch: list[dict[str, Any]], item: int) -> s
     for op in patch:
         root = compose(text)
         pair = _pair_of(root, "items") if isinstance(root, MappingNode) else None
-        if pair is None or not isinstance(pair[1], SequenceNode) or item >= len(pair[1].value):
+        if root is None or pair is None or not isinstance(pair[1], SequenceNode) \
+                or item >= len(pair[1].value):
             raise FixError("the List's items are not where they were")
-        text = _apply_op(text, pair[1].value[item], op, reuse)
+        text = _apply_op(text, pair[1].value[item], op, reuse, _shared(root))
     return text
 
 
@@ -549,6 +601,7 @@ def patch_items(text: str, patches: dict[int, list[dict[str, Any]]]
     items = pair[1] if pair else None
     if not isinstance(items, SequenceNode):
         return text, {i: FixError("the List's items are not where they were") for i in patches}
+    aliased = root is not None and bool(_shared(root))
     for i in sorted(patches, reverse=True):
         if not patches[i]:
             continue
@@ -556,7 +609,9 @@ def patch_items(text: str, patches: dict[int, list[dict[str, Any]]]
             failed[i] = FixError("the List's items are not where they were")
             continue
         node = items.value[i]
-        found = _item_text(text, node) if not items.flow_style else None
+        # an item cut out as a document of its own loses the anchors and aliases that
+        # tie it to other items: with any in the document, patch it in place
+        found = _item_text(text, node) if not items.flow_style and not aliased else None
         if found is None:  # a flow list, or lines not indented alike: in the whole document
             try:
                 text = _patch_item_in_place(text, patches[i], i)
@@ -587,6 +642,8 @@ class FileFix:
     """Objects whose patch was written."""
     problems: list[str] = field(default_factory=list)
     """Why the file is refused (nothing is written when there is any)."""
+    skipped: list[str] = field(default_factory=list)
+    """Objects left as they are because ``envelope check`` refuses them for their fields."""
 
     @property
     def changes(self) -> bool:
@@ -621,6 +678,15 @@ def _loaded(text: str, source: str) -> Loaded:
     return out
 
 
+def _load_problems(source: str, text: str, loaded: Loaded) -> list[str]:
+    """Why a file that does not read is refused: the reader's errors, and the template
+    advice when the text holds ``{{`` (it comes first: it says what to do)."""
+    problems = [str(e) for e in loaded.errors]
+    if problems and "{{" in text:
+        problems.insert(0, f"{source}: {template_advice(source)}")
+    return problems
+
+
 def _refusal(source: str, m: Manifest, exc: Exception) -> str:
     name = (m.obj.get("metadata") or {}).get("name")
     return (f"{source}:{m.line}: {m.obj.get('kind')} {name}: cannot write the change in place "
@@ -632,11 +698,8 @@ def fix_text(text: str, source: str, patches: list[list[dict[str, Any]]]) -> Fil
     from it, verified by reading the result back."""
     result = FileFix(source, text, text)
     loaded = _loaded(text, source)
-    if "{{" in text and (loaded.errors or any(patches)):
-        result.problems = [f"{source}: {HELM_ADVICE}"]
-        return result
     if loaded.errors:
-        result.problems = [str(e) for e in loaded.errors]
+        result.problems = _load_problems(source, text, loaded)
         return result
     manifests = loaded.manifests
     result.objects = len(manifests)
@@ -766,11 +829,12 @@ def fix_paths(paths: list[str], rules: RuleSet, policy: Policy, *,
     per_file: list[tuple[_Input, list[Manifest], list[str]]] = []
     for inp in inputs:
         loaded = _loaded(inp.text, inp.source) if not inp.problem else Loaded()
-        problems = [inp.problem] if inp.problem else [str(e) for e in loaded.errors]
-        if problems and "{{" in inp.text:
-            problems = [f"{inp.source}: {HELM_ADVICE}"]
+        problems = [inp.problem] if inp.problem else _load_problems(inp.source, inp.text, loaded)
         per_file.append((inp, loaded.manifests, problems))
-    everything = [m for _, ms, problems in per_file if not problems for m in ms]
+    refused = {id(m): why for _, ms, problems in per_file if not problems for m in ms
+               if (why := field_refusal(m))}
+    everything = [m for _, ms, problems in per_file if not problems for m in ms
+                  if id(m) not in refused]
     all_patches = patches(everything, rules, policy)
     by_id = {id(m): p for m, p in zip(everything, all_patches, strict=True)}
     results = []
@@ -778,8 +842,26 @@ def fix_paths(paths: list[str], rules: RuleSet, policy: Policy, *,
         if problems:
             results.append(FileFix(inp.source, inp.text, inp.text, len(manifests), 0, problems))
             continue
-        results.append(fix_text(inp.text, inp.source, [by_id[id(m)] for m in manifests]))
+        result = fix_text(inp.text, inp.source, [by_id.get(id(m), []) for m in manifests])
+        result.skipped = [refused[id(m)] for m in manifests if id(m) in refused]
+        results.append(result)
     return results, skipped
+
+
+def field_refusal(m: Manifest) -> str:
+    """Why ``envelope check`` refuses this object for its fields (strict field validation,
+    as ``kubectl apply`` does by default; ``app.fieldschema``), or ``""``: such an object
+    is neither patched nor part of the view the rules judge the others against."""
+    problems = default_schema().check(m.obj)
+    if not problems:
+        return ""
+    name = (m.obj.get("metadata") or {}).get("name") if isinstance(m.obj.get("metadata"), dict) else None
+    first = problems[0]
+    said = first.message if first.path in first.message else f"{first.path}: {first.message}"
+    more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
+    return (f"{m.source}:{m.line}: {m.obj.get('kind')} {name}: not changed: `envelope check` "
+            f"refuses it for its fields, as kubectl apply does ({said}{more}); fix the field, "
+            f"then run envelope fix again")
 
 
 def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "write",
@@ -793,6 +875,8 @@ def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "wr
     for r in results:
         for problem in r.problems:
             print(f"envelope fix: {problem}", file=sys.stderr)
+        for note in r.skipped:
+            print(f"envelope fix: {note}", file=sys.stderr)
         if r.problems:
             continue
         if r.source == "<stdin>" and mode == "write":

@@ -3,8 +3,9 @@ Envelope in the path, generated from the rule set so they stay true.
 
 Which fields Envelope's mutating rules change is not written down here: it is found
 by running the rule set's enforced mutate phase on probe workloads of every kind the
-mutating rules judge (containers, init containers and pod-level resources with a CPU
-limit, a memory request without a limit, a string envelope holding a cpu pair) and
+mutating rules judge (containers, init containers, restartable sidecars and pod-level
+resources with a CPU limit, a memory request without a limit, a string envelope holding
+a cpu pair in each container) and
 reading the JSON patch it answers. A path the patch *removes* or *replaces* is one git
 holds and the cluster does not: Argo CD's default (three-way) diff shows it as drift for
 ever. A path it only *adds* is not in git, and neither Argo CD's three-way, nor its
@@ -78,14 +79,20 @@ def _container(name: str, resources: dict[str, Any], env: list[dict[str, str]] |
 
 
 def _probe_specs(policy: Policy) -> list[dict[str, Any]]:
-    """Pod specs on which every mutating rule has something to do: container and init
-    container resources, a string envelope, and (separately) pod-level resources."""
+    """Pod specs on which every mutating rule has something to do: container, init
+    container and restartable sidecar resources, a string envelope in each, and
+    (separately) pod-level resources."""
     envelope = [{"name": policy.envelope_env.limits, "value": "cpu=1,memory=1Gi"}]
+    sidecar = {**_container("s", {"limits": {"cpu": "1", "memory": "1Gi"}}, envelope),
+               "restartPolicy": "Always"}
     return [
         {"containers": [_container("c", {"limits": {"cpu": "1"}, "requests": {"memory": "1Gi"}},
                                    envelope)],
+         # the string envelope is rewritten in init containers and restartable sidecars
+         # too (issue 37: their env was missing from the ignore rules)
          "initContainers": [_container("i", {"limits": {"cpu": "1", "memory": "1Gi"},
-                                             "requests": {"cpu": "1", "memory": "1Gi"}})]},
+                                             "requests": {"cpu": "1", "memory": "1Gi"}},
+                                       envelope), sidecar]},
         {"containers": [_container("c", {})],
          "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1"}}},
         # a memory request below its limit (memory-below-limit, with memoryBelowLimit)

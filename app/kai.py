@@ -56,6 +56,7 @@ __all__ = [
     "project_namespace",
     "queue_name",
     "shortfall",
+    "status_resource",
     "total",
     "unknown_fields",
 ]
@@ -351,6 +352,48 @@ def describe(resource: Resource, value: Decimal) -> str:
     if resource == "gpu":
         return f"{number} card" if value == 1 else f"{number} cards"
     return f"{number} mCPU" if resource == "cpu" else f"{number} MB"
+
+
+# --- status keys ----------------------------------------------------------------------
+
+STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+"""Unprefixed resource names a container may request (with ``hugepages-<size>``): never a
+DeviceClass name in a Queue status."""
+
+
+def status_resource(key: str) -> Resource | None:
+    """The quota resource a key of a KAI Queue's ``status.allocated`` (``requested``,
+    ``allocatedNonPreemptible``) counts in, as KAI counts it; None for a key no quota of
+    the spec covers (``ephemeral-storage``, ``pods``, ``nvidia.com/gpu.memory``...).
+
+    KAI sums, per pod, the containers' requests (``nvidia.com/gpu`` and any other device
+    plugin's ``<vendor>/gpu``) and, for DRA, the devices of each claim whose
+    DeviceClass name contains ``gpu`` (any case), keyed by **the DeviceClass name**
+    (e.g. ``gpu.nvidia.com``): ``pkg/common/resources/dra.go`` ``IsGPUDeviceClass``
+    (line 155), ``ExtractDRAGPUResourcesFromClaims`` (124) and
+    ``DRAGPUResourceListFromClaims`` (303), called by
+    ``pkg/podgroupcontroller/controllers/metadata/pod.go`` (106, 125); the queue controller
+    sums the PodGroups' lists (``pkg/queuecontroller/controllers/resource_updater/
+    resource_updater.go`` 71-74), and the scheduler counts the same claims in the GPU
+    quota (``pkg/scheduler/api/resource_info/gpu_resource_requirment.go``
+    ``GetGpusQuota``, 183-198), all at KAI-Scheduler d5bc503a. A claim KAI made for a
+    DRA extended resource is skipped there (its cards are already under the container's
+    resource name), so the two kinds of keys add up without counting a card twice.
+
+    A DeviceClass name is a DNS subdomain (no ``/``), while a device plugin's resource
+    name is prefixed (``vendor/name``) and the unprefixed container resources are the
+    standard ones, none of which holds ``gpu``: so an unprefixed key holding ``gpu`` is
+    a DRA GPU class (``gpu``, KAI's own ``constants.GpuResource``, included)."""
+    if key == "cpu":
+        return "cpu"
+    if key == "memory":
+        return "memory"
+    if key.endswith("/gpu"):
+        return "gpu"
+    if "/" not in key and "gpu" in key.lower() and key not in STANDARD_RESOURCES \
+            and not key.startswith("hugepages-"):
+        return "gpu"
+    return None
 
 
 # --- names ----------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from functools import cached_property
 from typing import Any, Literal, Protocol
 
 from app.engine import Evaluation
+from app.kinds import name_of
 from app.rules.base import Finding
-from app.ruleset import NEEDS
+from app.ruleset import NEEDS, STAND_INS
 
 __all__ = ["NEEDS", "FailOn", "Located", "NotEvaluated", "ObjectResult", "Report", "RuleInfo",
            "not_evaluated"]
@@ -54,20 +55,25 @@ class NotEvaluated:
 
 def not_evaluated(rules: Iterable[Any], objects: Iterable[tuple[str, str]],
                   needs: Mapping[str, Collection[str]] = NEEDS,
-                  present: Collection[str] = ()) -> list[NotEvaluated]:
+                  present: Collection[str] = (),
+                  stand_ins: Mapping[tuple[str, str], Collection[str]] = STAND_INS,
+                  ) -> list[NotEvaluated]:
     """Rules that judge some object of the input but lack a kind they need.
 
     ``objects`` are the (API group, kind) of every loaded object. A rule's needs are its
     own ``needs`` attribute when it has one, else ``needs[rule.id]``; a rule without a
     ``kinds`` attribute is taken to judge every object. ``present`` adds kinds the rules
-    see besides the judged objects (a live cluster's, with ``--kubeconfig``).
+    see besides the judged objects (a live cluster's, with ``--kubeconfig``), by view
+    name (``app.kinds``). A needed kind counts as present when one of its ``stand_ins``
+    for that rule is (Karpenter NodePools for ``pod-fits-node``'s Nodes).
     """
     seen = Counter(objects)
-    present = {kind for _, kind in seen} | set(present)
+    present = {kind for _, kind in seen} | {name_of(*key) for key in seen} | set(present)
     out = []
     for rule in rules:
         wanted = tuple(getattr(rule, "needs", None) or needs.get(rule.id, ()))
-        missing = tuple(k for k in wanted if k not in present)
+        missing = tuple(k for k in wanted if k not in present and not any(
+            alt in present for alt in stand_ins.get((rule.id, k), ())))
         if not missing:
             continue
         kinds = getattr(rule, "kinds", None)

@@ -15,13 +15,14 @@ from typing import Any
 
 from app.cluster.view import Index, ScopedView, StaticView
 from app.config import Mode, Policy, capped
+from app.kinds import KARPENTER_NODEPOOL
 from app.rules import actors, namespace, workloads
 from app.rules.base import Phase, Rule, Subject, rules_of
 from app.rules.quotas import objects as quota_objects
 from app.rules.quotas import rules as quotas
 from app.rules.quotas import usage as quota_usage
 
-__all__ = ["NEEDS", "Copier", "RuleSet", "default_ruleset"]
+__all__ = ["NEEDS", "STAND_INS", "Copier", "RuleSet", "default_ruleset"]
 
 Copier = Callable[[Subject, dict[str, Any]], dict[str, Any]]
 
@@ -41,6 +42,13 @@ NEEDS: dict[str, tuple[str, ...]] = {
 result would be a silent "fine" (``envelope check`` says "not evaluated"; the rule pages
 say so). A rule may declare its own (``Rule.needs``); this table is the fallback for rules
 that do not. All listed kinds must be present."""
+
+STAND_INS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("pod-fits-node", "Node"): (KARPENTER_NODEPOOL,),
+}
+"""Kinds that stand in for a needed kind of one rule: ``pod-fits-node`` judges a pod
+against the Nodes Karpenter can create when the input has Karpenter NodePools and no
+Nodes (issue 37: it said "no Node objects" for pods it had just judged)."""
 
 
 class RuleSet(Mapping[str, Rule]):

@@ -147,3 +147,33 @@ def test_drift_with_envelope_in_the_path(cluster: Cluster, webhook: Webhook, nam
         for which in (fixed, unfixed):
             assert all(which["argo"][f"{m}+ignore"] == {"modified": False, "paths": []}
                        for m in MODES), which
+
+
+def test_the_ignore_rules_cover_the_string_envelope_in_init_containers(
+        cluster: Cluster, webhook: Webhook, namespace: str, gitopsdiff: Path, tmp_path: Path) -> None:
+    """Issue 37 class 6: the webhook rewrites RESOURCE_LIMITS in an init container and a
+    restartable sidecar as in a container; without an ignore rule for them Argo CD shows
+    the app OutOfSync for ever. Through Argo CD's own normalizer, the printed rules leave
+    every one of them out of the diff in every mode."""
+    ignore = tmp_path / "argocd.yaml"
+    ignore.write_text(subprocess.run([sys.executable, "-m", "app", "gitops-config", "--argocd"],
+                                     cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    env = [{"name": "RESOURCE_LIMITS", "value": "cpu=2,memory=1Gi"}]
+    obj = deployment("envs", namespace, FIXED)
+    spec = obj["spec"]["template"]["spec"]
+    spec["containers"][0]["env"] = env
+    spec["initContainers"] = [
+        {"name": "init", "image": "registry.example/init:1", "env": env, "resources": FIXED},
+        {"name": "sidecar", "image": "registry.example/side:1", "restartPolicy": "Always",
+         "env": env, "resources": FIXED}]
+    manifest = write(tmp_path, obj)
+    sync(gitopsdiff, cluster, manifest, False)
+    live = cluster.kubectl_json("get", "deployment", "-n", namespace, "envs")["spec"]["template"]["spec"]
+    rewritten = [c["env"][0]["value"] for c in (*live["containers"], *live["initContainers"])]
+    assert all(v != "cpu=2,memory=1Gi" for v in rewritten), rewritten  # the webhook rewrote all three
+    result = shown(argo_diff(gitopsdiff, cluster, manifest, ignore))
+    prefix = ".spec.template.spec"
+    assert result["legacy"] == {"modified": True, "paths": [
+        f"{prefix}.containers[0].env[0].value", f"{prefix}.initContainers[0].env[0].value",
+        f"{prefix}.initContainers[1].env[0].value"]}, result
+    assert all(result[f"{m}+ignore"] == {"modified": False, "paths": []} for m in MODES), result

@@ -22,7 +22,7 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
-from app.defaulting import default_pod
+from app.defaulting import LIMIT_RANGER_ANNOTATION, default_pod, limit_ranger_pod
 from app.quantity import parse_quantity
 from harness import Cluster
 
@@ -116,6 +116,13 @@ def _judge(cluster: Cluster, index: int, seed: int, minor: int) -> tuple[str, st
     stored = _values(body["spec"])
     orders = [lrs] if len(lrs) < 2 else [lrs, lrs[::-1]]
     predicted = [_values(default_pod(pod, order, minor=minor)["spec"]) for order in orders]
+    # what LimitRanger says it set, as `envelope check` writes it on a Pod (issue 37)
+    note = (body["metadata"].get("annotations") or {}).get(LIMIT_RANGER_ANNOTATION)
+    notes = [(limit_ranger_pod(pod, order).get("metadata", {}).get("annotations") or {}).get(
+        LIMIT_RANGER_ANNOTATION) for order in orders]
+    if note not in notes:
+        return "disagree", (f"case {index}: limitranges={[lr['spec']['limits'] for lr in lrs]}\n"
+                            f"  pod={pod['spec']}\n  annotation={note!r}\n  predicted={notes[0]!r}")
     if stored in predicted:
         return "agree", ""
     return "disagree", (f"case {index}: limitranges={[lr['spec']['limits'] for lr in lrs]}\n"

@@ -92,6 +92,22 @@ def test_a_queue_limit_cut_below_its_status_warns(cluster: Cluster, webhook: Web
     assert "gpu quota 0.25 cards < 0.3 cards non-preemptible" in out.stderr, out.stderr
 
 
+def test_dra_gpus_kai_keys_by_device_class_count(cluster: Cluster, webhook: Webhook) -> None:
+    """Issue 37 class 4: KAI writes a DRA GPU claim's devices under the DeviceClass name
+    (KAI-Scheduler pkg/common/resources/dra.go DRAGPUResourceListFromClaims); the stored
+    status keeps that key and a cut below six such cards warns."""
+    name = harness.unique_name("qd", max_length=20)
+    cluster.apply(kai_queue(name, 2, 8))
+    write_status(cluster, name, {"allocated": {"gpu.nvidia.com": "6", "cpu": "2"},
+                                 "requested": {"gpu.nvidia.com": "6", "cpu": "2"}})
+    stored = cluster.kubectl_json("get", "queues.scheduling.run.ai", name)
+    assert stored["status"]["allocated"]["gpu.nvidia.com"] == "6"
+    out = cluster.apply(kai_queue(name, 2, 4))
+    assert out.returncode == 0
+    assert (f"Warning: envelope[kai-usage-limit]: {name}: gpu limit 4 cards < 6 cards allocated; "
+            f"nothing evicted, applies as jobs finish") in out.stderr, out.stderr
+
+
 def test_a_parent_cut_below_what_its_children_hold(cluster: Cluster, webhook: Webhook) -> None:
     tag = harness.unique_name("qp", max_length=14)
     parent = f"{tag}-inf"

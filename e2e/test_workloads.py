@@ -127,3 +127,35 @@ def test_string_envelopes_in_env_lose_cpu(cluster: Cluster, webhook: Webhook, na
     stored = cluster.kubectl_json("get", "deployment", "trainer", "-n", namespace)
     values = [e["value"] for e in stored["spec"]["template"]["spec"]["containers"][0]["env"]]
     assert values == ["memory=29Gi,ephemeral-storage=26Gi", "cpu=7,memory=29Gi"]
+
+
+def test_check_offline_judges_a_namespace_less_pod_as_the_webhook_does(
+    cluster: Cluster, webhook: Webhook, namespace: str, tmp_path: Any
+) -> None:
+    """Issue 37 class 9, the kubernetes.io LimitRange tutorial's shape: a LimitRange and a
+    Pod with only a memory request, written without a namespace and applied with
+    ``kubectl apply -n``. LimitRanger gives the Pod its default limit before the webhook
+    runs, so the webhook refuses it; ``envelope check -n`` says the same, word for word
+    (it passed offline before: no namespace, no LimitRange, and the limit filled first)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    limit_range = ("apiVersion: v1\nkind: LimitRange\nmetadata:\n  name: mem-limit-range\nspec:\n"
+                   "  limits:\n  - default: {memory: 512Mi}\n    defaultRequest: {memory: 256Mi}\n"
+                   "    type: Container\n")
+    only_request = ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: only-request\nspec:\n"
+                    "  containers:\n  - name: app\n    image: registry.example/app:1\n"
+                    "    resources:\n      requests: {memory: 256Mi}\n")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range)
+    refused = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=only_request, check=False)
+    assert refused.returncode != 0, refused.stdout
+    files = Path(tmp_path) / "tutorial.yaml"
+    files.write_text(limit_range + "---\n" + only_request)
+    offline = subprocess.run([sys.executable, "-m", "app", "check", "-n", namespace, "-o", "json",
+                              str(files)], capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).resolve().parent.parent)
+    assert offline.returncode == 1, offline.stdout + offline.stderr
+    [pod] = [o for o in json.loads(offline.stdout)["objects"] if o["kind"] == "Pod"]
+    [message] = [f["message"] for f in pod["findings"] if f["rule"] == "memory-request-equals-limit"]
+    assert message in refused.stderr, (message, refused.stderr)

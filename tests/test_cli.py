@@ -295,3 +295,82 @@ def test_the_suite_runs_with_the_default_ports_held() -> None:
             probe.bind(("127.0.0.1", port))
     out = envelope("serve", "--self-signed", "--host", "127.0.0.1", "--metrics-port", "0")
     assert out.returncode == 2 and "cannot listen on 127.0.0.1:8443 (--port)" in out.stderr
+
+
+# --- issue 37 class 9: check judges as the cluster will ----------------------------------
+
+LIMIT_RANGE = """\
+apiVersion: v1
+kind: LimitRange
+metadata:
+  name: mem-limit-range
+spec:
+  limits:
+  - default:
+      memory: 512Mi
+    defaultRequest:
+      memory: 256Mi
+    type: Container
+"""
+
+
+def _pod(name: str, resources: str = "") -> str:
+    return (f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n"
+            f"  - name: app\n    image: nginx\n{resources}")
+
+
+def test_objects_without_a_namespace_get_that_namespace_s_limit_ranges(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The kubernetes.io LimitRange tutorial as published (no namespaces, applied with
+    `kubectl apply -n`): both land in one namespace and LimitRanger's defaults apply."""
+    f = tmp_path / "tutorial.yaml"
+    f.write_text(LIMIT_RANGE + "---\n" + _pod("default-mem-demo"))
+    assert main(["check", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "Pod default/default-mem-demo" in out
+    assert ('gives this Pod memory request 256Mi (LimitRange "mem-limit-range" '
+            'defaultRequest.memory) and limit 512Mi') in out
+    assert main(["check", "-n", "tutorial", str(f)]) == 1
+    assert "Pod tutorial/default-mem-demo" in capsys.readouterr().out
+
+
+def test_a_pod_with_only_a_memory_request_is_judged_after_limit_ranger(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """LimitRanger runs before the webhook: it adds its default limit (512Mi) to a Pod
+    that has only a request (256Mi), so the Pod webhook refuses it; offline, the
+    memory-limit rule used to fill the limit from the request first and pass it."""
+    f = tmp_path / "pod.yaml"
+    f.write_text(LIMIT_RANGE.replace("name: mem-limit-range", "name: mem-limit-range\n  namespace: a")
+                 + "---\n" + _pod("only-request", "    resources:\n      requests: {memory: 256Mi}\n")
+                 .replace("  name: only-request", "  name: only-request\n  namespace: a"))
+    assert main(["check", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert ('container "app": memory request 256Mi without a limit; LimitRanger, which runs '
+            'before Envelope\'s Pod webhook, gives this Pod memory request 256Mi (as written) '
+            'and limit 512Mi (LimitRange "mem-limit-range" default.memory)') in out, out
+    # a Deployment's template is mutated before its Pods exist: its Pods get the limit
+    # Envelope writes (256Mi), which LimitRanger keeps
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(LIMIT_RANGE + "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n"
+                      "  name: web\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n"
+                      "    metadata: {labels: {app: web}}\n    spec:\n      containers:\n"
+                      "      - name: app\n        image: nginx\n        resources:\n"
+                      "          requests: {memory: 256Mi}\n")
+    assert main(["check", str(deploy)]) == 0, capsys.readouterr().out
+
+
+def test_dra_pods_with_nodes_but_no_resource_slices_are_not_evaluated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nodes given, no ResourceSlice: no device can be judged, which is not "every node
+    has none" (the refusal blamed whichever node came closest on cpu); cpu and memory
+    are still judged."""
+    text = (Path(__file__).parent / "data" / "issue37-dra-no-slices.yaml").read_text()
+    f = tmp_path / "dra.yaml"
+    f.write_text(text)
+    assert main(["check", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert ("warning pod-fits-node: not evaluated: the pods ask for DRA devices and no "
+            "ResourceSlice is known") in out, out
+    f.write_text(text.replace('requests: {cpu: "8", memory: 32Gi}', 'requests: {cpu: "80", memory: 32Gi}'))
+    assert main(["check", str(f)]) == 1
+    assert "80 cpu" in capsys.readouterr().out

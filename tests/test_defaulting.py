@@ -180,3 +180,30 @@ def test_the_template_verdict_is_the_verdict_on_its_pods(request: str | None, li
     pod = default_pod(_pod_from(stored_template), [limit_range("lr", item)])
     on_pod = run(pod, policy, view=view)
     assert bool(_errors(judged)) == bool(_errors(on_pod)), (_errors(judged), _errors(on_pod))
+
+
+def test_limit_ranger_pod_writes_defaults_and_its_annotation() -> None:
+    """mergePodResourceRequirements (plugin/pkg/admission/limitranger/admission.go at
+    v1.37.2): requests before limits, names sorted, containers before init containers,
+    a later LimitRange's annotation replacing an earlier one's; the input untouched."""
+    from app.defaulting import LIMIT_RANGER_ANNOTATION, limit_ranger_pod
+
+    lr = {"metadata": {"name": "a"}, "spec": {"limits": [{"type": "Container", "default": {
+        "memory": "512Mi", "cpu": "1"}, "defaultRequest": {"memory": "256Mi"}}]}}
+    pod = {"metadata": {"name": "p"}, "spec": {
+        "containers": [{"name": "app", "resources": {"requests": {"memory": "1Gi"}}}],
+        "initContainers": [{"name": "init"}]}}
+    out = limit_ranger_pod(pod, [lr])
+    # defaultRequest.cpu comes from default.cpu (the LimitRange's own defaulting)
+    assert out["spec"]["containers"][0]["resources"] == {
+        "requests": {"memory": "1Gi", "cpu": "1"}, "limits": {"memory": "512Mi", "cpu": "1"}}
+    assert out["spec"]["initContainers"][0]["resources"] == {
+        "limits": {"memory": "512Mi", "cpu": "1"}, "requests": {"memory": "256Mi", "cpu": "1"}}
+    assert out["metadata"]["annotations"][LIMIT_RANGER_ANNOTATION] == (
+        "LimitRanger plugin set: cpu request for container app; cpu, memory limit for "
+        "container app; cpu, memory request for init container init; cpu, memory limit for "
+        "init container init")
+    assert pod == {"metadata": {"name": "p"}, "spec": {
+        "containers": [{"name": "app", "resources": {"requests": {"memory": "1Gi"}}}],
+        "initContainers": [{"name": "init"}]}}
+    assert limit_ranger_pod(pod, [{"spec": {"limits": [{"type": "Pod", "max": {"cpu": "2"}}]}}]) == pod

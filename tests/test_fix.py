@@ -93,6 +93,61 @@ def test_helm_template_refused_with_how(tmp_path: Path, capsys: pytest.CaptureFi
     assert f.read_text() == text
 
 
+CHAT_TEMPLATE_CM = """\
+---
+# Source: vllm-stack/templates/chat-template.yaml
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: vllm-chat-template
+data:
+  chat_template.jinja: |-
+    {% for message in messages %}{{'<|im_start|>' + message['role'] + message['content']}}{% endfor %}
+  alert.tmpl: "{{ $labels.instance }} of {{ $labels.job }} is down"
+  plain: value-{{x}}
+"""
+
+
+def test_rendered_output_with_templates_in_string_values_is_fixed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37 class 10: a real render holds '{{' in string values (vLLM's Jinja chat
+    template, a bitnami chart's alert template): it reads as YAML, so it is fixed like any
+    other stream; the ConfigMap stays byte for byte."""
+    f = tmp_path / "render.yaml"
+    f.write_text(CHAT_TEMPLATE_CM + "---\n" + DEPLOY)
+    assert main(["fix", str(f)]) == 0, capsys.readouterr().err
+    assert f.read_text() == CHAT_TEMPLATE_CM + "---\n" + FIXED
+
+
+def test_a_template_on_stdin_is_refused_without_recommending_itself(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    text = DEPLOY.replace("name: web", "name: {{ .Release.Name }}-web")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    assert main(["fix", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "does not read as YAML" in err and "rendered output" in err, err
+    assert "| envelope fix -" not in err  # the command that just failed
+    assert "not valid YAML" in err  # and what the reader found
+
+
+def test_an_object_check_refuses_for_its_fields_is_not_patched(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37 class 10: ``check`` refuses an object with an unknown field (strict field
+    validation, kubectl's default): ``fix`` writes no patch into it and says why; the
+    other objects are fixed."""
+    f = tmp_path / "two.yaml"
+    typo = DEPLOY.replace("name: web ", "name: typo ").replace("          resources:\n",
+                                                               "          resourcez: {}\n"
+                                                               "          resources:\n")
+    f.write_text(typo + "---\n" + DEPLOY)
+    assert main(["check", str(f)]) == 1
+    assert main(["fix", str(f)]) == 0
+    err = capsys.readouterr().err
+    assert f.read_text() == typo + "---\n" + FIXED
+    assert ("Deployment typo: not changed: `envelope check` refuses it for its fields, as "
+            "kubectl apply does (unknown field \"spec.template.spec.containers[0].resourcez\"") in err
+
+
 def test_a_change_that_cannot_be_written_in_place_is_refused(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "deploy.yaml"
@@ -154,6 +209,28 @@ def test_as_a_helm_post_renderer(tmp_path: Path) -> None:
     assert out.startswith("---\n# Source: web/templates/deploy.yaml\n")
     assert out.split("\n", 2)[2] == FIXED.replace("name: web ", "name: rel-web ").replace(
         'cpu: "2"', "cpu: 500m")
+
+
+def test_as_a_helm_post_renderer_of_a_chart_with_a_chat_template(tmp_path: Path) -> None:
+    """Issue 37 class 10, through the real helm: a chart whose rendered ConfigMap holds a
+    Jinja chat template ('{{' in a string value, as vLLM's charts ship it) passes
+    `envelope fix -` as the post-renderer; the Deployment is fixed, the template kept."""
+    from tests.helpers.chart import helm
+
+    chart = tmp_path / "web"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: web\nversion: 0.1.0\n")
+    (chart / "values.yaml").write_text(
+        "chatTemplate: \"{% for m in messages %}{{ m['content'] }}{% endfor %}\"\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-chat\n"
+        "data:\n  template.jinja: {{ .Values.chatTemplate | quote }}\n")
+    (chart / "templates" / "deploy.yaml").write_text(DEPLOY)
+    envelope = Path(sys.executable).parent / "envelope"
+    out = helm("template", "rel", str(chart), "--post-renderer", str(envelope),
+               "--post-renderer-args", "fix", "--post-renderer-args", "-").stdout
+    assert "template.jinja: \"{% for m in messages %}{{ m['content'] }}{% endfor %}\"" in out, out
+    assert out.endswith(FIXED), out
 
 
 def test_crlf_and_no_final_newline_are_kept(tmp_path: Path) -> None:

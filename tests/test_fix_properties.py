@@ -13,7 +13,7 @@ from typing import Any
 import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from app.cluster.static import Loaded, compose, load_text
 from app.cluster.yamlk8s import build
@@ -208,3 +208,98 @@ def _writes_exactly_the_patch(case: tuple[str, list[dict[str, Any]]], policy: Po
     # idempotent: the fixed file needs no change
     assert not any(patches(again.manifests, RULES, policy))
     assert fix_text(result.fixed, "gen.yaml", [[] for _ in again.manifests]).fixed == result.fixed
+
+
+# --- anchors and aliases (issue 37) ------------------------------------------------------
+
+def _value_scalars(node: Node, under: bool, out: list[Node]) -> None:
+    """The scalar values of mappings inside a ``resources`` mapping, in text order."""
+    if isinstance(node, MappingNode):
+        for k, v in node.value:
+            inside = under or k.value == "resources"
+            if inside and isinstance(v, ScalarNode) and v.style not in ("|", ">") and under:
+                out.append(v)
+            _value_scalars(v, inside, out)
+    elif isinstance(node, SequenceNode):
+        for v in node.value:
+            _value_scalars(v, under, out)
+
+
+def anchored(rnd: Random, text: str) -> str:
+    """``text`` with equal resource quantities written once with an anchor (``&aN``) and
+    then as aliases (``*aN``), document by document, as a person writing request == limit
+    might."""
+    out = []
+    for doc in text.split("---\n"):
+        root = compose(doc) if doc.strip() else None
+        scalars: list[Node] = []
+        if root is not None:
+            _value_scalars(root, False, scalars)
+        groups: dict[str, list[Node]] = {}
+        for s in scalars:
+            groups.setdefault(doc[s.start_mark.index:s.end_mark.index], []).append(s)
+        edits: list[tuple[int, int, str]] = []
+        for n, nodes in enumerate(groups.values()):
+            if len(nodes) < 2 or not rnd.randint(0, 3):
+                continue
+            first, *rest = nodes
+            edits.append((first.start_mark.index, first.start_mark.index, f"&a{n} "))
+            edits += [(s.start_mark.index, s.end_mark.index, f"*a{n}") for s in rest]
+        for start, end, new in sorted(edits, reverse=True):
+            doc = doc[:start] + new + doc[end:]
+        out.append(doc)
+    return "---\n".join(out)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(manifest_files(), st.randoms(use_true_random=False))
+def test_fix_with_anchors_writes_the_patch_or_refuses_clearly(
+        case: tuple[str, list[dict[str, Any]]], rnd: Random) -> None:
+    """Aliased quantities never make ``fix`` write a value into the anchor's place: the
+    result reads back as the patch applied, or the file is refused because the patch
+    changes a value shared through an anchor (never "a bug of envelope fix")."""
+    plain, objs = case
+    if plain.lstrip().startswith(("{", "[")):
+        return  # JSON has no anchors
+    text = anchored(rnd, plain)
+    loaded = _read(text)
+    assert not loaded.errors, loaded.errors
+    assert [m.obj for m in loaded.manifests] == objs
+    found = patches(loaded.manifests, RULES, POLICY)
+    result = fix_text(text, "gen.yaml", found)
+    if result.problems:
+        assert all("shared through a YAML anchor" in p for p in result.problems), \
+            (result.problems, text)
+        return
+    again = _read(result.fixed)
+    assert [m.obj for m in again.manifests] == [
+        jsonpatch.apply_patch(o, p) for o, p in zip(objs, found, strict=True)], (text, result.fixed)
+    assert not any(patches(again.manifests, RULES, POLICY))
+
+
+def test_fix_places_a_request_beside_an_alias_not_at_its_anchor() -> None:
+    """Issue 37 class 5, the exact shape: ``memory: &mem 1Gi`` under limits and
+    ``memory: *mem`` under requests; the CPU limit moves to ``requests``."""
+    text = (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  namespace: shop\n"
+        "spec:\n  selector:\n    matchLabels: {app: web}\n  template:\n"
+        "    metadata:\n      labels: {app: web}\n    spec:\n      containers:\n"
+        "      - name: web\n        image: nginx\n        resources:\n          limits:\n"
+        "            cpu: 500m\n            memory: &mem 1Gi\n          requests:\n"
+        "            memory: *mem\n")
+    loaded = _read(text)
+    found = patches(loaded.manifests, RULES, POLICY)
+    assert any(op["path"].endswith("/requests/cpu") for op in found[0]), found
+    result = fix_text(text, "gen.yaml", found)
+    assert not result.problems, result.problems
+    assert ("          limits:\n            memory: &mem 1Gi\n          requests:\n"
+            "            memory: *mem\n            cpu: 500m\n") in result.fixed, result.fixed
+    # the same in flow style: the pair goes after the alias, inside the braces
+    flow_text = text.replace("          limits:\n            cpu: 500m\n            memory: &mem 1Gi\n"
+                             "          requests:\n            memory: *mem\n",
+                             "          limits: {cpu: 500m, memory: &mem 1Gi}\n"
+                             "          requests: {memory: *mem}\n")
+    loaded = _read(flow_text)
+    result = fix_text(flow_text, "gen.yaml", patches(loaded.manifests, RULES, POLICY))
+    assert not result.problems, result.problems
+    assert "requests: {memory: *mem, cpu: 500m}" in result.fixed, result.fixed

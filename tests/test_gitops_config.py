@@ -40,6 +40,8 @@ def test_argo_ignores_what_envelope_removes_or_rewrites_and_nothing_it_only_adds
     assert entries[("apps", "Deployment")] == [
         '.spec.template.spec.containers[]?.env[]? | select(.name == "RESOURCE_LIMITS") | .value',
         ".spec.template.spec.containers[]?.resources.limits.cpu",
+        # init containers and restartable sidecars: the string envelope too (issue 37)
+        '.spec.template.spec.initContainers[]?.env[]? | select(.name == "RESOURCE_LIMITS") | .value',
         ".spec.template.spec.initContainers[]?.resources.limits.cpu",
         ".spec.template.spec.resources.limits.cpu"]
     assert entries[("batch", "CronJob")][1] == \
@@ -84,3 +86,35 @@ def test_the_webhook_order_is_the_charts() -> None:
     rendered = render({"webhooks": {"quotas": {"enabled": True}, "actors": {"enabled": True}}})
     for kind, names in WEBHOOKS.items():
         assert tuple(w["name"] for w in rendered.one(kind)["webhooks"]) == names
+
+
+def test_the_jq_paths_remove_the_string_envelope_from_every_container() -> None:
+    """Issue 37 class 6, on an object: each ``jqPathExpressions`` entry run as Argo CD's
+    normalizer runs it (``del(<expr>)``; jq here, gojq there) takes the rewritten
+    RESOURCE_LIMITS value out of containers, init containers and restartable sidecars
+    alike, and nothing else."""
+    import json
+    import shutil
+
+    import pytest
+
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.skip("no jq binary")
+    docs = list(yaml.safe_load_all(argocd_config(RULES, Policy())))
+    paths = next(e["jqPathExpressions"] for e in docs[0]["spec"]["ignoreDifferences"]
+                 if e["kind"] == "Deployment")
+    env = [{"name": "RESOURCE_LIMITS", "value": "memory=1Gi"}, {"name": "OTHER", "value": "x"}]
+    box = {"name": "c", "image": "i", "env": env, "resources": {"limits": {"memory": "1Gi"}}}
+    live = {"spec": {"template": {"spec": {
+        "containers": [box], "initContainers": [{**box, "name": "i"},
+                                                {**box, "name": "s", "restartPolicy": "Always"}]}}}}
+    out = live
+    for path in paths:
+        done = subprocess.run([jq, "-c", f"del({path})"], input=json.dumps(out), text=True,
+                              capture_output=True, timeout=30, check=True)
+        out = json.loads(done.stdout)
+    spec = out["spec"]["template"]["spec"]
+    for c in (*spec["containers"], *spec["initContainers"]):
+        assert c["env"] == [{"name": "RESOURCE_LIMITS"}, {"name": "OTHER", "value": "x"}], c
+        assert c["resources"] == {"limits": {"memory": "1Gi"}}

@@ -231,6 +231,10 @@ def test_allocated_is_read_tolerantly() -> None:
     assert allocated({"status": {"allocated": {"nvidia.com/gpu": "one"}}})["gpu"] is None
     assert allocated({"status": {"allocated": {"nvidia.com/gpu": "0.5", "memory": "1Gi"}}}) == \
         {"gpu": Decimal("0.5"), "cpu": ZERO, "memory": Decimal("1073.741824")}
+    # KAI keys DRA GPUs by DeviceClass name (issue 37): counted as cards, summed
+    assert allocated({"status": {"allocated": {"gpu.nvidia.com": "6"}}})["gpu"] == 6
+    assert allocated({"status": {"allocated": {"gpu.nvidia.com": "6", "nvidia.com/gpu": "2"}}})[
+        "gpu"] == 8
 
 
 def test_unreadable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -180,6 +180,11 @@ def test_not_evaluated_is_said_once_per_rule_that_lacks_what_it_needs() -> None:
     rules = [_Rule("pod-fits-node", {("", "Pod")})]
     assert [n.rule for n in not_evaluated(rules, pods)] == ["pod-fits-node"]
     assert not_evaluated(rules, [*pods, ("", "Node")]) == []
+    # Karpenter NodePools stand in for Nodes (the rule judges against what Karpenter can
+    # create); KAI's NodePool, the same kind name in another group, does not (issue 37)
+    assert not_evaluated(rules, [*pods, ("karpenter.sh", "NodePool")]) == []
+    assert [n.rule for n in not_evaluated(rules, [*pods, ("kai.resources", "NodePool")])] == \
+        ["pod-fits-node"]
 
 
 def test_real_rules_report_not_evaluated_for_a_lone_department(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from app.cluster.snapshot import merge
 from app.cluster.view import StaticView
 from app.config import Mode, Policy
 from app.engine import Evaluation, check_object
+from app.kai import status_resource
 from app.rules.base import Subject
 from app.rules.quotas.usage import read_usage
 from tests.conftest import RULES
@@ -188,6 +189,37 @@ def test_krm_generated_queues_are_not_judged() -> None:
     assert usage(judge(new, old, [platform(), owner])) == []
     # The ownerReference is a claim: with no such Project the Queue is judged like any other.
     assert [rule for _, rule, _ in usage(judge(new, old, []))] == ["kai-usage-limit"]
+
+
+@pytest.mark.parametrize(("key", "resource"), [
+    ("nvidia.com/gpu", "gpu"), ("amd.com/gpu", "gpu"),
+    ("gpu.nvidia.com", "gpu"), ("GPU.example.com", "gpu"), ("gpu", "gpu"),  # DRA classes
+    ("mig.nvidia.com", None), ("nvidia.com/gpu.memory", None), ("run.ai/gpu.memory", None),
+    ("nvidia.com/mig-1g.5gb", None), ("ephemeral-storage", None), ("pods", None),
+    ("hugepages-2Mi", None), ("cpu", "cpu"), ("memory", "memory")])
+def test_status_keys_are_read_as_kai_counts_them(key: str, resource: str | None) -> None:
+    """KAI keys a DRA GPU by its DeviceClass name when the name holds ``gpu``
+    (KAI-Scheduler pkg/common/resources/dra.go, IsGPUDeviceClass)."""
+    assert status_resource(key) == resource
+
+
+def test_dra_gpus_keyed_by_device_class_count_against_the_limit() -> None:
+    """Issue 37 class 4: six DRA GPUs in use, written under the DeviceClass name; a limit
+    cut to 4 warns; with device-plugin cards beside them, the two add up."""
+    status = {"allocated": {"gpu.nvidia.com": "6", "cpu": "2"},
+              "requested": {"gpu.nvidia.com": "6", "cpu": "2"}}
+    old = kai_queue("inference", gpu=(4, 8), status=status)
+    new = kai_queue("inference", gpu=(4, 4), status=status)
+    [(_, rule, message)] = usage(judge(new, old, []))
+    assert rule == "kai-usage-limit"
+    assert message.startswith("inference: gpu limit 4 cards < 6 cards allocated;"), message
+    both = {"allocated": {"gpu.nvidia.com": "6", "nvidia.com/gpu": "1500m"}}
+    assert read_usage(both, "allocated") == {"gpu": Decimal("7.5"), "cpu": 0, "memory": 0}
+    # a DeviceClass KAI does not count as a GPU is no card
+    assert read_usage({"allocated": {"mig.nvidia.com": "6"}}, "allocated") == \
+        {"gpu": 0, "cpu": 0, "memory": 0}
+    assert usage(judge(kai_queue("inference", gpu=(4, 7.5), status=both),
+                       kai_queue("inference", gpu=(4, 8), status=both), [])) == []
 
 
 # --- kai-usage-guarantee --------------------------------------------------------------

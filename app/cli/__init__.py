@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                              validate=VALIDATE_ALIASES.get(args.validate, args.validate),
                              quiet=args.quiet,
                              helm=HelmOptions(args.helm_values, args.helm_set, args.helm_release,
-                                              args.helm_namespace))
+                                              args.helm_namespace),
+                             namespace=args.namespace)
         except Exception as exc:  # a bug of ours: say so in one line, the details on request
             if os.environ.get("ENVELOPE_DEBUG"):
                 raise

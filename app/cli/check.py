@@ -12,8 +12,10 @@ from typing import Any
 
 from app.cli.chart_render import HelmOptions, find_helm, no_helm_message, render_charts
 from app.cluster.static import Manifest, Skipped, load
+from app import kinds
 from app.cluster.view import StaticView
 from app.config import Policy
+from app.defaulting import limit_ranger_pod
 from app.engine import check_object
 from app.exemptions import needs_namespaces
 from app.fieldschema import FIELDS_RULE
@@ -69,6 +71,11 @@ def _check_parser(sub: Any) -> None:
                       help="default: %(default)s (as helm's); the release name to render with")
     helm.add_argument("--helm-namespace", default="default", metavar="NS",
                       help="the namespace to render for (helm's --namespace; default: %(default)s)")
+    check.add_argument("-n", "--namespace", metavar="NS",
+                       help="the namespace of objects written without one, as `kubectl apply "
+                            "-n` places them (their LimitRanges, quotas and rules are that "
+                            "namespace's); default: the kubeconfig context's namespace with "
+                            "--kubeconfig, else default")
     check.add_argument("--validate", choices=("strict", "warn", "ignore", "true", "false"),
                        default="strict",
                        help="field validation as kubectl apply --validate does it, from the "
@@ -219,13 +226,58 @@ def _in_chart(source: str, charts: list[str]) -> bool:
     """A file of a chart directory that helm does not install as it is (not crds/)."""
     path = Path(source)
     return any(path.is_relative_to(c) and not path.is_relative_to(Path(c) / "crds") for c in charts)
+def _context_namespace(kubeconfig: str) -> str:
+    """The namespace of the kubeconfig's current context (kubectl's default for objects
+    written without one); ``default`` when it names none or cannot be read (the client
+    below then says why)."""
+    try:
+        from kubernetes import config as kube_config
+
+        _, active = kube_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig)
+        found = (active or {}).get("context", {}).get("namespace")
+    except Exception:  # unreadable: the KubeClient below reports it
+        return DEFAULT_NAMESPACE
+    return str(found) if found else DEFAULT_NAMESPACE
+
+
+DEFAULT_NAMESPACE = "default"
+
+
+def placed(m: Manifest, namespace: str) -> Manifest:
+    """The manifest in the namespace ``kubectl apply`` puts it in: a namespaced object
+    written without ``metadata.namespace`` lands in the namespace kubectl is given (or
+    its context's, ``default`` offline), so that namespace's LimitRanges and quotas apply
+    to it (issue 37: the kubernetes.io LimitRange tutorial, published without
+    namespaces, passed offline). Cluster-scoped kinds and kinds Envelope does not know
+    are left as written."""
+    group, _, _ = str(m.obj.get("apiVersion", "")).rpartition("/")
+    known = kinds.by_ref(group, str(m.obj.get("kind", "")))
+    meta = m.obj.get("metadata")
+    if known is None or not known.namespaced or not isinstance(meta, dict) \
+            or meta.get("namespace"):
+        return m
+    return replace(m, obj={**m.obj, "metadata": {**meta, "namespace": namespace}})
+
+
+def as_admitted(m: Manifest, view: StaticView) -> Manifest:
+    """A Pod as the mutating webhooks receive it: LimitRanger (a mutating admission
+    plugin that runs before them) has written its namespace's container defaults
+    (``app.defaulting.limit_ranger_pod``). A workload's template is not defaulted: its
+    Pods are judged as Pods by the rules that need them."""
+    if m.obj.get("kind") != "Pod" or str(m.obj.get("apiVersion", "")) != "v1":
+        return m
+    namespace = str((m.obj.get("metadata") or {}).get("namespace") or "")
+    limit_ranges = view.list("LimitRange", namespace) if namespace else []
+    obj = limit_ranger_pod(m.obj, limit_ranges) if limit_ranges else m.obj
+    return m if obj is m.obj else replace(m, obj=obj)
 
 
 def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               fail_on: FailOn = "error",
               exclude: list[str] | None = None, allow_empty: bool = False,
               kubeconfig: str | None = None, validate: str = "strict", quiet: bool = False,
-              helm: HelmOptions | None = None) -> int:
+              helm: HelmOptions | None = None, namespace: str | None = None) -> int:
     loaded = load(paths, exclude or ())
     charts = [c for c in loaded.charts  # a subchart is rendered by the chart that holds it
               if not any(Path(c).is_relative_to(Path(o)) and c != o for o in loaded.charts)]
@@ -262,6 +314,8 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
               file=sys.stderr)
         return 0 if allow_empty else 2
+    where = namespace or (_context_namespace(kubeconfig) if kubeconfig else DEFAULT_NAMESPACE)
+    manifests = [placed(m, where) for m in manifests]
     fielded = _validate_fields(manifests, validate)
     manifests = [m for m, _ in fielded if isinstance(m, Manifest)]
     context: list[dict[str, Any]] = []
@@ -296,7 +350,7 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
                 pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
             objects.append(_current_template_result(m, manifests, pools, rules, policy))
             continue
-        objects.append(_judged(m, rules, view, policy, field_findings))
+        objects.append(_judged(as_admitted(m, view), rules, view, policy, field_findings))
     declared = list(rules.values())
     report = Report(objects, declared,
                     [] if quiet else not_evaluated(

@@ -23,8 +23,7 @@ from typing import Any
 from app.cluster.view import ClusterView, StaticView
 from app.config import Policy
 from app.engine import check_object
-from app.kai import DEFAULT_POOL, RESOURCES, ZERO, Resource, exceeds, total
-from app.quantity import QuantityError, parse_quantity
+from app.kai import DEFAULT_POOL, RESOURCES, Resource, exceeds, total
 from app.rules.base import Subject
 from app.rules.quotas.objects import (
     POOL,
@@ -39,6 +38,7 @@ from app.rules.quotas.objects import (
 )
 from app.rules.quotas.sums import overflow, pool_demand
 from app.rules.quotas.tree import Slot, all_slots, pool_capacity, slots
+from app.rules.quotas.usage import read_usage
 from app.ruleset import RuleSet
 from app.util import plain_number
 
@@ -52,11 +52,6 @@ QUOTA_KINDS = ("NodePool", "Department", "Project", "Queue")
 Findings = dict[tuple[str, str], list[dict[str, str]]]
 """The quota rules' findings per (kind, object name)."""
 
-ALLOCATED_KEYS: dict[Resource, tuple[str, ...]] = {
-    "gpu": ("nvidia.com/gpu", "gpu"), "cpu": ("cpu",), "memory": ("memory",)}
-TO_UNITS: dict[Resource, Decimal] = {"gpu": Decimal(1), "cpu": Decimal(1000),
-                                     "memory": Decimal("0.000001")}
-"""A ResourceList quantity in the quota's own units: cards, mCPU, MB (10^6 bytes)."""
 
 
 @dataclass
@@ -156,21 +151,16 @@ class Tree:
 # --- status ---------------------------------------------------------------------------
 
 def allocated(queue: dict[str, Any] | None) -> dict[Resource, Decimal | None]:
-    """``status.allocated`` of a KAI Queue in quota units, tolerantly: no status, no
-    ``allocated`` or an unreadable quantity is None (not reported), never 0. A resource
-    missing from a reported list is 0 (a ResourceList leaves out what is not used)."""
+    """``status.allocated`` of a KAI Queue in quota units, read as the usage rules read it
+    (:func:`app.rules.quotas.usage.read_usage`: every key KAI counts as a GPU, DRA
+    DeviceClass names included, summed): no status, no usage list or an unreadable
+    quantity is None (not reported), never 0. A resource missing from a reported list is
+    0 (a ResourceList leaves out what is not used)."""
     status = queue.get("status") if isinstance(queue, dict) else None
-    found = status.get("allocated") if isinstance(status, dict) else None
-    if not isinstance(found, dict):
+    used = read_usage(status, "allocated")
+    if used is None:
         return dict.fromkeys(RESOURCES)
-    out: dict[Resource, Decimal | None] = {}
-    for r in RESOURCES:
-        raw = next((found[k] for k in ALLOCATED_KEYS[r] if k in found), None)
-        try:
-            out[r] = ZERO if raw is None else parse_quantity(raw) * TO_UNITS[r]
-        except (QuantityError, TypeError, ValueError, ArithmeticError):
-            out[r] = None
-    return out
+    return {r: used.get(r) for r in RESOURCES}
 
 
 # --- findings -------------------------------------------------------------------------

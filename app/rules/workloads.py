@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import ROUND_CEILING
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from app.cluster.view import ClusterView
@@ -263,6 +263,7 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
     findings = []
     filled: list[tuple[dict[str, Any], bool]] = []
     resize = subject.subresource == "resize" and isinstance(subject.old, dict)
+    before_limit = _pod_memory_limit(pod_spec(subject, obj) or {})
     stored = {h.path: h.resources for h in holders(subject, subject.old)} \
         if resize and subject.old is not None else {}
     for holder in holders(subject, obj):
@@ -283,6 +284,8 @@ def fill_memory_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
         findings.append(change(f"{holder.path}.limits.memory",
                               f"{holder.label}: memory limit set to the request "
                                 f"{requests['memory']}"))
+    if filled and not resize:
+        findings += _memory_volumes_over_limit(subject, obj, before_limit)
     if filled and resize and subject.old is not None:
         try:
             before, after = stored_qos(subject.old), qos_class(pod_spec(subject, obj) or {})
@@ -382,6 +385,83 @@ def memory_below_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                 f"{holder.label}: memory limit lowered from {limit} to {request} (-{gap}) to "
                 f"equal its request (policy memoryBelowLimit; memory-request-equals-limit)"))
     return findings
+
+
+def _memory_limit(container: Any) -> Decimal | None:
+    value = dig(container, ("resources", "limits", "memory"))
+    if value is None:
+        return None
+    amount = parse_quantity(value)
+    return amount if amount > 0 else None
+
+
+def _pod_memory_limit(spec: dict[str, Any]) -> Decimal | None:
+    """The memory limit of the Pod's cgroup as the kubelet sets it
+    (``pkg/kubelet/cm/helpers_linux.go`` ``ResourceConfigForPod`` at v1.37.2, lines
+    180-252, through ``resourcehelper.PodLimits``): the pod-level limit when set; else,
+    when every container and init container has one (``memoryLimitsDeclared``), the
+    larger of the containers' and restartable sidecars' sum and each plain init
+    container's limit plus the sidecars started before it; else None (unbounded).
+    None too when a quantity does not parse (the quantities rule names it)."""
+    try:
+        pod_level = dig(spec, ("resources", "limits", "memory"))
+        if pod_level is not None:
+            amount = parse_quantity(pod_level)
+            return amount if amount > 0 else None
+        regular = spec.get("containers")
+        inits = spec.get("initContainers")
+        total, sidecars, peak = Decimal(0), Decimal(0), Decimal(0)
+        for c in inits if isinstance(inits, list) else []:
+            limit = _memory_limit(c)
+            if limit is None:
+                return None  # memoryLimitsDeclared is false: no pod memory limit
+            if isinstance(c, dict) and c.get("restartPolicy") == "Always":
+                sidecars += limit
+            else:
+                peak = max(peak, limit + sidecars)
+        for c in regular if isinstance(regular, list) else []:
+            limit = _memory_limit(c)
+            if limit is None:
+                return None
+            total += limit
+        return max(total + sidecars, peak)
+    except QuantityError:
+        return None
+
+
+def _memory_volumes_over_limit(subject: Subject, obj: dict[str, Any],
+                               before: Decimal | None) -> list[Finding]:
+    """A memory-backed ``emptyDir`` whose ``sizeLimit`` the pod memory limit Envelope's
+    limits make smaller: the kubelet sizes the tmpfs at the smallest of the sizeLimit, the
+    pod's memory limit and the node's allocatable memory
+    (``pkg/volume/emptydir/empty_dir.go`` ``calculateEmptyDirMemorySize`` at v1.37.2;
+    the field's own doc in ``k8s.io/api`` ``EmptyDirVolumeSource.SizeLimit``), and its
+    pages count against the pod's memory cgroup. vLLM's 20Gi ``/dev/shm`` with a 16Gi
+    request silently becomes 16Gi (issue 37)."""
+    spec = pod_spec(subject, obj) or {}
+    after = _pod_memory_limit(spec)
+    volumes = spec.get("volumes")
+    if after is None or not isinstance(volumes, list):
+        return []
+    out = []
+    for i, volume in enumerate(volumes):
+        empty_dir = volume.get("emptyDir") if isinstance(volume, dict) else None
+        if not isinstance(empty_dir, dict) or empty_dir.get("medium") != "Memory":
+            continue
+        try:
+            size = parse_quantity(empty_dir.get("sizeLimit")) \
+                if empty_dir.get("sizeLimit") is not None else None
+        except QuantityError:
+            continue
+        if size is None or size <= after or (before is not None and before < size):
+            continue  # no size asked, it fits, or the written limits already capped it
+        out.append(warning(
+            f"{spec_text(subject)}.volumes[{i}].emptyDir.sizeLimit",
+            f'volume "{volume.get("name")}" (emptyDir, medium Memory): sizeLimit '
+            f"{format_bytes(size)} > pod memory limit {format_bytes(after)} set from the "
+            f"requests; the tmpfs holds at most {format_bytes(after)}: raise the memory "
+            f"request by what the volume holds, or lower sizeLimit"))
+    return out
 
 
 _DOWNWARD_CPU_LIMIT = "limits.cpu"

@@ -11,7 +11,9 @@ resources of the queue's running jobs and of its child queues
 - ``status.requested``: what running and pending jobs ask for.
 
 Each is a Kubernetes ``ResourceList`` of quantities, not the plain numbers of the spec:
-``nvidia.com/gpu`` in cards (any key ending ``/gpu``, as KAI's own queue metrics read it),
+``nvidia.com/gpu`` in cards (any key ending ``/gpu``, as KAI's own queue metrics read it,
+and the DRA GPUs KAI keys by their DeviceClass name, e.g. ``gpu.nvidia.com``, summed:
+:func:`app.kai.status_resource`),
 ``cpu`` in cores (``100m``) and ``memory`` in bytes (``2Gi``). They are converted to the
 spec's units (cards, mCPU, MB of 10^6 bytes) exactly, with Decimals.
 
@@ -48,6 +50,7 @@ from app.kai import (
     Resource,
     describe,
     effective,
+    status_resource,
 )
 from app.quantity import QuantityError, parse_quantity
 from app.rules.base import Finding, Subject, rule, warning
@@ -86,12 +89,15 @@ Usage = dict[Resource, Decimal]
 
 
 def _convert(key: str, quantity: Decimal) -> tuple[Resource, Decimal] | None:
-    """A status quantity in the spec's unit, exactly (a shift of the decimal point)."""
-    if key == "cpu":
+    """A status quantity in the spec's unit, exactly (a shift of the decimal point); the
+    key read as KAI counts it (:func:`app.kai.status_resource`: DRA GPUs are keyed by
+    their DeviceClass name)."""
+    resource = status_resource(key)
+    if resource == "cpu":
         return "cpu", quantity.scaleb(3, EXACT)  # cores -> mCPU
-    if key == "memory":
+    if resource == "memory":
         return "memory", quantity.scaleb(-6, EXACT)  # bytes -> MB of 10^6 bytes
-    if key.endswith("/gpu"):
+    if resource == "gpu":
         return "gpu", quantity
     return None
 
