@@ -54,6 +54,17 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--prune", action="store_true",
                      help="delete base objects of a kind the target files hold that they do not "
                           "list (without it the target files are laid over the base)")
+    out.add_argument("--git-ref", metavar="REF",
+                     help="git mode: the base is the tenancy files as they are at REF (git show, "
+                          "not the working tree) under --git-path")
+    out.add_argument("--git-path", action="append", default=[], metavar="PATH",
+                     help="git mode: the files or directories (in the repository) the tenancy is "
+                          "in; repeatable; default the whole tree")
+    out.add_argument("--repo", default=".", metavar="DIR", help="git mode: the repository (default .)")
+    out.add_argument("--branch", metavar="NAME",
+                     help="git mode: write the change into the files value by value (comments and "
+                          "padding kept) as one commit on this new local branch (git plumbing; "
+                          "working tree and index untouched, nothing pushed)")
     out.add_argument("-o", "--output", choices=("text", "json"), default="text",
                      help=f"text (the commands, numbered) or json (schemaVersion {SCHEMA})")
     out.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
@@ -157,11 +168,13 @@ def _text(planned: Plan, source: dict[str, Any], warnings: list[str]) -> str:
 
 def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     targets = [*args.paths, *args.to]
-    if not targets or not (args.base or args.kubeconfig):
+    if not targets or not (args.base or args.kubeconfig or args.git_ref):
         print("envelope quotas plan: give the target (--to PATH or PATH) and a base "
-              "(--kubeconfig or --base PATH)", file=sys.stderr)
+              "(--kubeconfig, --base PATH or --git-ref REF)", file=sys.stderr)
         return 2
     files, problems = _read(targets)
+    if args.git_ref:
+        return _run_git(args, files, problems, rules, policy)
     base: list[dict[str, Any]] = []
     if args.base:
         more_base, more = _read(args.base)
@@ -195,6 +208,58 @@ def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         sys.stdout.write(_text(planned, source, warnings))
+    return 0 if planned.ok else 1
+
+
+def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: list[str],
+             rules: RuleSet, policy: Policy) -> int:
+    from pathlib import Path
+
+    from app.quotaview.plan import state_of
+    from app.quotaview.plangit import GitError, commit_change, read_ref
+
+    repo = Path(args.repo)
+    try:
+        at_ref = read_ref(repo, args.git_ref, args.git_path)
+    except GitError as exc:
+        print(f"envelope quotas plan: {exc}", file=sys.stderr)
+        return 2
+    problems = problems + at_ref.problems
+    if problems:
+        for problem in problems:
+            print(f"envelope quotas plan: {problem}", file=sys.stderr)
+        print(f"envelope quotas plan: {len(problems)} input problem(s); nothing was planned",
+              file=sys.stderr)
+        return 2
+    base = [obj for _, _, obj in at_ref.objects]
+    target = _target(base, files, args.prune)
+    planned = plan(base, target, rules, policy)
+    source = {"base": f"git {args.git_ref} ({at_ref.commit[:12]})",
+              "target": ", ".join([*args.paths, *args.to]),
+              "at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    report = plan_json(planned, source, [])
+    if planned.ok and args.branch:
+        try:
+            change = commit_change(repo, at_ref, state_of(target)[0], args.branch,
+                                   f"Quota change planned by envelope quotas plan\n\n"
+                                   f"From {args.git_ref} ({at_ref.commit[:12]}): "
+                                   f"{len(planned.steps)} write(s), every intermediate state "
+                                   f"admitted by Envelope's quota rules.\n")
+        except GitError as exc:
+            print(f"envelope quotas plan: nothing committed: {exc}", file=sys.stderr)
+            return 2
+        report["git"] = {"branch": change.branch, "commit": change.commit, "files": change.changed_files,
+                         "notWritten": change.not_written, "diff": change.diff}
+    if args.output == "json":
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(_text(planned, source, []))
+        if "git" in report:
+            sys.stdout.write(report["git"]["diff"])
+            for item in report["git"]["notWritten"]:
+                sys.stdout.write(f"# not written: {item}\n")
+            sys.stdout.write(f"# committed {report['git']['commit']} on new branch {args.branch} "
+                             f"(working tree and index untouched, nothing pushed)\n")
     return 0 if planned.ok else 1
 
 
