@@ -91,7 +91,7 @@ def test_a_file_that_does_not_parse_is_refused_by_name(tenancy: tuple[Path, Path
     code, _, err = run(capsys, "--base", str(bad), "--to", str(base))
     assert code == 2 and f"{bad}:" in err
     code, _, err = run(capsys, "--to", str(base))
-    assert code == 2 and "--kubeconfig or --base" in err
+    assert code == 2 and "--kubeconfig, --base PATH or --git-ref" in err
 
 
 def test_prune_deletes_what_the_target_leaves_out_children_first(tenancy: tuple[Path, Path],
