@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
                      help="git mode: write the change into the files value by value (comments and "
                           "padding kept) as one commit on this new local branch (git plumbing; "
                           "working tree and index untouched, nothing pushed)")
+    out.add_argument("--serve", action="store_true",
+                     help="open the planner's page on 127.0.0.1 over the base (--kubeconfig, --base "
+                          "or --git-ref): bars, search, edits judged by the rules at once, export "
+                          "of the commands once the plan fits; writes nothing to a cluster")
+    out.add_argument("--port", type=int, default=4780,
+                     help="--serve: the port on 127.0.0.1 (0: any free port)")
     out.add_argument("-o", "--output", choices=("text", "json"), default="text",
                      help=f"text (the commands, numbered) or json (schemaVersion {SCHEMA})")
     out.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
@@ -168,6 +174,8 @@ def _text(planned: Plan, source: dict[str, Any], warnings: list[str]) -> str:
 
 def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     targets = [*args.paths, *args.to]
+    if args.serve:
+        return _run_serve(args, rules, policy)
     if not targets or not (args.base or args.kubeconfig or args.git_ref):
         print("envelope quotas plan: give the target (--to PATH or PATH) and a base "
               "(--kubeconfig, --base PATH or --git-ref REF)", file=sys.stderr)
@@ -209,6 +217,67 @@ def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     else:
         sys.stdout.write(_text(planned, source, warnings))
     return 0 if planned.ok else 1
+
+
+def _base(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], str]:
+    """The base from --base files and/or --kubeconfig, its problems, and how to name it."""
+    base: list[dict[str, Any]] = []
+    problems: list[str] = []
+    if args.base:
+        base, problems = _read(args.base)
+    name = ", ".join(args.base)
+    if args.kubeconfig:
+        from app.cluster.snapshot import merge
+
+        live, more = _cluster(args.kubeconfig)
+        problems += more
+        base = merge(live, base)
+        name = f"cluster ({args.kubeconfig})" + (f" with {name}" if name else "")
+    return base, problems, name
+
+
+def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
+    from app.quotaview.planserve import Planner, serve
+
+    if args.git_ref:
+        from pathlib import Path
+
+        from app.quotaview.plangit import GitError, read_ref
+
+        try:
+            at_ref = read_ref(Path(args.repo), args.git_ref, args.git_path)
+        except GitError as exc:
+            print(f"envelope quotas plan: {exc}", file=sys.stderr)
+            return 2
+        base, problems = [o for _, _, o in at_ref.objects], at_ref.problems
+        name = f"git {args.git_ref} ({at_ref.commit[:12]})"
+    elif args.base or args.kubeconfig:
+        base, problems, name = _base(args)
+    else:
+        print("envelope quotas plan --serve: give the base (--kubeconfig, --base PATH or --git-ref REF)",
+              file=sys.stderr)
+        return 2
+    if problems:
+        for problem in problems:
+            print(f"envelope quotas plan: {problem}", file=sys.stderr)
+        return 2
+    at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        server, thread = serve(Planner(base, rules, policy, name, at), args.port)
+    except OSError as exc:
+        print(f"envelope quotas plan: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    port = server.server_address[1]
+    print(f"envelope quotas plan: http://127.0.0.1:{port}/ (Ctrl-C to stop; nothing is written)", flush=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
 
 
 def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: list[str],
