@@ -93,6 +93,9 @@ def test_an_edit_is_judged_blocked_fixed_and_exported(chromium_path: str, page_u
         errors = browser.js("[...document.querySelectorAll('#errors li')].map(e => e.textContent)")
         assert errors[0].startswith("over-reached: Project research-train: kai-guarantee-sum: ")
         assert "49 cards in total but the department has 48 cards" in errors[0]
+        over = browser.js("[...document.querySelectorAll('details[data-dept=research] .bar .seg.over')]"
+                          ".map(s => s.textContent)")
+        assert over == ["research-train over by 1 card"]
         assert browser.js("document.getElementById('export').disabled") is True
         refused = browser.js("fetch('/api/export', {method: 'POST', body: JSON.stringify({edits: "
                              "[{kind: 'Project', name: 'research-train', pool: 'h100', resource: 'gpu',"
