@@ -212,3 +212,21 @@ def test_every_prefix_of_a_generated_change_is_admitted(base: list[dict[str, Any
     assert not planned.target_errors, [str(b) for b in planned.target_errors]
     assert planned.ok, [str(b) for b in planned.blocked]
     replay(planned, base, target, RULES, policy)
+
+
+def test_what_the_base_already_had_does_not_block_an_unrelated_change() -> None:
+    """Pool b is already over-promised (d1 holds 10 of its 8 cards); moving a card between
+    two projects of d0 on pool a is planned, and the old excess is reported, not blamed."""
+    base = small({"d0": 8}, {"p0": ("d0", 4), "p1": ("d0", 4)})
+    base.append(krm("Department", "d1", [entry("d1", "b", 10, -1, 0, 1)]))
+    target = copy.deepcopy(base)
+    gpu(named(target, "Project", "p0"))["deserved"] = 5
+    gpu(named(target, "Project", "p1"))["deserved"] = 3
+    planned = plan(base, target, RULES, POLICY)
+    assert planned.ok and order(planned.steps) == [("update", "Project", "p1"), ("update", "Project", "p0")]
+    assert any("Department d1: kai-pool-capacity" in a for a in planned.already)
+    replay(planned, base, target, RULES, POLICY)
+    # Making that excess worse is still refused.
+    worse = copy.deepcopy(base)
+    gpu(named(worse, "Department", "d1"))["deserved"] = 11
+    assert plan(base, worse, RULES, POLICY).blocked or plan(base, worse, RULES, POLICY).target_errors

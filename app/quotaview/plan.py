@@ -107,6 +107,9 @@ class Plan:
     """The target's own findings (each object judged as a CREATE against the target, as
     ``envelope check`` judges files): no order reaches a target that has any."""
     unplanned: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    """Findings the base already had and the target keeps (they do not block; each step is
+    judged as the webhook judges it, which refuses only a write that makes them worse)."""
     """Differences the plan does not write (a NodePool's immutable label pair, ...)."""
 
     @property
@@ -426,8 +429,17 @@ def plan(base: Iterable[dict[str, Any]], target: Iterable[dict[str, Any]], rules
             goal[k] = state[k]
     errors = _target_errors(goal, context, rules, policy)
     if errors:
-        out.target_errors = _blame(errors, state, goal)
-        return out
+        # What the base already had is not the change's doing: the webhook ratchets it
+        # (a write that does not make a sum worse is admitted), and each step is judged
+        # below. Only an error the base did not have blocks the target.
+        had = _target_errors(state, context, rules, policy)
+        known = {(k, rule) for k, found in had.items() for rule, _ in found}
+        new = {k: [(rule, m) for rule, m in found if (k, rule) not in known] for k, found in errors.items()}
+        new = {k: found for k, found in new.items() if found}
+        out.already = [str(b) for b in _blame({k: f for k, f in errors.items() if k not in new}, state, goal)]
+        if new:
+            out.target_errors = _blame(new, state, goal)
+            return out
     zeroed: set[Key] = set()
     limit = 8 * (len(state) + len(goal)) + 16
     view = _view(state, context, rules)

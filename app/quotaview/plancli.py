@@ -142,7 +142,7 @@ def plan_json(planned: Plan, source: dict[str, Any], warnings: list[str]) -> dic
     return {"schemaVersion": SCHEMA, "source": source, "ok": planned.ok, "steps": steps,
             "blocked": [_blocker(b) for b in planned.blocked],
             "targetErrors": [_blocker(b) for b in planned.target_errors],
-            "unplanned": planned.unplanned, "warnings": warnings}
+            "unplanned": planned.unplanned, "alreadyInBase": planned.already, "warnings": warnings}
 
 
 def _blocker(b: Any) -> dict[str, str]:
@@ -158,6 +158,8 @@ def _text(planned: Plan, source: dict[str, Any], warnings: list[str]) -> str:
         first = planned.target_errors[0]
         lines.append(f"# the target does not pass Envelope; {first.kind} {first.name} over-reaches:")
         lines += [f"#   {b}" for b in planned.target_errors]
+    for problem in planned.already:
+        lines.append(f"# already so in the base (not blocking; no step makes it worse): {problem}")
     for problem in planned.unplanned:
         lines.append(f"# not planned: {problem}")
     for i, step in enumerate(planned.steps, 1):
