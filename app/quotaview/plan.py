@@ -241,6 +241,15 @@ def _lowered(kind: str, now: Any, target: Any, *, drop: bool) -> Any:
     return out
 
 
+def _gives_only(kind: str, now: Any, target: Any) -> bool:
+    """The target raises no guarantee and adds no queue (it may change anything else)."""
+    if kind not in GUARANTEE or _parent(kind, now) != _parent(kind, target):
+        return False
+    if not set(_entries(kind, target)) <= set(_entries(kind, now)):
+        return False
+    return same(_lowered(kind, target, now, drop=False), target)
+
+
 def _zeroed(kind: str, now: Any) -> Any:
     """``now`` with every guarantee 0: what a child holds while it changes parent."""
     out = json_copy(now)
@@ -331,6 +340,10 @@ def _candidates(state: dict[Key, dict[str, Any]], target: dict[Key, dict[str, An
     for k in changed:
         now, goal = _judged(state[k]), _judged(target[k])
         tried: list[Any] = [now]
+        if _gives_only(k[0], now, goal):  # the whole change gives: one write, in the givers' turn
+            tried.append(goal)
+            yield Step("update", *k, state[k], _written(state[k], goal),
+                       "gives up guarantee (a giver goes first)")
         for drop in (True, False):  # without its queues on pools it leaves, if they still hold children
             low = _lowered(k[0], now, goal, drop=drop)
             if not any(same(low, t) for t in tried):

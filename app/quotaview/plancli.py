@@ -65,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
                      help="git mode: write the change into the files value by value (comments and "
                           "padding kept) as one commit on this new local branch (git plumbing; "
                           "working tree and index untouched, nothing pushed)")
+    out.add_argument("--profile", metavar="FILE",
+                     help="linked files that move with a quota (linked.variables, "
+                          "linked.resourceQuotas, linked.reminders; docs/quotas.md): mirrored "
+                          "ResourceQuotas join the plan, variables are rewritten in git mode and "
+                          "listed otherwise, reminders listed")
     out.add_argument("--serve", action="store_true",
                      help="open the planner's page on 127.0.0.1 over the base (--kubeconfig, --base "
                           "or --git-ref): bars, search, edits judged by the rules at once, export "
@@ -131,6 +136,29 @@ def _target(base: list[dict[str, Any]], files: list[dict[str, Any]], prune: bool
     return merge(kept, files)
 
 
+def _profile(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    if not args.profile:
+        return None, []
+    from app.quotaview.planlinks import ProfileError, load_profile
+
+    try:
+        with open(args.profile, encoding="utf-8") as f:
+            return load_profile(f.read(), args.profile), []
+    except OSError as exc:
+        return None, [f"{args.profile}: {exc.strerror or exc}"]
+    except ProfileError as exc:
+        return None, [str(exc)]
+
+
+def _linked(profile: Any, base: list[dict[str, Any]], target: list[dict[str, Any]]
+            ) -> tuple[list[dict[str, Any]], list[Any]]:
+    if profile is None:
+        return target, []
+    from app.quotaview.planlinks import link
+
+    return link(profile, base, target)
+
+
 def plan_json(planned: Plan, source: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
     steps = []
     for i, step in enumerate(planned.steps, 1):
@@ -183,8 +211,10 @@ def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
               "(--kubeconfig, --base PATH or --git-ref REF)", file=sys.stderr)
         return 2
     files, problems = _read(targets)
+    profile, more = _profile(args)
+    problems += more
     if args.git_ref:
-        return _run_git(args, files, problems, rules, policy)
+        return _run_git(args, files, problems, rules, policy, profile)
     base: list[dict[str, Any]] = []
     if args.base:
         more_base, more = _read(args.base)
@@ -202,7 +232,7 @@ def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         print(f"envelope quotas plan: {len(problems)} input problem(s); nothing was planned",
               file=sys.stderr)
         return 2
-    target = _target(base, files, args.prune)
+    target, linked = _linked(profile, base, _target(base, files, args.prune))
     planned = plan(base, target, rules, policy)
     touched = {s.key for s in planned.steps}
     warnings = [f"{key[0]} {key[2]} is tracked by {tool}: a live patch is put back at the next "
@@ -214,11 +244,26 @@ def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if args.kubeconfig and args.base:
         source["base"] += " with " + ", ".join(args.base)
     if args.output == "json":
-        sys.stdout.write(orjson.dumps(plan_json(planned, source, warnings),
-                                      option=orjson.OPT_INDENT_2).decode() + "\n")
+        report = plan_json(planned, source, warnings)
+        report["linked"] = [item.as_dict() for item in linked]
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        sys.stdout.write(_text(planned, source, warnings))
+        sys.stdout.write(_text(planned, source, warnings) + _linked_text(linked, written=False))
     return 0 if planned.ok else 1
+
+
+def _linked_text(linked: list[Any], *, written: bool) -> str:
+    lines = []
+    for item in linked:
+        if item.kind == "reminder":
+            lines.append(f"# linked, update by hand: {item.where}" + (f" ({item.note})" if item.note else ""))
+        elif item.kind == "variable":
+            done = "rewritten in the commit" if written else "update it"
+            lines.append(f"# linked variable {item.key} in {item.where}: {item.before} -> {item.after} "
+                         f"({done})")
+        else:
+            lines.append(f"# linked {item.where} {item.key}: {item.before} -> {item.after} ({item.note})")
+    return "".join(line + "\n" for line in lines)
 
 
 def _base(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], str]:
@@ -283,7 +328,7 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
 
 
 def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: list[str],
-             rules: RuleSet, policy: Policy) -> int:
+             rules: RuleSet, policy: Policy, profile: Any = None) -> int:
     from pathlib import Path
 
     from app.quotaview.plan import state_of
@@ -303,15 +348,38 @@ def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: li
               file=sys.stderr)
         return 2
     base = [obj for _, _, obj in at_ref.objects]
-    target = _target(base, files, args.prune)
+    target, linked = _linked(profile, base, _target(base, files, args.prune))
     planned = plan(base, target, rules, policy)
+    extra: dict[str, tuple[str, str]] = {}
+    if planned.ok and args.branch:
+        from app.quotaview.plangit import blob_at
+        from app.quotaview.planlinks import rewrite_variables
+
+        by_file: dict[str, dict[str, str]] = {}
+        for item in linked:
+            if item.kind == "variable" and item.after is not None:
+                by_file.setdefault(item.where, {})[item.key] = item.after
+        for path, changes in by_file.items():
+            try:
+                old = blob_at(repo, at_ref.commit, path)
+            except GitError as exc:
+                print(f"envelope quotas plan: linked file {path}: {exc}", file=sys.stderr)
+                return 2
+            new, missing = rewrite_variables(old, changes)
+            if missing:
+                print(f"envelope quotas plan: linked file {path} has no line for {', '.join(missing)}; "
+                      f"nothing committed", file=sys.stderr)
+                return 2
+            extra[path] = (old, new)
     source = {"base": f"git {args.git_ref} ({at_ref.commit[:12]})",
               "target": ", ".join([*args.paths, *args.to]),
               "at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     report = plan_json(planned, source, [])
+    report["linked"] = [item.as_dict() for item in linked]
     if planned.ok and args.branch:
         try:
             change = commit_change(repo, at_ref, state_of(target)[0], args.branch,
+                                   extra=extra, message=
                                    f"Quota change planned by envelope quotas plan\n\n"
                                    f"From {args.git_ref} ({at_ref.commit[:12]}): "
                                    f"{len(planned.steps)} write(s), every intermediate state "
@@ -324,7 +392,7 @@ def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: li
     if args.output == "json":
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        sys.stdout.write(_text(planned, source, []))
+        sys.stdout.write(_text(planned, source, []) + _linked_text(linked, written="git" in report))
         if "git" in report:
             sys.stdout.write(report["git"]["diff"])
             for item in report["git"]["notWritten"]:

@@ -146,8 +146,13 @@ def _edits(files: RefFiles, target: dict[Key, dict[str, Any]]
     return patches, added, not_written
 
 
+def blob_at(repo: Path, commit: str, path: str) -> str:
+    """A file's text at a commit (a linked file outside the tenancy paths)."""
+    return _git(repo, "cat-file", "blob", f"{commit}:{path}")
+
+
 def commit_change(repo: Path, files: RefFiles, target: dict[Key, dict[str, Any]], branch: str,
-                  message: str) -> GitChange:
+                  message: str, extra: dict[str, tuple[str, str]] | None = None) -> GitChange:
     """Write the target's values into the files at the ref and commit them on ``branch``
     (new). Raises :class:`GitError` when a value cannot be written in place."""
     import difflib
@@ -167,6 +172,11 @@ def commit_change(repo: Path, files: RefFiles, target: dict[Key, dict[str, Any]]
             out = out.rstrip("\n") + "\n---\n" + yaml.safe_dump(obj, sort_keys=False)
         if out != text:
             new_texts[path] = out
+    originals = dict(files.texts)
+    for path, (old_text, new_text) in (extra or {}).items():
+        originals[path] = old_text
+        if new_text != old_text:
+            new_texts[path] = new_text
     if not new_texts:
         raise GitError("the target is what the ref already holds: nothing to commit")
     modes = {}
@@ -183,7 +193,7 @@ def commit_change(repo: Path, files: RefFiles, target: dict[Key, dict[str, Any]]
     commit = _git(repo, "commit-tree", tree, "-p", files.commit, "-m", message).strip()
     # The empty old value: update-ref refuses when the branch already exists.
     _git(repo, "update-ref", f"refs/heads/{branch}", commit, "")
-    diff = "".join("".join(difflib.unified_diff(files.texts[p].splitlines(keepends=True),
+    diff = "".join("".join(difflib.unified_diff(originals[p].splitlines(keepends=True),
                                                 new_texts[p].splitlines(keepends=True),
                                                 f"a/{p}", f"b/{p}")) for p in sorted(new_texts))
     return GitChange(branch, commit, diff, sorted(new_texts), not_written)
