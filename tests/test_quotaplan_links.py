@@ -25,7 +25,9 @@ PROFILE = {"linked": {
                         "key": "requests.nvidia.com/gpu"}],
     "reminders": [{"path": "docs/runbook.md", "note": "the GPU table"}]}}
 
-ENV = "# compared with the live queues by verify.sh\nRESEARCH_TRAIN_H100_GPU=8   # train\nRESEARCH_EVAL_H100_GPU=\"8\"\n"
+ENV = ("# compared with the live queues by verify.sh\n"
+       "RESEARCH_TRAIN_H100_GPU=8   # train\n"
+       "RESEARCH_EVAL_H100_GPU=\"8\"\n")
 
 QUOTA = {"apiVersion": "v1", "kind": "ResourceQuota",
          "metadata": {"name": "gpu", "namespace": "kai-research-train"},
