@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -235,3 +236,68 @@ def test_generated_changes_land_through_the_webhook(cluster: Cluster, webhook: W
             for ns in namespaces:
                 cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
     assert len(COUNTS) == GENERATED and sum(COUNTS) > GENERATED
+
+
+def test_the_page_over_the_cluster_exports_commands_that_land(cluster: Cluster, webhook: Webhook,
+                                                              tmp_path: Path) -> None:
+    """`envelope quotas plan --serve --kubeconfig` (127.0.0.1, reads only): Chromium raises
+    train to 9 (the error stands, export blocked), lowers eval to 7, exports; the exported
+    commands run in order pass the webhook at once and leave the tree the page showed."""
+    from tests.helpers.cdp import Browser
+
+    chromium = subprocess.run(["bash", str(ROOT / "e2e/controlplane/install-chromium.sh")],
+                              capture_output=True, text=True, timeout=900, check=False)
+    assert chromium.returncode == 0, chromium.stderr[-2000:]
+    os.environ["ENVELOPE_CHROMIUM"] = chromium.stdout.strip().splitlines()[-1]
+    tag = harness.unique_name("qs", max_length=12)
+    pool, dept, train, evaluation = f"{tag}-h100", f"{tag}-research", f"{tag}-train", f"{tag}-eval"
+    nodes = [f"{tag}-gpu-1", f"{tag}-gpu-2"]
+    tenancy = [nodepool(pool, tag), department(dept, pool, 16), project(train, dept, pool, 8),
+               project(evaluation, dept, pool, 8)]
+    server = None
+    try:
+        for node in nodes:
+            gpu_node(cluster, node, tag, 8)
+        land(cluster, plan(cluster, dump(tmp_path / "tenancy.yaml", *tenancy))[1])
+        before = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in
+                  cluster.kubectl_json("get", "projects.kai.resources")["items"]}
+        server = subprocess.Popen([sys.executable, "-m", "app", "quotas", "plan", "--serve", "--port", "0",
+                                   "--kubeconfig", str(cluster.kubeconfig)], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("envelope quotas plan: http://127.0.0.1:"), line
+        url = line.split()[3]
+        with Browser() as browser:
+            browser.open(url)
+            browser.wait("document.body.dataset.ok === 'true'")
+            assert "source: cluster (" in browser.js("document.getElementById('source').textContent")
+            for name, value in ((train, 9), (evaluation, 7)):
+                browser.js(f"""(() => {{ const i = document.querySelector(
+                    'input[data-edit="Project/{name}/{pool}/gpu/guarantee"]'); i.value = "{value}";
+                    i.dispatchEvent(new Event("change")); return true; }})()""")
+                browser.wait(f"document.body.dataset.ok === '{str(name == evaluation).lower()}'")
+                if name == train:
+                    assert browser.js("document.getElementById('export').disabled") is True
+            browser.js("document.getElementById('export').click() || true")
+            browser.wait("document.getElementById('commands').dataset.status === '200'")
+            exported = browser.js("document.getElementById('commands').textContent")
+        # The page wrote nothing: every Project is as it was.
+        assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in
+                cluster.kubectl_json("get", "projects.kai.resources")["items"]} == before
+        commands = [shlex.split(line) for line in exported.splitlines() if line.startswith("kubectl ")]
+        assert [c[3] for c in commands] == [evaluation, train]
+        for command in commands:
+            for extra in (("--dry-run=server",), ()):
+                out = cluster.kubectl(*command[1:], *extra, check=False)
+                assert out.returncode == 0, (command, out.stderr)
+        assert gpu_of(cluster, train) == 9 and gpu_of(cluster, evaluation) == 7
+    finally:
+        if server is not None:
+            server.terminate()
+            server.communicate(timeout=30)
+        for obj in reversed(tenancy):
+            cluster.kubectl("delete", f"{obj['kind'].lower()}s.kai.resources", obj["metadata"]["name"],
+                            "--ignore-not-found", check=False)
+        for node in nodes:
+            cluster.delete_node(node)
