@@ -84,6 +84,15 @@ def test_an_edit_is_judged_blocked_fixed_and_exported(chromium_path: str, page_u
                    " s.dispatchEvent(new Event('input')); return true; })()")
         shown = browser.js("[...document.querySelectorAll('details.dept')].map(d => d.dataset.dept)")
         assert shown == ["speech"]
+        # KAI Queue trees too, with their priority: inference-online 150 -> 2.5 is refused.
+        browser.js("(() => { const s = document.getElementById('search'); s.value = 'inference';"
+                   " s.dispatchEvent(new Event('input')); return true; })()")
+        assert browser.js("[...document.querySelectorAll('section[data-queue]')].map(s => s.dataset.queue)") \
+            == ["inference"]
+        priority = "input[data-edit=\"Queue/inference-online//gpu/priority\"]"
+        assert browser.js(f"document.querySelector('{priority}').value") == "150"
+        edit(browser, "Queue/inference-online//gpu/priority", 120)
+        browser.wait("document.body.dataset.ok === 'true' && !document.getElementById('export').disabled")
         browser.js("(() => { const s = document.getElementById('search'); s.value = 'research';"
                    " s.dispatchEvent(new Event('input')); return true; })()")
 
@@ -93,6 +102,7 @@ def test_an_edit_is_judged_blocked_fixed_and_exported(chromium_path: str, page_u
         errors = browser.js("[...document.querySelectorAll('#errors li')].map(e => e.textContent)")
         assert errors[0].startswith("over-reached: Project research-train: kai-guarantee-sum: ")
         assert "49 cards in total but the department has 48 cards" in errors[0]
+        assert len(errors) == 1 and "the same sum is reported on research-bench" in errors[0]
         over = browser.js("[...document.querySelectorAll('details[data-dept=research] .bar .seg.over')]"
                           ".map(s => s.textContent)")
         assert over == ["research-train over by 1 card"]
@@ -112,8 +122,12 @@ def test_an_edit_is_judged_blocked_fixed_and_exported(chromium_path: str, page_u
         browser.wait("document.getElementById('commands').dataset.status === '200'")
         text = browser.js("document.getElementById('commands').textContent")
         commands = [line for line in text.splitlines() if line.startswith("kubectl ")]
-        assert [c.split()[3] for c in commands] == ["research-eval", "research-train"]
-        assert json.loads(commands[1].split(" -p ", 1)[1].strip("'"))[-1] == {
+        names = [c.split()[3] for c in commands]
+        assert sorted(names) == ["inference-online", "research-eval", "research-train"]
+        assert names.index("research-eval") < names.index("research-train")
+        queue = commands[names.index("inference-online")]
+        assert '{"op":"replace","path":"/spec/priority","value":120}' in queue
+        assert json.loads(commands[names.index("research-train")].split(" -p ", 1)[1].strip("'"))[-1] == {
             "op": "replace", "path": "/spec/queues/0/resources/gpu/deserved", "value": 9}
         for where in shots(tmp_path):
             browser.screenshot(where / "quotaplan-fits.png")

@@ -26,7 +26,7 @@ from app.ruleset import RuleSet
 
 __all__ = ["Planner", "apply_edits", "serve"]
 
-FIELDS = ("guarantee", "limit", "overQuotaWeight")
+FIELDS = ("guarantee", "limit", "overQuotaWeight", "priority")
 MAX_BODY = 1 << 20
 
 
@@ -70,6 +70,11 @@ def apply_edits(objects: list[dict[str, Any]], edits: list[dict[str, Any]]) -> l
         entry = _entry(obj, pool)
         if entry is None:
             raise EditError(f"{kind} {name} has no queue on pool {pool}")
+        if field == "priority":  # a KAI Queue's (KRM's queue entries carry none)
+            if kind != "Queue" or number != number.to_integral_value():
+                raise EditError(f"{kind} {name}: priority is a whole number of a KAI Queue")
+            entry["priority"] = int(number)
+            continue
         resources = entry.setdefault("resources", {})
         block = resources.setdefault(resource, {})
         key = GUARANTEE[str(kind)] if field == "guarantee" else field
@@ -92,10 +97,13 @@ def _values(objects: list[dict[str, Any]]) -> dict[str, Any]:
             pool = "" if kind == "Queue" else str(entry.get("nodepool", ""))
             found = entry.get("resources")
             resources: dict[str, Any] = found if isinstance(found, dict) else {}
-            out[f"{kind}/{name}/{pool}"] = {
+            numbers: dict[str, Any] = {
                 r: {"guarantee": b.get(GUARANTEE[kind]), "limit": b.get("limit"),
                     "overQuotaWeight": b.get("overQuotaWeight")}
                 for r, b in resources.items() if isinstance(b, dict)}
+            if kind == "Queue":
+                numbers["priority"] = entry.get("priority")
+            out[f"{kind}/{name}/{pool}"] = numbers
     return out
 
 
@@ -114,9 +122,26 @@ class Planner:
                    "overReached": i == 0 and bool(planned.target_errors)}
                   for i, b in enumerate([*planned.target_errors, *planned.blocked])]
         errors += [{"kind": "", "name": "", "rule": "planner", "message": u} for u in planned.unplanned]
+        errors = _grouped(errors)
         return {"source": self.source, "at": self.at, "ok": planned.ok, "errors": errors,
                 "tree": as_json(tree_of(target, self.rules, self.policy)), "values": _values(target),
                 "commands": [command_of(s).text() for s in planned.steps] if planned.ok else []}
+
+
+def _grouped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per sum: a sum that does not fit is reported on every object holding part
+    of it; the first (the over-reacher) keeps the message, the others are named in
+    ``alsoOn``."""
+    out: list[dict[str, Any]] = []
+    first: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in errors:
+        group = (e["rule"], str(e["message"]).split(" This write gives ")[0])
+        if group in first and e["name"]:
+            first[group]["alsoOn"].append(e["name"])
+            continue
+        first[group] = e = {**e, "alsoOn": []}
+        out.append(e)
+    return out
 
 
 def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
