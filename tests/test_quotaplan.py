@@ -230,3 +230,29 @@ def test_what_the_base_already_had_does_not_block_an_unrelated_change() -> None:
     worse = copy.deepcopy(base)
     gpu(named(worse, "Department", "d1"))["deserved"] = 11
     assert plan(base, worse, RULES, POLICY).blocked or plan(base, worse, RULES, POLICY).target_errors
+
+
+def test_queues_krm_generated_are_read_never_written() -> None:
+    """The cluster's KRM-generated Queues (owned by an existing Department or Project, by
+    uid) are context: a target of files, which never hold them, deletes none of them."""
+    base = small({"d0": 8}, {"p0": ("d0", 4), "p1": ("d0", 4)})
+    generated = []
+    for obj in base:
+        if obj["kind"] in ("Department", "Project"):
+            obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}"
+            entry_ = obj["spec"]["queues"][0]
+            spec: dict[str, Any] = {"resources": {"gpu": {"quota": entry_["resources"]["gpu"]["deserved"],
+                                                          "limit": -1, "overQuotaWeight": 1}}}
+            if obj["kind"] == "Project":
+                spec["parentQueue"] = "d0-a"
+            generated.append({"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
+                              "metadata": {"name": entry_["name"], "ownerReferences": [
+                                  {"apiVersion": "kai.resources/v1alpha1", "kind": obj["kind"],
+                                   "name": obj["metadata"]["name"], "uid": obj["metadata"]["uid"]}]},
+                              "spec": spec})
+    base += generated
+    target = copy.deepcopy([o for o in base if o["metadata"]["name"] != "p1" and o["kind"] != "Queue"])
+    gpu(named(target, "Department", "d0"))["deserved"] = 4
+    planned = plan(base, target, RULES, STRICT)
+    assert planned.ok, [str(b) for b in planned.blocked]
+    assert order(planned.steps) == [("delete", "Project", "p1"), ("update", "Department", "d0")]

@@ -300,8 +300,18 @@ def apply_step(state: dict[Key, dict[str, Any]], step: Step) -> None:
         state[step.key] = step.after
 
 
+def _owner_gone(obj: dict[str, Any], state: dict[Key, dict[str, Any]]) -> bool:
+    """A KRM-generated Queue whose Department or Project this plan has deleted: the
+    garbage collector removes it with its owner, so the rules must not see it either."""
+    meta = obj.get("metadata")
+    owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    return obj.get("kind") == "Queue" and isinstance(owners, list) and any(
+        isinstance(o, dict) and o.get("kind") in ("Department", "Project")
+        and (str(o["kind"]), "", str(o.get("name"))) not in state for o in owners)
+
+
 def _view(state: dict[Key, dict[str, Any]], context: list[dict[str, Any]], rules: RuleSet) -> StaticView:
-    return StaticView([*context, *state.values()], rules.indexes)
+    return StaticView([*(o for o in context if not _owner_gone(o, state)), *state.values()], rules.indexes)
 
 
 # --- candidates -----------------------------------------------------------------------
