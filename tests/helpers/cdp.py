@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -23,16 +24,16 @@ __all__ = ["Browser"]
 
 class Browser:
     def __init__(self, width: int = 1400, height: int = 1000) -> None:
-        self._profile = tempfile.TemporaryDirectory(prefix="envelope-cdp-")
+        self._profile = tempfile.mkdtemp(prefix="envelope-cdp-")
         command = [chromium(), "--headless", "--disable-gpu", "--no-first-run",
                    "--no-default-browser-check", "--disable-extensions", "--mute-audio",
                    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
                    f"--window-size={width},{height}", "--hide-scrollbars",
-                   f"--user-data-dir={self._profile.name}", "about:blank"]
+                   f"--user-data-dir={self._profile}", "about:blank"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.insert(1, "--no-sandbox")
         self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = Path(self._profile.name) / "DevToolsActivePort"
+        port_file = Path(self._profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().strip()):
             if time.monotonic() > deadline or self._proc.poll() is not None:
@@ -99,7 +100,17 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-            self._profile.cleanup()
+            # Chromium's helpers may still be writing the profile for a moment after it exits.
+            for _ in range(50):
+                try:
+                    shutil.rmtree(self._profile)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                shutil.rmtree(self._profile, ignore_errors=True)
 
     def __enter__(self) -> Browser:
         return self
