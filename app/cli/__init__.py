@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["quotas", "plan"]:  # its own parser: `quotas` takes PATHs (a dir named plan: ./plan)
+        from app.quotaview.plancli import main as run_quota_plan
+
+        return run_quota_plan(argv[2:])
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -30,7 +30,8 @@ def add_parser(sub: Any) -> None:
                     "(Queue status.allocated) and the quota rules' findings. With files and "
                     "--kubeconfig (or --base), the files are a change over the cluster (or "
                     "over the base files) and changed queues show before -> after. Exit 0, "
-                    "or 2 when the input cannot be read.")
+                    "or 2 when the input cannot be read. `envelope quotas plan --help`: the "
+                    "ordered commands that land a change.")
     quotas.add_argument("paths", nargs="*", metavar="PATH", help="file or directory, like -f")
     quotas.add_argument("-f", "--filename", action="append", default=[], dest="filenames",
                         metavar="PATH", help="file, directory or - for stdin; repeatable")

@@ -1,0 +1,216 @@
+"""``envelope quotas plan --serve``: the planner's page on 127.0.0.1. Bars per pool and per
+department with named segments, search, human units, and edits of guarantee, limit and
+over-quota weight; every edit is judged at once by the planner (``plan.py``: the rules
+the webhook runs, over the target and over every intermediate state), and the commands
+cannot be exported while an error stands. It reads what it was given (files or a
+cluster listed once) and writes nothing anywhere.
+
+The page is one HTML document with inline CSS and script; it fetches only this server's
+``/api/judge`` and ``/api/export`` (POST, JSON: ``{"edits": [...]}``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from app.config import Policy
+from app.quotaview.model import as_json, tree_of
+from app.quotaview.plan import GUARANTEE, plan
+from app.quotaview.plancommands import command_of
+from app.ruleset import RuleSet
+
+__all__ = ["Planner", "apply_edits", "serve"]
+
+FIELDS = ("guarantee", "limit", "overQuotaWeight", "priority")
+MAX_BODY = 1 << 20
+
+
+class EditError(ValueError):
+    """An edit that names no queue, or a value that is not a number."""
+
+
+def _entry(obj: dict[str, Any], pool: str) -> dict[str, Any] | None:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    if obj.get("kind") == "Queue":
+        return spec
+    for entry in spec.get("queues") or []:
+        if isinstance(entry, dict) and entry.get("nodepool") == pool:
+            return entry
+    return None
+
+
+def apply_edits(objects: list[dict[str, Any]], edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The objects with each edit written in: ``{kind, name, pool, resource, field, value}``
+    (``field`` one of guarantee, limit, overQuotaWeight; a number in the spec's units)."""
+    out = copy.deepcopy(objects)
+    by_key = {(o.get("kind"), (o.get("metadata") or {}).get("name")): o for o in out}
+    for edit in edits:
+        if not isinstance(edit, dict):
+            raise EditError("an edit is an object")
+        kind, name, pool = edit.get("kind"), edit.get("name"), str(edit.get("pool") or "")
+        resource, field, value = edit.get("resource"), edit.get("field"), edit.get("value")
+        obj = by_key.get((kind, name))
+        if obj is None or kind not in GUARANTEE:
+            raise EditError(f"no {kind} {name} to edit")
+        if resource not in ("gpu", "cpu", "memory") or field not in FIELDS:
+            raise EditError(f"cannot edit {resource} {field}")
+        try:
+            number = Decimal(str(value))
+        except InvalidOperation as exc:
+            raise EditError(f"{kind} {name} {resource} {field}: {value!r} is not a number") from exc
+        if isinstance(value, bool) or not number.is_finite():
+            raise EditError(f"{kind} {name} {resource} {field}: {value!r} is not a number")
+        entry = _entry(obj, pool)
+        if entry is None:
+            raise EditError(f"{kind} {name} has no queue on pool {pool}")
+        if field == "priority":  # a KAI Queue's (KRM's queue entries carry none)
+            if kind != "Queue" or number != number.to_integral_value():
+                raise EditError(f"{kind} {name}: priority is a whole number of a KAI Queue")
+            entry["priority"] = int(number)
+            continue
+        resources = entry.setdefault("resources", {})
+        block = resources.setdefault(resource, {})
+        key = GUARANTEE[str(kind)] if field == "guarantee" else field
+        block[key] = int(number) if number == number.to_integral_value() else float(number)
+    return out
+
+
+def _values(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per queue (``kind/name/pool``) the numbers as written, for the page's inputs."""
+    out: dict[str, Any] = {}
+    for obj in objects:
+        kind = obj.get("kind")
+        if kind not in GUARANTEE:
+            continue
+        name = (obj.get("metadata") or {}).get("name")
+        found = obj.get("spec")
+        spec: dict[str, Any] = found if isinstance(found, dict) else {}
+        entries = [spec] if kind == "Queue" else [e for e in spec.get("queues") or [] if isinstance(e, dict)]
+        for entry in entries:
+            pool = "" if kind == "Queue" else str(entry.get("nodepool", ""))
+            found = entry.get("resources")
+            resources: dict[str, Any] = found if isinstance(found, dict) else {}
+            numbers: dict[str, Any] = {
+                r: {"guarantee": b.get(GUARANTEE[kind]), "limit": b.get("limit"),
+                    "overQuotaWeight": b.get("overQuotaWeight")}
+                for r, b in resources.items() if isinstance(b, dict)}
+            if kind == "Queue":
+                numbers["priority"] = entry.get("priority")
+            out[f"{kind}/{name}/{pool}"] = numbers
+    return out
+
+
+class Planner:
+    """The base the page edits, and the judging of a set of edits."""
+
+    def __init__(self, base: list[dict[str, Any]], rules: RuleSet, policy: Policy, source: str,
+                 at: str) -> None:
+        self.base, self.rules, self.policy, self.source, self.at = base, rules, policy, source, at
+
+    def judge(self, edits: list[dict[str, Any]]) -> dict[str, Any]:
+        target = apply_edits(self.base, edits)
+        planned = plan(self.base, target, self.rules, self.policy)
+        # The target's errors come over-reacher first (plan._blame): the object that grew.
+        errors = [{"kind": b.kind, "name": b.name, "rule": b.rule, "message": b.message,
+                   "overReached": i == 0 and bool(planned.target_errors)}
+                  for i, b in enumerate([*planned.target_errors, *planned.blocked])]
+        errors += [{"kind": "", "name": "", "rule": "planner", "message": u} for u in planned.unplanned]
+        errors = _grouped(errors)
+        return {"source": self.source, "at": self.at, "ok": planned.ok, "errors": errors,
+                "tree": as_json(tree_of(target, self.rules, self.policy)), "values": _values(target),
+                "commands": [command_of(s).text() for s in planned.steps] if planned.ok else []}
+
+
+def _grouped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per sum: a sum that does not fit is reported on every object holding part
+    of it; the first (the over-reacher) keeps the message, the others are named in
+    ``alsoOn``."""
+    out: list[dict[str, Any]] = []
+    first: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in errors:
+        group = (e["rule"], str(e["message"]).split(" This write gives ")[0])
+        if group in first and e["name"]:
+            first[group]["alsoOn"].append(e["name"])
+            continue
+        first[group] = e = {**e, "alsoOn": []}
+        out.append(e)
+    return out
+
+
+def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "envelope-quota-planner"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _send(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, code: int, value: Any) -> None:
+            self._send(code, json.dumps(value).encode(), "application/json")
+
+        def do_GET(self) -> None:
+            if self.path in ("/", "/index.html"):
+                self._send(200, page().encode(), "text/html; charset=utf-8")
+            else:
+                self._json(404, {"error": f"no page {self.path}"})
+
+        def do_POST(self) -> None:
+            if self.path not in ("/api/judge", "/api/export"):
+                self._json(404, {"error": f"no endpoint {self.path}"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY:
+                self._json(413 if length > MAX_BODY else 400, {"error": "a JSON body up to 1 MiB"})
+                return
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+                edits = body.get("edits", []) if isinstance(body, dict) else None
+                if not isinstance(edits, list):
+                    raise EditError("the body is {\"edits\": [...]}")
+                judged = planner.judge(edits)
+            except (ValueError, EditError) as exc:
+                self._json(400, {"error": str(exc)})
+                return
+            except Exception as exc:  # a bug of ours: say so, never drop the connection
+                self._json(500, {"error": f"internal error {type(exc).__name__}: {exc}"})
+                return
+            if self.path == "/api/judge":
+                self._json(200, judged)
+            elif not judged["ok"]:
+                self._json(409, {"error": "the plan cannot be exported while an error stands",
+                                 "errors": judged["errors"]})
+            else:
+                count = len(judged["commands"])
+                header = f"# plan from {planner.source} ({planner.at}), {count} command(s)\n"
+                self._send(200, (header + "\n".join(judged["commands"]) + "\n").encode(),
+                           "text/plain; charset=utf-8")
+
+    return Handler
+
+
+def serve(planner: Planner, port: int = 0) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Start the page on 127.0.0.1 (``port`` 0: any free one); returns the server (its
+    ``server_address``) and the thread serving it."""
+    from app.quotaview.planpage import page
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(planner, page))
+    thread = threading.Thread(target=server.serve_forever, name="quota-planner", daemon=True)
+    thread.start()
+    return server, thread

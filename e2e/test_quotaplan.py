@@ -1,0 +1,303 @@
+"""`envelope quotas plan` on the real API server with Envelope enforcing (issue #40): the
+plan read from the cluster (--kubeconfig), each step sent with --dry-run=server then for
+real, every one admitted on the first try; a concurrent change makes a planned patch
+fail rather than be overwritten; generated changes (tests.helpers.quotaplan) replayed
+through the webhook."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, seed, settings
+
+import harness
+from app.config import Policy
+from app.quotaview.plan import plan as quota_plan
+from app.quotaview.plancommands import command_of
+from app.ruleset import default_ruleset
+from builders import department, gpu_node, nodepool, project
+from harness import Cluster, Webhook
+from tests.helpers.quotaplan import CHILD_QUEUES, DEPARTMENTS, POOLS, PROJECTS, tenancies
+from tests.helpers.quotaplan import nodes as generated_nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = int(os.environ.get("ENVELOPE_E2E_QUOTAPLAN_CASES", "8"))
+"""How many generated changes go through the webhook (each: the base, the change, back to
+the pools alone)."""
+RULES = default_ruleset()
+
+
+def plan(cluster: Cluster, *targets: Path, extra: tuple[str, ...] = ()) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "app", "quotas", "plan", "--kubeconfig",
+                           str(cluster.kubeconfig), *(f"--to={t}" for t in targets), *extra,
+                           "-o", "json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode in (0, 1), done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return done.returncode, report
+
+
+def run_step(cluster: Cluster, step: dict[str, Any]) -> None:
+    """The step as planned: a server-side dry-run through the webhook, then the write;
+    both must pass at once (no retry)."""
+    for extra in (("--dry-run=server",), ()):
+        out = cluster.kubectl(*step["kubectl"], *extra, input=step["stdin"] or None, check=False)
+        assert out.returncode == 0, (step["index"], step["command"], extra, out.stderr)
+
+
+def land(cluster: Cluster, report: dict[str, Any]) -> int:
+    assert report["ok"], (report["blocked"], report["targetErrors"])
+    for step in report["steps"]:
+        run_step(cluster, step)
+    return len(report["steps"])
+
+
+def spec_of(cluster: Cluster, resource: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = cluster.kubectl_json("get", resource, name)["spec"]
+    return found
+
+
+def gpu_of(cluster: Cluster, project_name: str) -> Any:
+    return spec_of(cluster, "projects.kai.resources", project_name)["queues"][0]["resources"]["gpu"][
+        "deserved"]
+
+
+def dump(path: Path, *objects: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(list(objects)))
+    return path
+
+
+def test_the_one_card_move_lands_in_the_planned_order(cluster: Cluster, webhook: Webhook,
+                                                      tmp_path: Path) -> None:
+    """research-train 8 -> 9 and research-eval 8 -> 7 in a department with no spare card:
+    one `kubectl apply` of the file is refused (the grower comes first), the plan's two
+    patches pass the webhook at once; a change made between planning and landing makes
+    the planned patch fail and is kept."""
+    tag = harness.unique_name("qp", max_length=12)
+    pool, dept, train, evaluation = f"{tag}-h100", f"{tag}-research", f"{tag}-train", f"{tag}-eval"
+    nodes = [f"{tag}-gpu-1", f"{tag}-gpu-2"]
+    tenancy = [nodepool(pool, tag), department(dept, pool, 16), project(train, dept, pool, 8),
+               project(evaluation, dept, pool, 8)]
+    try:
+        for node in nodes:
+            gpu_node(cluster, node, tag, 8)
+        initial = land(cluster, plan(cluster, dump(tmp_path / "tenancy.yaml", *tenancy))[1])
+        assert initial == 4
+        change = dump(tmp_path / "move.yaml", project(train, dept, pool, 9),
+                      project(evaluation, dept, pool, 7))
+        single = cluster.kubectl("apply", "-f", str(change), "--dry-run=server", check=False)
+        assert single.returncode != 0
+        assert "projects are guaranteed 17 cards in total but the department has 16 cards" in single.stderr
+
+        code, report = plan(cluster, change)
+        assert code == 0 and report["source"]["base"].startswith("cluster (")
+        assert [(s["op"], s["name"]) for s in report["steps"]] == [("update", evaluation), ("update", train)]
+        land(cluster, report)
+        assert gpu_of(cluster, train) == 9 and gpu_of(cluster, evaluation) == 7
+
+        # Planned: eval 7 -> 6, train 9 -> 10. Before it lands someone sets eval to 5.
+        code, report = plan(cluster, dump(tmp_path / "again.yaml", project(train, dept, pool, 10),
+                                          project(evaluation, dept, pool, 6)))
+        assert code == 0 and [s["name"] for s in report["steps"]] == [evaluation, train]
+        first = report["steps"][0]["kubectl"]
+        assert cluster.kubectl(*first, "--dry-run=server", check=False).returncode == 0  # as planned: it fits
+        cluster.kubectl("patch", "projects.kai.resources", evaluation, "--type=json", "-p", json.dumps(
+            [{"op": "replace", "path": "/spec/queues/0/resources/gpu/deserved", "value": 5}]))
+        raced = cluster.kubectl(*first, check=False)  # the test of 7 fails: 422, nothing written
+        assert raced.returncode != 0 and "is invalid" in raced.stderr
+        assert gpu_of(cluster, evaluation) == 5
+    finally:
+        for obj in reversed(tenancy):
+            cluster.kubectl("delete", f"{obj['kind'].lower()}s.kai.resources", obj["metadata"]["name"],
+                            "--ignore-not-found", check=False)
+        for node in nodes:
+            cluster.delete_node(node)
+
+
+def _create_node(cluster: Cluster, node: dict[str, Any]) -> None:
+    cluster.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"]}))
+    cluster.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": node["status"]}))
+
+
+def test_the_demo_tenancy_as_a_plan_from_empty(cluster: Cluster, webhook: Webhook, tmp_path: Path) -> None:
+    """The demo as written is refused before anything is written, naming research (the
+    department holding 8 h100 cards no project uses); with research at 48 cards the plan's
+    61 creates pass the webhook in order, each at once, and the cluster then holds the
+    target."""
+    demo = tmp_path / "tenancy"
+    shutil.copytree(ROOT / "examples/tenancy", demo)
+    nodes = list(yaml.safe_load_all((demo / "nodes.yaml").read_text()))
+    written: list[dict[str, Any]] = []
+    try:
+        for node in nodes:
+            _create_node(cluster, node)
+        code, report = plan(cluster, demo)
+        assert code == 1 and not report["steps"]
+        first = report["targetErrors"][0]
+        assert (first["kind"], first["name"]) == ("Department", "research")
+        assert first["rule"] == "kai-pool-capacity"
+
+        departments = demo / "departments.yaml"
+        departments.write_text(departments.read_text().replace("deserved: 56, ", "deserved: 48, "))
+        code, report = plan(cluster, demo)
+        assert code == 0 and len(report["steps"]) == 61
+        for step in report["steps"]:
+            run_step(cluster, step)
+            written.append(step)
+        for obj in (o for f in sorted(demo.rglob("*.yaml")) for o in yaml.safe_load_all(f.read_text())):
+            if obj["kind"] in ("Department", "Project", "NodePool", "Queue"):
+                resource = "queues.scheduling.run.ai" if obj["kind"] == "Queue" else \
+                    f"{obj['kind'].lower()}s.kai.resources"
+                assert spec_of(cluster, resource, obj["metadata"]["name"]) == obj["spec"]
+        code, report = plan(cluster, demo)
+        assert code == 0 and report["steps"] == []
+    finally:
+        for step in reversed(written):
+            cluster.kubectl("delete", resource_for(step["kind"]), step["name"], "--ignore-not-found",
+                            check=False)
+        for node in nodes:
+            cluster.delete_node(node["metadata"]["name"])
+
+
+def resource_for(kind: str) -> str:
+    return "queues.scheduling.run.ai" if kind == "Queue" else \
+        "resourcequotas" if kind == "ResourceQuota" else f"{kind.lower()}s.kai.resources"
+
+
+GENERATED_NAMES = {"NodePool": set(POOLS), "Department": set(DEPARTMENTS), "Project": set(PROJECTS),
+                   "Queue": {"qroot", *CHILD_QUEUES}}
+
+
+def live_generated(cluster: Cluster) -> list[dict[str, Any]]:
+    """What the cluster holds of the generated universe of names (one LIST per kind)."""
+    out: list[dict[str, Any]] = []
+    for kind, names in GENERATED_NAMES.items():
+        items = cluster.kubectl_json("get", resource_for(kind))["items"]
+        out += [o for o in items if o["metadata"]["name"] in names]
+    items = cluster.kubectl_json("get", "resourcequotas", "-A")["items"]
+    out += [o for o in items if o["metadata"]["namespace"].startswith("kai-p")]
+    return out
+
+
+def land_in_process(cluster: Cluster, target: list[dict[str, Any]]) -> int:
+    """Plan from what the cluster holds to ``target`` with the engine (app/quotaview/plan.py),
+    then send each step's command through the webhook: dry-run, then for real."""
+    nodes = generated_nodes()
+    planned = quota_plan([*nodes, *live_generated(cluster)], [*nodes, *target], RULES, Policy())
+    assert planned.ok, ([str(b) for b in planned.blocked], [str(b) for b in planned.target_errors])
+    for i, step in enumerate(planned.steps, 1):
+        command = command_of(step)
+        run_step(cluster, {"index": i, "kubectl": list(command.argv), "stdin": command.stdin,
+                           "command": command.text()})
+    return len(planned.steps)
+
+
+@seed(40)
+@settings(max_examples=GENERATED, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(tenancies(), tenancies())
+def _generated(cluster: Cluster, base: list[dict[str, Any]], target: list[dict[str, Any]]) -> None:
+    """One generated change: the base from what the previous case left, base -> target,
+    then back to the two pools alone; each a plan whose every step passes the webhook at
+    once."""
+    COUNTS.append(land_in_process(cluster, base) + land_in_process(cluster, target))
+    land_in_process(cluster, [o for o in target if o["kind"] == "NodePool"])
+
+
+COUNTS: list[int] = []
+
+
+def test_generated_changes_land_through_the_webhook(cluster: Cluster, webhook: Webhook) -> None:
+    """Seeded generated changes (the unit test's strategy; ENVELOPE_E2E_QUOTAPLAN_CASES,
+    default 8): every prefix of every plan admitted by the webhook on the real API server."""
+    for node in generated_nodes():
+        _create_node(cluster, node)
+    namespaces = [f"kai-{p}" for p in PROJECTS]
+    for ns in namespaces:
+        cluster.kubectl("create", "namespace", ns, check=False)
+    COUNTS.clear()
+    try:
+        _generated(cluster)
+    finally:
+        try:
+            land_in_process(cluster, [])
+        finally:
+            for node in generated_nodes():
+                cluster.delete_node(node["metadata"]["name"])
+            for ns in namespaces:
+                cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+    assert len(COUNTS) == GENERATED and sum(COUNTS) > GENERATED
+
+
+def test_the_page_over_the_cluster_exports_commands_that_land(cluster: Cluster, webhook: Webhook,
+                                                              tmp_path: Path) -> None:
+    """`envelope quotas plan --serve --kubeconfig` (127.0.0.1, reads only): Chromium raises
+    train to 9 (the error stands, export blocked), lowers eval to 7, exports; the exported
+    commands run in order pass the webhook at once and leave the tree the page showed."""
+    from tests.helpers.cdp import Browser
+
+    chromium = subprocess.run(["bash", str(ROOT / "e2e/controlplane/install-chromium.sh")],
+                              capture_output=True, text=True, timeout=900, check=False)
+    assert chromium.returncode == 0, chromium.stderr[-2000:]
+    os.environ["ENVELOPE_CHROMIUM"] = chromium.stdout.strip().splitlines()[-1]
+    tag = harness.unique_name("qs", max_length=12)
+    pool, dept, train, evaluation = f"{tag}-h100", f"{tag}-research", f"{tag}-train", f"{tag}-eval"
+    nodes = [f"{tag}-gpu-1", f"{tag}-gpu-2"]
+    tenancy = [nodepool(pool, tag), department(dept, pool, 16), project(train, dept, pool, 8),
+               project(evaluation, dept, pool, 8)]
+    server = None
+    try:
+        for node in nodes:
+            gpu_node(cluster, node, tag, 8)
+        land(cluster, plan(cluster, dump(tmp_path / "tenancy.yaml", *tenancy))[1])
+        before = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in
+                  cluster.kubectl_json("get", "projects.kai.resources")["items"]}
+        server = subprocess.Popen([sys.executable, "-m", "app", "quotas", "plan", "--serve", "--port", "0",
+                                   "--kubeconfig", str(cluster.kubeconfig)], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("envelope quotas plan: http://127.0.0.1:"), line
+        url = line.split()[3]
+        with Browser() as browser:
+            browser.open(url)
+            browser.wait("document.body.dataset.ok === 'true'")
+            assert "source: cluster (" in browser.js("document.getElementById('source').textContent")
+            for name, value in ((train, 9), (evaluation, 7)):
+                browser.js(f"""(() => {{ const i = document.querySelector(
+                    'input[data-edit="Project/{name}/{pool}/gpu/guarantee"]'); i.value = "{value}";
+                    i.dispatchEvent(new Event("change")); return true; }})()""")
+                browser.wait(f"document.body.dataset.ok === '{str(name == evaluation).lower()}'")
+                if name == train:
+                    assert browser.js("document.getElementById('export').disabled") is True
+            browser.js("document.getElementById('export').click() || true")
+            browser.wait("document.getElementById('commands').dataset.status === '200'")
+            exported = browser.js("document.getElementById('commands').textContent")
+        # The page wrote nothing: every Project is as it was.
+        assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in
+                cluster.kubectl_json("get", "projects.kai.resources")["items"]} == before
+        commands = [shlex.split(line) for line in exported.splitlines() if line.startswith("kubectl ")]
+        assert [c[3] for c in commands] == [evaluation, train]
+        for command in commands:
+            for extra in (("--dry-run=server",), ()):
+                out = cluster.kubectl(*command[1:], *extra, check=False)
+                assert out.returncode == 0, (command, out.stderr)
+        assert gpu_of(cluster, train) == 9 and gpu_of(cluster, evaluation) == 7
+    finally:
+        if server is not None:
+            server.terminate()
+            server.communicate(timeout=30)
+        for obj in reversed(tenancy):
+            cluster.kubectl("delete", f"{obj['kind'].lower()}s.kai.resources", obj["metadata"]["name"],
+                            "--ignore-not-found", check=False)
+        for node in nodes:
+            cluster.delete_node(node)
