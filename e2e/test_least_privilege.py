@@ -127,6 +127,7 @@ def test_rbac_grants_exactly_the_writes_envelope_makes(cluster: Cluster,
         ("", "secrets", "create", "*"), ("", "secrets", "update", f"{NAME}-tls"),
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "update", f"{NAME}-leader"),
+        ("coordination.k8s.io", "leases", "update", f"{NAME}-leader-facts"),
     }
     for namespace, expected in ((other, expected_cluster_wide), (NS, expected_here)):
         extra = _rules(sa, namespace) - _rules(plain, namespace)
