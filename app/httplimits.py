@@ -143,13 +143,17 @@ class _Slot:
 
 
 EVICTIONS_PER_COLLECT = 256
-"""An evicted TLS connection's protocol objects sit in reference cycles that survive into
-Python's oldest generation; under connection churn (the fault suite's hoarders open
-16,000-20,000 connections in 17 s against 1,000 slots) that garbage took a replica to
-404-552 MiB, over the chart's 384Mi limit, growing with the rate. After this many
-evictions a full collection runs: 268 MiB in the same test (once a second at most was
-not enough: 523 MiB) (docs/reliability.md). Ordinary traffic evicts nothing and never
-pays for it."""
+"""An evicted TLS connection's protocol objects used to sit in reference cycles (the HTTP
+protocol and its parser, the protocol and the TLS layer) that survived into Python's
+oldest generation; under connection churn that garbage took a replica past the chart's
+limit, and a full collection every 256 evictions held it (docs/reliability.md) — at
+0.24-0.37 s a collection with the 30k-object view (issue 38). The TLS layer now breaks
+those cycles when a connection goes (``_tls_layer`` ``connection_lost``,
+``GuardedHttpTools.connection_lost``): reference counting frees every object of a
+closed connection at once (none found by a full collection after 1,500 half-open or
+idle handshaken connections, bench/halfopen.py). What is left after this many
+evictions is a young-generation collection (generation 1: about a millisecond, whatever
+the view's size)."""
 
 
 class Slots:
@@ -189,10 +193,10 @@ class Slots:
         return True
 
     def _collect(self) -> None:
-        """A full collection after every EVICTIONS_PER_COLLECT evictions."""
+        """A young-generation collection after every EVICTIONS_PER_COLLECT evictions."""
         if self.evicted - self._evicted_at_collect >= EVICTIONS_PER_COLLECT:
             self._evicted_at_collect = self.evicted
-            gc.collect()
+            gc.collect(1)
 
     def mark(self, key: object, state: int) -> None:
         slot = self._slots.get(key)
@@ -231,6 +235,61 @@ def peer_address(transport: Any) -> str:
     return str(name[0]) if isinstance(name, tuple) and name else "?"
 
 
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, unless ``ENVELOPE_MALLOC_TRIM=off`` or the C library has
+    none (musl, macOS): then nothing is trimmed."""
+    if os.environ.get("ENVELOPE_MALLOC_TRIM", "on").lower() in ("off", "0", "false", "no"):
+        return None
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+TRIM_INTERVAL = 1.0
+"""Seconds between two ``malloc_trim(0)`` calls at most (and after the last closed
+connection before one runs)."""
+
+
+class Trimmer:
+    """Gives the C allocator's free memory back to the system after connections close.
+
+    Each accepted connection gets its TLS objects at once (an ``SSL`` object, its two
+    memory BIOs, uvloop's buffers: some 40 KB, mostly in OpenSSL's ``malloc``). When it
+    goes without a handshake they are freed, but glibc keeps the freed chunks inside its
+    heaps, among the live view's objects, and RSS never comes back: three 40 s storms of
+    half-open connections took a replica with the 30k view from 186 to 547 MiB (issue
+    38). ``malloc_trim(0)`` returns the free pages of every arena (``madvise``); it runs
+    ``TRIM_INTERVAL`` seconds after a connection closes, at most once per interval, so a
+    storm costs one trim a second and ordinary traffic (the API server keeps its
+    connections) almost none. Numbers: docs/reliability.md "Half-open connections"."""
+
+    def __init__(self, trim: Callable[[int], int] | None = None,
+                 interval: float = TRIM_INTERVAL) -> None:
+        self.trim = trim
+        self.interval = interval
+        self.runs = 0
+        self._pending = False
+
+    def note(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A connection closed: trim within ``interval``."""
+        if self.trim is None or self._pending:
+            return
+        self._pending = True
+        loop.call_later(self.interval, self._run)
+
+    def _run(self) -> None:
+        self._pending = False
+        if self.trim is not None:
+            self.trim(0)
+            self.runs += 1
+
+
 @dataclass
 class LimitState:
     """Shared by every connection of one server (one event loop: no lock needed)."""
@@ -238,6 +297,7 @@ class LimitState:
     limits: Limits
     inflight_body_bytes: int = 0
     slots: Slots = field(init=False)
+    trimmer: Trimmer = field(default_factory=lambda: Trimmer(_libc_malloc_trim()))
     counts: dict[str, int] = field(default_factory=lambda: {
         "header_too_large": 0, "header_timeout": 0, "body_timeout": 0, "body_too_slow": 0,
         "body_too_large": 0, "body_budget": 0, "peer_refused": 0})
@@ -329,6 +389,7 @@ class GuardedHttpTools(_Base):
         if self._slot_key is self:
             self.state.slots.release(self)
         super().connection_lost(exc)
+        self._slot_key = None  # the TLS layer refers to this protocol: no cycle left
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser one head, then exactly one body, at a time, so every head —
@@ -614,6 +675,16 @@ def _tls_layer(loop: asyncio.AbstractEventLoop) -> type:
         def connection_lost(self: Any, exc: Exception | None) -> None:
             self._envelope_slots.release(self)
             base.connection_lost(self, exc)
+            app = self._envelope_app
+            self._envelope_app = None
+            if app is not None and app.transport is None:
+                # Never handshaken: its HTTP protocol was never connected and never will
+                # be. Break the cycles (protocol <-> parser, protocol -> this layer) so
+                # that reference counting frees it now, not the next full collection.
+                app.parser = None
+                app._slot_key = None
+            if self._envelope_trimmer is not None:
+                self._envelope_trimmer.note(asyncio.get_event_loop())
 
         def buffer_updated(self: Any, nbytes: int) -> None:
             if self._envelope_silent:  # the first bytes of a handshake
@@ -624,6 +695,7 @@ def _tls_layer(loop: asyncio.AbstractEventLoop) -> type:
         layer = _TLS_LAYERS[base] = type("EnvelopeTLS", (base,), {
             "connection_made": connection_made, "connection_lost": connection_lost,
             "buffer_updated": buffer_updated, "_envelope_slots": None,
+            "_envelope_trimmer": None, "_envelope_app": None,
             "_envelope_silent": True})
     return layer
 
@@ -639,6 +711,7 @@ def _with_tls(protocol: type[GuardedHttpTools], context: ssl.SSLContext) -> Call
     any byte of its handshake, and has ``handshake_timeout`` to finish it."""
     limits = protocol.state.limits
     slots = protocol.state.slots
+    trimmer = protocol.state.trimmer
 
     def make(*args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_event_loop()
@@ -648,6 +721,8 @@ def _with_tls(protocol: type[GuardedHttpTools], context: ssl.SSLContext) -> Call
         layer = _tls_layer(loop)(loop, app, context, waiter, server_side=True,
                                  ssl_handshake_timeout=limits.handshake_timeout)
         layer._envelope_slots = slots
+        layer._envelope_trimmer = trimmer
+        layer._envelope_app = app
         app._slot_key = layer
         return layer
 

@@ -246,7 +246,8 @@ def configurations(name: str, policy: Policy, webhook: harness.Webhook,
     are used (the policies and the validating webhook's partition)."""
     bundle = base64.b64encode(webhook.ca_file.read_bytes()).decode()
     full = mutate_match_conditions(RULES, policy)[0]["expression"]
-    compiled = compile_in_tree(RULES, policy)
+    lease = f"intree-e2e-{name}-facts"
+    compiled = compile_in_tree(RULES, policy, fact_lease=("default", lease))
     assert compiled.rules, "nothing compiled: the oracle would compare the webhook with itself"
     only = {POLICY_LABEL: name}
     mutating = {"apiVersion": "admissionregistration.k8s.io/v1",
@@ -295,7 +296,14 @@ def configurations(name: str, policy: Policy, webhook: harness.Webhook,
             manifest["spec"]["policyName"] = own
             manifest["spec"]["matchResources"]["namespaceSelector"] = {
                 **selector, "matchExpressions": vap.namespace_requirements}
-    return [mutating, validating, *manifests, *validating_policies]
+    # The keeper's Lease the binding reads (app/intree/facts.py FactLease), renewed for the
+    # run: the namespaces carry the fact as a keeper would have written it.
+    leases = [{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": lease, "namespace": "default"},
+               "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 86400,
+                        "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}}
+              ] if "paramKind" in json.dumps(manifests) else []
+    return [mutating, validating, *manifests, *validating_policies, *leases]
 
 
 def _namespaces(cluster: Cluster, name: str, policy: Policy) -> dict[str, dict[str, str]]:

@@ -99,12 +99,13 @@ def _start(workdir: Path, cluster: Cluster, pod: str, lease: str, selector: str)
 # ------------------------------------------------------------------- the policy's path
 
 
-def _hook(name: str, url: str, bundle: str, condition: str | None) -> dict[str, Any]:
+def _hook(name: str, url: str, bundle: str, condition: str | None,
+          policy: str = NAME) -> dict[str, Any]:
     hook: dict[str, Any] = {
         "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
         "failurePolicy": "Fail", "timeoutSeconds": 10,
         "clientConfig": {"url": url, "caBundle": bundle},
-        "namespaceSelector": {"matchLabels": {POLICY_LABEL: NAME}},
+        "namespaceSelector": {"matchLabels": {POLICY_LABEL: policy}},
         "rules": [{"apiGroups": ["", "apps", "batch"], "apiVersions": ["v1"],
                    "operations": ["CREATE", "UPDATE"], "scope": "Namespaced",
                    "resources": ["pods", "replicationcontrollers", "deployments", "replicasets",
@@ -115,31 +116,34 @@ def _hook(name: str, url: str, bundle: str, condition: str | None) -> dict[str, 
     return hook
 
 
-def configurations(webhook: harness.Webhook) -> list[dict[str, Any]]:
+def configurations(webhook: harness.Webhook, policy: str = NAME,
+                   lease: str = "facts-e2e") -> list[dict[str, Any]]:
     """The in-tree policy and binding compiled from the default policy (the binding
-    requires the fact), and the reduced mutating webhook and the validating webhook, for
-    namespaces labelled ``POLICY_LABEL: facts``."""
+    requires the fact and reads the keeper's Lease ``lease``-facts in LEASE_NS), and the
+    reduced mutating webhook and the validating webhook, for namespaces labelled
+    ``POLICY_LABEL: policy``."""
     bundle = base64.b64encode(webhook.ca_file.read_bytes()).decode()
-    compiled = compile_in_tree(RULES, Policy())
+    compiled = compile_in_tree(RULES, Policy(), fact_lease=(LEASE_NS, f"{lease}-facts"))
     assert compiled.namespace_requirements, "the default policy's binding selects on the fact"
-    name = f"intree-e2e-{NAME}"
+    name = f"intree-e2e-{policy}"
     mutating = {"apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "MutatingWebhookConfiguration", "metadata": {"name": name},
                 "webhooks": [_hook("reduced.mutate.envelope.test", webhook.url + "/mutate", bundle,
-                                   compiled.webhook_condition)]}
+                                   compiled.webhook_condition, policy)]}
     validating = {"apiVersion": "admissionregistration.k8s.io/v1",
                   "kind": "ValidatingWebhookConfiguration", "metadata": {"name": name},
-                  "webhooks": [_hook("validate.envelope.test", webhook.url + "/validate", bundle, None)]}
+                  "webhooks": [_hook("validate.envelope.test", webhook.url + "/validate", bundle, None,
+                                     policy)]}
     manifests = json.loads(json.dumps(compiled.manifests))
     for manifest in manifests:
         manifest["metadata"]["name"] = name
         if manifest["kind"] == "MutatingAdmissionPolicy":
             manifest["spec"]["matchConstraints"]["namespaceSelector"] = {
-                "matchLabels": {POLICY_LABEL: NAME}}
+                "matchLabels": {POLICY_LABEL: policy}}
         else:
             manifest["spec"]["policyName"] = name
             manifest["spec"]["matchResources"]["namespaceSelector"] = {
-                "matchLabels": {POLICY_LABEL: NAME}, "matchExpressions": compiled.namespace_requirements}
+                "matchLabels": {POLICY_LABEL: policy}, "matchExpressions": compiled.namespace_requirements}
     return [mutating, validating, *manifests]
 
 
@@ -258,6 +262,60 @@ def test_the_namespace_fact_window(cluster: Cluster, keeper: harness.Webhook) ->
           f"labelled in median {statistics.median(labelled_in):.3f} s, max {max(labelled_in):.3f} s")
     # The polling keeper (1 s rounds) measured median 0.66-0.71 s, max 0.79-0.83 s.
     assert statistics.median(windows) < 0.5 and windows[-1] < 1.5, windows
+
+
+def test_the_fact_expires_without_its_keeper(cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 38, class 5: the keeper killed, then a ``limits.cpu`` quota created in a
+    namespace it had labelled: nobody removes the label, but once the keeper's Lease
+    (the binding's param) lapses the policy no longer answers there and the webhook
+    does: a Deployment written then keeps its CPU limit, with the webhook's warning.
+    Before, such a namespace kept trusting its ``clear`` label for as long as no keeper
+    ran."""
+    policy, lease, seconds = "lapse", "facts-lapse-e2e", 6
+    if cluster.kubectl("get", "namespace", LEASE_NS, check=False).returncode != 0:
+        cluster.create_namespace(LEASE_NS, labels={harness.ISOLATED_NAMESPACE_LABEL: "true"})
+    server = harness.start_webhook(tmp_path / "webhook", kubeconfig=cluster.kubeconfig)
+    keeper = harness.start_webhook(
+        tmp_path / "keeper", kubeconfig=cluster.kubeconfig, env={"POD_NAME": "lapse-0"},
+        extra_args=["--in-tree-facts", "--namespace", LEASE_NS, "--lease-name", lease,
+                    "--in-tree-facts-selector", f"{POLICY_LABEL}={policy}",
+                    "--in-tree-facts-lease-seconds", str(seconds)])
+    manifests = configurations(server, policy, lease)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
+    pool = urllib3.PoolManager(maxsize=2, ssl_context=cluster.admin_ssl_context())
+    try:
+        ns = _namespace(cluster, "lapse", policy=policy)
+        _wait("the keeper's label", lambda: _labelled(cluster, ns))
+        _wait("the policy to strip while the keeper renews its Lease",
+              lambda: _cpu_limit(_answer(pool, cluster, _deployment("fresh"), ns)[0]) is None,
+              timeout=60, interval=0.5)
+        renewed = cluster.kubectl_json("get", "lease", f"{lease}-facts", "-n", LEASE_NS)["spec"]
+        assert renewed["leaseDurationSeconds"] == seconds and renewed["holderIdentity"] == "lapse-0"
+        keeper.stop()
+        stopped = time.monotonic()
+        _quota(cluster, ns)
+        stale = _cpu_limit(_answer(pool, cluster, _deployment("stale"), ns)[0]) is None
+
+        def kept() -> bool:
+            stored, warnings = _answer(pool, cluster, _deployment("after"), ns)
+            return _cpu_limit(stored) == "2" and any("quota-needs-cpu-limits" in w for w in warnings)
+
+        _wait("the webhook to answer once the fact's Lease lapsed", kept,
+              timeout=seconds + 30, interval=0.5)
+        took = time.monotonic() - stopped
+        assert _labelled(cluster, ns), "the label is still there: the Lease is what expired"
+        stored, _ = _answer(pool, cluster, _deployment("stored"), ns, dry_run=False)
+        assert _cpu_limit(stored) == "2", stored["spec"]["template"]["spec"]["containers"][0]
+        assert "envelope.io/mutations" not in (stored["metadata"].get("annotations") or {})
+        print(f"\nkeeper stopped, quota created: a write right after was "
+              f"{'stripped (stale fact, inside the Lease)' if stale else 'kept'}; the webhook "
+              f"answered {took:.1f} s after the stop (Lease {seconds} s)")
+    finally:
+        keeper.stop()
+        for manifest in manifests:
+            cluster.kubectl("delete", manifest["kind"].lower(), manifest["metadata"]["name"],
+                            "--ignore-not-found", "--wait=false", check=False)
+        server.stop()
 
 
 def test_leadership_moves_and_the_new_leader_keeps_the_fact(

@@ -91,3 +91,14 @@ def test_memory_and_malloc_tuning() -> None:
     assert env["MALLOC_MMAP_THRESHOLD_"] == env["MALLOC_TRIM_THRESHOLD_"] == "131072"
     off = {e["name"] for e in render({"mallocTuning": False}).container["env"]}
     assert not {n for n in off if n.startswith("MALLOC_")}
+
+
+def test_network_policy_can_restrict_the_webhook_port_to_named_sources() -> None:
+    """networkPolicy.webhook.from (issue 38): the webhook port admits only the given peers
+    (the API servers' CIDR, the kubelets' for the probes); the metrics rule is unchanged."""
+    peers = [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "192.168.0.0/16"}},
+             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+              "podSelector": {"matchLabels": {"component": "kube-apiserver"}}}]
+    ingress = render({"networkPolicy": {"webhook": {"from": peers}}}).one("NetworkPolicy")["spec"]["ingress"]
+    assert ingress[0] == {"ports": [{"port": "https", "protocol": "TCP"}], "from": peers}
+    assert ingress[1] == render().one("NetworkPolicy")["spec"]["ingress"][1]

@@ -42,7 +42,8 @@ def test_enabled_renders_what_the_cli_prints() -> None:
     code, docs, err = _render({"inTree": {"enabled": True}}, MAP_API)
     assert code == 0, err
     policy = Policy.model_validate(chart_values()["policy"])
-    compiled = compile_in_tree(RULES, policy, excluded_namespaces=["kube-system", NAMESPACE])
+    compiled = compile_in_tree(RULES, policy, excluded_namespaces=["kube-system", NAMESPACE],
+                               fact_lease=(NAMESPACE, "envelope-leader-facts"))
     rendered = [d for d in docs if d["kind"].startswith("MutatingAdmissionPolicy")]
     assert [d["kind"] for d in rendered] == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
     for got, want in zip(rendered, compiled.manifests, strict=True):

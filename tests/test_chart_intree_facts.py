@@ -62,7 +62,8 @@ def test_in_tree_runs_the_keeper_with_the_rbac_it_needs(mode: str) -> None:
     assert role["metadata"]["namespace"] == NAMESPACE
     by_resource = {(r["resources"][0], tuple(r.get("resourceNames", ()))): r["verbs"]
                    for r in role["rules"]}
-    expected = {("leases", ()): ["create"], ("leases", (lease,)): ["get", "update"]}
+    expected = {("leases", ()): ["create"], ("leases", (lease,)): ["get", "update"],
+                ("leases", (f"{lease}-facts",)): ["update"]}
     if mode == "self":
         expected |= {("secrets", ()): ["create"],
                      ("secrets", (f"{fullname}-tls",)): ["get", "update"]}

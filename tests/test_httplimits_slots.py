@@ -81,12 +81,14 @@ def test_a_connection_sending_its_handshake_goes_after_silent_ones() -> None:
 
 
 def test_eviction_storms_collect_what_evicted_connections_leave(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A full collection after every EVICTIONS_PER_COLLECT evictions (the fault suite's
-    hoarders grew a replica to 404-552 MiB without it, 262 with it); none without evictions."""
+    """A young-generation collection after every EVICTIONS_PER_COLLECT evictions (a full
+    one took 0.24-0.37 s with the 30k view, issue 38; the closed connections' cycles are
+    broken, so nothing of theirs is left for it: tests/test_halfopen_memory.py); none
+    without evictions."""
     import app.httplimits as hl
 
     calls: list[int] = []
-    monkeypatch.setattr(hl.gc, "collect", lambda *a: calls.append(1) or 0)
+    monkeypatch.setattr(hl.gc, "collect", lambda *a: calls.append(a[0] if a else 2) or 0)
     slots = hl.Slots(4)
     for i in range(4):
         assert slots.admit(("held", i), "10.0.0.1", lambda: None)
@@ -94,4 +96,4 @@ def test_eviction_storms_collect_what_evicted_connections_leave(monkeypatch: pyt
     for i in range(hl.EVICTIONS_PER_COLLECT * 2 + 10):
         assert slots.admit(("churn", i), "10.0.0.9", lambda: None)
     assert slots.evicted == hl.EVICTIONS_PER_COLLECT * 2 + 10
-    assert len(calls) == 2
+    assert calls == [1, 1]  # generation 1, never a full collection

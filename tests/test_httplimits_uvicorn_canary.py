@@ -40,7 +40,8 @@ def test_the_list_above_is_what_limits_uses() -> None:
     source = LIMITS.read_text()
     assert set(re.findall(r"super\(\)\.(\w+)", source)) == set(OVERRIDDEN)
     own = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=", source)) | set(re.findall(r"def (\w+)", source))
-    envelope_state = {"state", "limits", "peer_check", "_envelope_slots"}  # set by limits itself
+    envelope_state = {"state", "limits", "peer_check", "_envelope_slots",  # set by limits itself
+                      "_envelope_trimmer", "_envelope_app"}
     assert set(re.findall(r"self\.(\w+)", source)) - own - envelope_state == set(ATTRIBUTES)
 
 
@@ -78,6 +79,12 @@ def test_a_connection_has_the_attributes_we_read() -> None:
         protocol.connection_made(Transport())
         return protocol
 
+    # Before connection_made (a connection that never finished its handshake): the TLS
+    # layer breaks the protocol's cycle through its parser when it goes (issue 38).
+    fresh = _uvicorn()(config=config, server_state=ServerState(), app_state={},
+                       _loop=asyncio.new_event_loop())
+    assert fresh.transport is None and fresh.parser is not None
+    fresh.loop.close()
     protocol = asyncio.run(make())
     for name in ATTRIBUTES:
         assert hasattr(protocol, name), f"uvicorn's HttpToolsProtocol no longer sets self.{name}"

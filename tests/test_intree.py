@@ -15,7 +15,7 @@ import yaml
 from app.cli import main
 from app.config import Policy
 from app.intree import FACT_LABEL, FACT_VALUE, NotCompilable, compile_in_tree
-from app.intree.compile import POLICY_NAME
+from app.intree.compile import FACT_LEASE_CONDITION, POLICY_NAME, fact_lease_expression
 from app.intree.validating import compile_validating
 from app.kinds import KINDS
 from app.matchconditions import MUTATING_WEBHOOK, mutate_expression
@@ -56,6 +56,12 @@ def test_the_default_policy_compiles_both_enforced_mutations() -> None:
     assert compiled.namespace_requirements == [fact]
     assert fact in binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert "namespaceObject" not in compiled.domain
+    # the fact expires: the policy reads the keeper's Lease and answers only before it lapses
+    assert spec["paramKind"] == {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+    assert binding["spec"]["paramRef"] == {"namespace": "envelope", "name": "envelope-leader-facts",
+                                           "parameterNotFoundAction": "Allow"}
+    assert spec["matchConditions"][1] == {  # type: ignore[index]
+        "name": FACT_LEASE_CONDITION, "expression": fact_lease_expression()}
     # env-envelope-cpu is on and not compiled: string envelopes are left to the webhook
     assert 'e.name == "RESOURCE_LIMITS"' in compiled.domain
 
@@ -87,6 +93,9 @@ def test_guards_off_drop_the_namespace_fact() -> None:
     assert FACT_LABEL not in compiled.domain
     assert set(compiled.not_compiled) == {"env-envelope-cpu", "downward-cpu-limit",
                                           "template-opt-outs"}
+    # no fact, no Lease to read
+    assert all("paramKind" not in m["spec"] and "paramRef" not in m["spec"]
+               for m in compiled.manifests)
 
 
 def test_warn_mode_is_not_compiled_and_leaves_its_writes_to_the_webhook() -> None:

@@ -21,6 +21,7 @@ from app.intree import FACT_LABEL, FACT_VALUE
 from app.intree.facts import (
     FIELD_MANAGER,
     FactKeeper,
+    FactLease,
     FactMetrics,
     Leadership,
     ViewFactKeeper,
@@ -390,3 +391,64 @@ def test_the_flag_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert args.in_tree_facts and args.in_tree_facts_selector == "team=x"
     monkeypatch.setenv("ENVELOPE_IN_TREE_FACTS", "false")
     assert not _serve_args().in_tree_facts
+
+
+class _LeaseClient:
+    """Records the fact Lease's writes (PUT, POST on a 404), as the API server takes them."""
+
+    def __init__(self) -> None:
+        self.stored: dict[str, Any] | None = None
+        self.writes: list[str] = []
+
+    def request(self, method: str, path: str, body: Any = None, **kw: object) -> dict[str, object]:
+        if method == "PATCH":  # a label write
+            return {}
+        self.writes.append(method)
+        if method == "PUT" and self.stored is None:
+            raise ApiError(404, "not found")
+        self.stored = body
+        return {}
+
+
+def test_the_fact_lease_is_renewed_only_while_the_facts_are_current() -> None:
+    """Issue 38, class 5: renewed every third of its duration while leading with a synced
+    view and no failing write; not renewed otherwise, so it lapses and the in-tree policy
+    stops trusting the labels (e2e/test_intree_facts.py proves the lapse on the API
+    server)."""
+    view = _View([_ns("a")])
+    client = _LeaseClient()
+    clock = _Clock()
+    wall = [1_800_000_000.0]
+    lease = FactLease(client, "ns", "envelope-leader-facts", "pod-0", duration=30,  # type: ignore[arg-type]
+                      clock=lambda: wall[0], monotonic=clock)
+    lead = [True]
+    keeper = ViewFactKeeper(client, view, lambda: lead[0], monotonic=clock, lease=lease)  # type: ignore[arg-type]
+    keeper.step()
+    assert client.writes == ["PUT", "POST"]  # missing: created
+    assert client.stored is not None and client.stored["spec"] == {
+        "holderIdentity": "pod-0", "leaseDurationSeconds": 30,
+        "renewTime": "2027-01-15T08:00:00.000000Z"}
+    clock.now += 5
+    keeper.step()
+    assert client.writes == ["PUT", "POST"]  # within a third of the duration: no write
+    clock.now += 6
+    keeper.step()
+    assert client.writes == ["PUT", "POST", "PUT"]
+    # the view loses a watch: no renewal, however long
+    view.missing = ["ResourceQuota watch lost"]
+    for _ in range(5):
+        clock.now += 11
+        keeper.step()
+    assert client.writes == ["PUT", "POST", "PUT"]
+    view.missing = []
+    keeper.step()
+    assert client.writes[-1] == "PUT" and len(client.writes) == 4
+    # not leading: no renewal; leading again: renewed at once
+    lead[0] = False
+    clock.now += 11
+    keeper.step()
+    assert len(client.writes) == 4
+    lead[0] = True
+    keeper.step()
+    assert len(client.writes) == 5
+

@@ -118,6 +118,13 @@ def _serve_parser(sub: Any) -> None:
                        help="with --in-tree-facts: only namespaces with these labels "
                             "(key=value,...; default every namespace) "
                             "(env ENVELOPE_IN_TREE_FACTS_SELECTOR)")
+    serve.add_argument("--in-tree-facts-lease-seconds", type=int,
+                       default=int(env("ENVELOPE_IN_TREE_FACTS_LEASE_SECONDS", "30")),
+                       help="with --in-tree-facts: how long the in-tree policy trusts the facts "
+                            "after the keeper last renewed the Lease --lease-name plus -facts "
+                            "(the policy binding's param; renewed every third of it while the "
+                            "facts are current); after that the webhook answers in labelled "
+                            "namespaces (env ENVELOPE_IN_TREE_FACTS_LEASE_SECONDS)")
     add_limit_arguments(serve)
 
 
@@ -187,16 +194,25 @@ def _start_fact_keeper(args: argparse.Namespace, view: Any, elector: Any,
 
     from app.cluster.kube import KubeClient
     from app.cluster.live import LiveView
-    from app.intree.facts import FactMetrics, Leadership, ViewFactKeeper, parse_selector
+    from app.intree.facts import (
+        FactLease,
+        FactMetrics,
+        Leadership,
+        ViewFactKeeper,
+        parse_selector,
+    )
 
     if configuration is None or not isinstance(view, LiveView):
         print(f"envelope serve: --in-tree-facts reads Namespaces, LimitRanges and "
               f"ResourceQuotas from the live view, and there is none: {where}", file=sys.stderr)
         return False
     leadership = Leadership(elector)
-    keeper = ViewFactKeeper(KubeClient(configuration), view, leadership.leading,
+    client = KubeClient(configuration)
+    lease = FactLease(client, args.namespace, f"{args.lease_name}-facts", elector.identity,
+                      max(3, args.in_tree_facts_lease_seconds))
+    keeper = ViewFactKeeper(client, view, leadership.leading,
                             FactMetrics(metrics.registry),
-                            parse_selector(args.in_tree_facts_selector))
+                            parse_selector(args.in_tree_facts_selector), lease=lease)
     leadership.start()
     keeper.start()
     if args.tls_mode != "self":  # else the certificate manager's view of the same Lease

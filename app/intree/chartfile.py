@@ -60,6 +60,8 @@ def render(rules: RuleSet, values_path: Path = CHART / "values.yaml") -> str:
             "resourceRules": spec["matchConstraints"]["resourceRules"],
             "matchConditions": spec["matchConditions"], "variables": spec["variables"],
             "mutations": spec["mutations"],
+            # the keeper's Lease the binding reads (paramRef: the release's lease name + -facts)
+            "paramKind": spec.get("paramKind"),
             "namespaceRequirements": compiled.namespace_requirements,
             "webhookCondition": compiled.webhook_condition,
             "validatingRules": list(validating.rules),

@@ -82,8 +82,8 @@ from app.matchconditions import MEMORY_APART, MUTATING_WEBHOOK, mutate_expressio
 from app.podspec import WORKLOAD_KINDS
 from app.ruleset import RuleSet
 
-__all__ = ["FACT_LABEL", "FACT_VALUE", "POLICY_NAME", "Compiled", "NotCompilable",
-           "compile_in_tree"]
+__all__ = ["FACT_LABEL", "FACT_LEASE_CONDITION", "FACT_VALUE", "POLICY_NAME", "Compiled",
+           "NotCompilable", "compile_in_tree", "fact_lease_expression"]
 
 POLICY_NAME = "envelope-workloads.envelope.io"
 """The MutatingAdmissionPolicy's name (and its binding's)."""
@@ -94,6 +94,30 @@ FACT_LABEL = "in-tree.envelope.io/cpu-limit-guards"
 FACT_VALUE = "clear"
 """The label's value when the namespace holds no LimitRange and no ResourceQuota, so
 neither namespace guard can report on any of its workloads."""
+FACT_LEASE_CONDITION = "envelope-fact-lease"
+"""The policy's matchCondition that trusts the fact only while its keeper's Lease (the
+policy's param, a coordination.k8s.io/v1 Lease the keeper renews:
+``app.intree.facts.FactLease``) has not lapsed at the time of the write."""
+DEFAULT_FACT_LEASE = ("envelope", "envelope-leader-facts")
+"""(namespace, name) of the keeper's Lease when none is given: ``serve``'s default
+``--lease-name`` plus ``-facts``, in the chart's usual release namespace."""
+
+
+def fact_lease_expression() -> str:
+    """CEL: the write happens before the keeper's Lease lapses. The time of the write is
+    the newest ``time`` of ``object.metadata.managedFields``: on a CREATE the API
+    server's field manager stamps the writer's entry with its own clock before mutating
+    admission runs (``k8s.io/apiserver/pkg/endpoints/handlers/create.go`` calls
+    ``FieldManager.UpdateNoErrors`` before ``Admit``; ``managedfields/internal/
+    managedfieldsupdater.go`` sets ``time.Now()``), and Kubernetes CEL has no clock of
+    its own. No time there, or no renewal: not fresh (the webhook answers). The Lease's
+    ``renewTime`` is a MicroTime the API server validated, so ``timestamp()`` parses it."""
+    lease = "params.spec"
+    return (f"has({lease}.renewTime) && has({lease}.leaseDurationSeconds) && "
+            "has(object.metadata.managedFields) && "
+            "object.metadata.managedFields.exists(m, has(m.time)) && "
+            "object.metadata.managedFields.all(m, !has(m.time) || timestamp(m.time) < "
+            f"timestamp({lease}.renewTime) + duration(string({lease}.leaseDurationSeconds) + 's'))")
 
 #: Mutate-phase workload rules and what the compiler does with each.
 _COMPILABLE = ("cpu-limits", "memory-limit")
@@ -394,11 +418,15 @@ def _fact_requirements(on: dict[str, Mode]) -> list[dict[str, Any]]:
 
 def compile_in_tree(rules: RuleSet, policy: Policy, *,
                     excluded_namespaces: Sequence[str] = ("kube-system",),
-                    failure_policy: str = "Fail") -> Compiled:
+                    failure_policy: str = "Fail",
+                    fact_lease: tuple[str, str] = DEFAULT_FACT_LEASE) -> Compiled:
     """The MutatingAdmissionPolicy and binding for ``policy``'s enforced workload
     mutations, and the reduced webhook condition. ``excluded_namespaces`` must be the
     mutating webhook's (``webhooks.excludeNamespaces`` plus kube-system and the release
-    namespace in the chart)."""
+    namespace in the chart). ``fact_lease``: (namespace, name) of the Lease the fact's
+    keeper renews (``serve --in-tree-facts``: ``--lease-name`` plus ``-facts`` in
+    ``--namespace``); with a namespace guard on, the binding reads it as its param and
+    the policy answers only while it has not lapsed (:func:`fact_lease_expression`)."""
     on, order = _modes(rules, policy)
     compiled = tuple(rid for rid in order if rid in _COMPILABLE and on[rid] is Mode.ENFORCE)
     why = _not_compiled(on, policy)
@@ -408,7 +436,7 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
     domain = _domain(on, compiled, policy)
     required = _fact_requirements(on) + exception_requirements(policy, compiled)
     variables, expression = _patch_expression(compiled, policy)
-    policy_manifest = {
+    policy_manifest: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "envelope"}},
@@ -422,13 +450,23 @@ def compile_in_tree(rules: RuleSet, policy: Policy, *,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
         },
     }
-    binding = {
+    binding: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
         "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "envelope"}},
         "spec": {"policyName": POLICY_NAME, "matchResources": {
             "namespaceSelector": namespace_selector(excluded_namespaces, required)}},
     }
+    if _fact_requirements(on):
+        # The fact expires: trusted only while its keeper renews its Lease (issue 38).
+        # A missing Lease: the binding does nothing (parameterNotFoundAction Allow), and
+        # the webhook answers.
+        spec = policy_manifest["spec"]
+        spec["paramKind"] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+        spec["matchConditions"].append({"name": FACT_LEASE_CONDITION,
+                                        "expression": fact_lease_expression()})
+        binding["spec"]["paramRef"] = {"namespace": fact_lease[0], "name": fact_lease[1],
+                                       "parameterNotFoundAction": "Allow"}
     # A webhook's matchConditions cannot read the namespace either: when the binding
     # selects fewer namespaces than the webhook (the fact, an exception's namespace
     # selector), the webhook keeps its own condition (which, evaluated on the object the

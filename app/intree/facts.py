@@ -40,7 +40,8 @@ from app.cluster.kube import ApiError, KubeClient, pages
 from app.intree.compile import FACT_LABEL, FACT_VALUE
 from app.selectors import LabelSelector
 
-__all__ = ["FACT_KINDS", "FIELD_MANAGER", "FactKeeper", "FactMetrics", "Leadership",
+__all__ = ["FACT_KINDS", "FACT_LEASE_SECONDS", "FIELD_MANAGER", "FactKeeper", "FactLease",
+           "FactMetrics", "Leadership",
            "ViewFactKeeper", "desired_facts", "fact_changes", "label_patch", "parse_selector"]
 
 log = logging.getLogger("envelope.intree.facts")
@@ -50,6 +51,72 @@ FIELD_MANAGER = "envelope-facts"
 
 FACT_KINDS = ("Namespace", "LimitRange", "ResourceQuota")
 """What the fact is computed from: the live view must watch these three."""
+
+
+FACT_LEASE_SECONDS = 30
+"""How long the in-tree policy trusts the facts after the keeper last renewed its Lease
+(``leaseDurationSeconds``; docs/in-tree.md "The fact expires")."""
+
+
+class FactLease:
+    """The Lease the in-tree policy reads as its param (``app.intree.compile``
+    ``fact_lease_expression``): ``renewTime`` + ``leaseDurationSeconds`` is the time until
+    which the namespace facts may be trusted. The keeper renews it every ``duration / 3``
+    seconds while its facts are current; a keeper that stops (crash, scale to 0, lost
+    leadership, refused writes, lost watches) stops renewing, and ``duration`` seconds
+    later the policy no longer answers in labelled namespaces: the webhook does.
+
+    One write per renewal, whatever the number of namespaces: a PUT without
+    resourceVersion (Leases allow unconditional updates), a POST when it is missing.
+    ``renewTime`` is this replica's clock: a clock ahead of the API server's by *s*
+    seconds stretches the trust by *s* (docs/in-tree.md)."""
+
+    def __init__(self, client: KubeClient, namespace: str, name: str, identity: str,
+                 duration: int = FACT_LEASE_SECONDS,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.duration = duration
+        self.clock = clock
+        self.monotonic = monotonic
+        self._renewed: float | None = None
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+    def body(self) -> dict[str, Any]:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.clock())) + ".000000Z"
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration,
+                         "renewTime": stamp}}
+
+    def due(self) -> bool:
+        """A third of the duration has passed since the last renewal (or there was none)."""
+        return self._renewed is None or self.monotonic() - self._renewed >= self.duration / 3
+
+    def renew(self, force: bool = False) -> bool:
+        """Renew when :meth:`due` (or ``force``); True when written."""
+        now = self.monotonic()
+        if not force and not self.due():
+            return False
+        body = self.body()
+        try:
+            self.client.request("PUT", f"{self.path}/{self.name}", body)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self.client.request("POST", self.path, body)
+        self._renewed = now
+        return True
+
+    def forget(self) -> None:
+        """Not current any more: the next healthy round renews at once."""
+        self._renewed = None
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -232,8 +299,12 @@ class ViewFactKeeper:
     def __init__(self, client: KubeClient, view: FactView, leading: Callable[[], bool],
                  metrics: FactMetrics | None = None, selector: LabelSelector | None = None,
                  tick: float = 0.05, resync: float = 30.0, settle: float = 5.0,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 lease: FactLease | None = None) -> None:
         self.client = client
+        self.lease = lease
+        """Renewed after every tick that finds the facts current (leading, the view of
+        the three kinds synced, no write failing)."""
         self.view = view
         self.leading = leading
         self.metrics = metrics
@@ -257,9 +328,12 @@ class ViewFactKeeper:
             self.metrics.leading.set(1.0 if leading else 0.0)
         if not leading:
             self._seen, self._written = None, {}  # a new term starts from a full round
+            if self.lease is not None:
+                self.lease.forget()
             return None
         versions = tuple(self.view.version(kind) for kind in FACT_KINDS)
         if versions == self._seen and now < self._due:
+            self._renew()
             return None
         # The versions are read before the lists: a change made while listing runs
         # another round.
@@ -312,7 +386,25 @@ class ViewFactKeeper:
             self.metrics.labelled.set(labelled)
             if not failed and complete:
                 self.metrics.last_success.set_to_current_time()
+        if failed or not complete:
+            if self.lease is not None:
+                self.lease.forget()
+        else:
+            self._renew()
         return todo
+
+    def _renew(self) -> None:
+        """Renew the fact Lease if the facts are current: the last round wrote all it
+        had to (no backoff) and the view of the three kinds is synced."""
+        if (self.lease is None or not self.lease.due() or self._backoff
+                or self.view.problems(FACT_KINDS)):
+            return
+        try:
+            if self.lease.renew():
+                log.debug("namespace facts: lease renewed")
+        except Exception as exc:  # retried on the next tick
+            log.warning("namespace facts: fact lease renewal failed",
+                        extra={"fields": {"error": type(exc).__name__}})
 
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop
@@ -342,11 +434,13 @@ class FactKeeper:
     namespace whose label is wrong. Removals are written before additions."""
 
     def __init__(self, client: KubeClient, interval: float = 2.0,
-                 selector: LabelSelector | None = None) -> None:
+                 selector: LabelSelector | None = None, lease: FactLease | None = None) -> None:
         self.client = client
         self.interval = interval
         self.selector = selector
         """Only namespaces whose labels match (None: every namespace)."""
+        self.lease = lease
+        """Renewed (at once) after every round that wrote every change."""
 
     def _list(self, path: str) -> list[dict[str, Any]]:
         return [item for page in pages(self.client, path) for item in page.get("items") or []]
@@ -357,6 +451,8 @@ class FactKeeper:
         changes = fact_changes(self._list("/api/v1/namespaces"), guarded, self.selector)
         for name, value in _sorted_changes(changes):
             _write(self.client, name, value)
+        if self.lease is not None:
+            self.lease.renew(force=True)
         return changes
 
     def run(self, stop: threading.Event) -> None:
@@ -383,8 +479,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", default=None, help="default: in-cluster, else $KUBECONFIG")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between rounds")
     parser.add_argument("--once", action="store_true", help="one round, print the changes")
+    parser.add_argument("--lease", default="", metavar="NAMESPACE/NAME",
+                        help="the Lease the in-tree policy's binding reads (paramRef): renewed "
+                             "after every complete round; without it the policy stops "
+                             "answering in labelled namespaces once the Lease lapses")
     args = parser.parse_args(argv)
-    keeper = FactKeeper(KubeClient(kube_configuration(args.kubeconfig)), args.interval)
+    client = KubeClient(kube_configuration(args.kubeconfig))
+    lease = None
+    if args.lease:
+        namespace, _, name = args.lease.partition("/")
+        if not namespace or not name:
+            parser.error(f"--lease {args.lease!r}: expected NAMESPACE/NAME")
+        import socket
+        lease = FactLease(client, namespace, name, socket.gethostname())
+    keeper = FactKeeper(client, args.interval, lease=lease)
     if args.once:
         for name, value in sorted(keeper.run_once().items()):
             print(f"{name}: {FACT_LABEL}={value}" if value else f"{name}: {FACT_LABEL} removed")

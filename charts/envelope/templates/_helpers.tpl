@@ -68,6 +68,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-leader" (include "envelope.fullname" .)) .Values.certificates.self.leaseName -}}
 {{- end -}}
 
+{{/* The Lease the namespace fact keeper renews and the in-tree binding reads
+(app/cli/serve.py: --lease-name plus -facts). */}}
+{{- define "envelope.factLeaseName" -}}
+{{- printf "%s-facts" (include "envelope.leaseName" .) -}}
+{{- end -}}
+
 {{- define "envelope.certManagerCertificateName" -}}
 {{- printf "%s-serving" (include "envelope.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
