@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import orjson
-
 from app.cluster.view import NODE_LABEL
 from app.kai import (
     DEFAULT_POOL,
@@ -25,7 +23,7 @@ from app.kai import (
 )
 from app.rules.base import Subject
 from app.rules.quotas.objects import After, is_ours, name_of, spec_input, typed_spec
-from app.util import Memo
+from app.util import Memo, digest
 
 
 @dataclass(eq=False, slots=True)
@@ -62,7 +60,9 @@ class Slot:
         return self.amounts[resource].limit
 
 
-SLOTS_MEMO: Memo[tuple[str, str, bytes], tuple[Slot, ...] | None] = Memo(20_000)
+SLOTS_BUDGET = 16 * 2**20
+SLOTS_MEMO: Memo[tuple[str, str, bytes], tuple[Slot, ...] | None] = Memo(20_000, SLOTS_BUDGET)
+"""Each object's queues by kind, name and the digest of its spec, at most 16 MiB (measured)."""
 
 
 MISSING = object()
@@ -76,7 +76,7 @@ def slots(kind: str, obj: dict[str, Any] | None) -> tuple[Slot, ...] | None:
     owner = name_of(obj)
     raw = spec_input(kind, obj)
     try:
-        key = (kind, owner, orjson.dumps(raw))
+        key = (kind, owner, digest(raw))
     except TypeError:
         return build_slots(kind, owner, typed_spec(kind, obj))
     found = SLOTS_MEMO.get(key, MISSING)
@@ -117,7 +117,7 @@ class Capacity:
     cards: Decimal
 
 
-CAPACITY_MEMO: Memo[Hashable, Capacity] = Memo(1024)
+CAPACITY_MEMO: Memo[Hashable, Capacity] = Memo(1024, 2**20)
 
 
 def count_cards(after: After, key: Hashable, nodes: Callable[[], list[dict[str, Any]]],
