@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from app.engine import check_object
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
+from app.util import visible
 
 __all__ = ["FileFix", "FixError", "apply_patch", "fix_paths", "fix_text", "patch_items", "patch_text",
            "patches", "run_fix"]
@@ -135,26 +137,38 @@ def _reads_as(snippet: str, expected: Any) -> bool:
         return False
 
 
+_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+"""What JSON leaves raw but a YAML stream may not hold (YAML 1.2 "c-printable"; go-yaml's
+and PyYAML's readers refuse it): written as ``\\uXXXX`` inside double quotes."""
+
+
+def _quoted(value: Any) -> str:
+    """A double-quoted YAML scalar (JSON's escapes are YAML's), every character a YAML
+    reader accepts: a name with control characters reads back as itself."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _scalar(value: Any, *, flow: bool, json_style: bool, style: str | None = None) -> str:
     """``value`` (a JSON scalar) as YAML text: plain when it reads back as the same value,
     else in the quoting ``style`` given (``'`` or ``"``), else double-quoted."""
     if not isinstance(value, str) or json_style:
-        return json.dumps(value, ensure_ascii=False)
-    if style == "'" and "\n" not in value:
+        return _quoted(value)
+    if style == "'" and "\n" not in value and value.isprintable():
         return "'" + value.replace("'", "''") + "'"
     if style is None and value and value.strip() == value and "\n" not in value and "#" not in value:
         probe = f"k: {{x: {value}}}" if flow else f"k: {value}"
         if _reads_as(probe, {"k": {"x": value}} if flow else {"k": value}):
             return value
-    return json.dumps(value, ensure_ascii=False)
+    return _quoted(value)
 
 
 def _key(key: str, *, json_style: bool) -> str:
     if json_style:
-        return json.dumps(key, ensure_ascii=False)
+        return _quoted(key)
     if key and ":" not in key and key.strip() == key and _reads_as(f"{key}: 1", {key: 1}):
         return key
-    return json.dumps(key, ensure_ascii=False)
+    return _quoted(key)
 
 
 def _flow(value: Any, *, json_style: bool) -> str:
@@ -777,7 +791,7 @@ def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "wr
     changing = [r for r in results if r.changes and not r.problems]
     for r in results:
         for problem in r.problems:
-            print(f"envelope fix: {problem}", file=sys.stderr)
+            print(f"envelope fix: {visible(str(problem))}", file=sys.stderr)
         if r.problems:
             continue
         if r.source == "<stdin>" and mode == "write":
@@ -788,17 +802,17 @@ def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "wr
         if mode == "diff":
             sys.stdout.write(r.diff())
         elif mode == "check":
-            print(f"envelope fix: {r.source}: {r.changed} object(s) would change", file=sys.stderr)
+            print(f"envelope fix: {visible(r.source)}: {r.changed} object(s) would change", file=sys.stderr)
         else:
             Path(r.source).write_text(r.fixed, encoding="utf-8", newline="")
-            print(f"envelope fix: {r.source}: {r.changed} object(s) changed", file=sys.stderr)
+            print(f"envelope fix: {visible(r.source)}: {r.changed} object(s) changed", file=sys.stderr)
     objects = sum(r.objects for r in results)
     verb = "changed" if mode == "write" else "would change"
     print(f"envelope fix: {len(results)} file(s), {objects} object(s): "
           f"{sum(r.changed for r in changing)} object(s) in {len(changing)} file(s) {verb}"
           + (f", {len(refused)} file(s) refused" if refused else ""), file=sys.stderr)
     if not results:
-        print(f"envelope fix: no manifest files found in {' '.join(paths)}", file=sys.stderr)
+        print(f"envelope fix: no manifest files found in {visible(' '.join(paths))}", file=sys.stderr)
         return 2
     if refused:
         return 2

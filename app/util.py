@@ -4,6 +4,7 @@ any depth, paths for messages, one bounded cache, one warning length, plain numb
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -30,6 +31,7 @@ __all__ = [
     "same",
     "shown",
     "undotted",
+    "visible",
 ]
 
 WARNING_LIMIT = 120
@@ -159,6 +161,26 @@ def shown(text: str, limit: int = 80) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}…[cut: {len(text):,} characters]"
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def visible(text: str, keep: str = "") -> str:
+    """``text`` with every control character (C0, DEL, C1, and the Unicode line and
+    paragraph separators) written as its escape (``\\n``, ``\\x1b``): what a user
+    wrote in a name or value can neither drive a terminal nor start a line of its own
+    (a GitHub workflow command ``::error::…`` in a CI log). ``keep``: characters the
+    caller itself uses (a text's own newlines)."""
+    if not _CONTROLS.search(text):
+        return text
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
 
 
 def plain_number(value: Decimal) -> str:

@@ -20,6 +20,7 @@ from app.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
 from app.ruleset import RuleSet
 from app.substrate import as_crd_template, is_current_template, read_current_template
+from app.util import visible
 
 
 def _check_parser(sub: Any) -> None:
@@ -207,7 +208,7 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     if loaded.errors:
         errors = sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))
         for error in errors:
-            print(f"envelope check: {error}", file=sys.stderr)
+            print(f"envelope check: {visible(str(error))}", file=sys.stderr)
         sys.stdout.write(render_input_errors(output, errors))
         print(f"envelope check: {len(loaded.errors)} input problem(s); nothing was checked",
               file=sys.stderr)
@@ -216,8 +217,8 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     skipped = [(s.path, s.reason) for s in loaded.skipped]
     if not manifests:
         for path, reason in skipped[:20]:
-            print(f"envelope check: skipped {path}: {reason}", file=sys.stderr)
-        print(f"envelope check: no Kubernetes objects found in {' '.join(paths)}"
+            print(f"envelope check: skipped {visible(path)}: {visible(reason)}", file=sys.stderr)
+        print(f"envelope check: no Kubernetes objects found in {visible(' '.join(paths))}"
               + (f" ({len(skipped)} path(s) skipped)" if skipped else "")
               + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
               file=sys.stderr)
