@@ -20,6 +20,7 @@ import app.rules.actors as actor_rules
 import app.rules.namespace as namespace_rules
 from app.cluster.live import trim_node
 from app.cluster.view import NODE_LABEL, ScopedView, StaticView
+from app.rules.quotas.objects import NODE_CARDS
 from app.util import Memo, footprint
 from tests.conftest import container, run, workload
 from tests.helpers.actors import ROOMY, template
@@ -219,12 +220,14 @@ def test_node_status_reports_and_claim_labels_do_not_resplit_devices() -> None:
 
 def test_a_status_report_leaves_the_index_versions_and_a_label_moves_them() -> None:
     store = StaticView([node("a", "4", "8Gi", labels={"kubernetes.io/hostname": "a"})],
-                       (NODE_LABEL, namespace_rules.NODE_CLASS))
+                       (NODE_LABEL, namespace_rules.NODE_CLASS, NODE_CARDS))
     versions = (store.index_version(NODE_LABEL), store.index_version(namespace_rules.NODE_CLASS))
+    cards = store.index_version(NODE_CARDS)
     kind_version = store.version("Node")
     store.add(_reported(store.get("Node", "a") or {}, 7))
     assert store.version("Node") != kind_version  # the object did change...
     assert (store.index_version(NODE_LABEL), store.index_version(namespace_rules.NODE_CLASS)) == versions
+    assert store.index_version(NODE_CARDS) == cards  # ...in nothing a rule reads
     store.add(node("a", "4", "8Gi", labels={"kubernetes.io/hostname": "b"}))
     assert store.index_version(NODE_LABEL) != versions[0]
     assert store.index_version(namespace_rules.NODE_CLASS) == versions[1]  # a per-node label

@@ -22,7 +22,7 @@ from app.kai import (
     queue_name,
 )
 from app.rules.base import Subject
-from app.rules.quotas.objects import After, is_ours, name_of, spec_input, typed_spec
+from app.rules.quotas.objects import NODE_CARDS, After, is_ours, name_of, spec_input, typed_spec
 from app.util import Memo, digest
 
 
@@ -122,9 +122,11 @@ CAPACITY_MEMO: Memo[Hashable, Capacity] = Memo(1024, 2**20)
 
 def count_cards(after: After, key: Hashable, nodes: Callable[[], list[dict[str, Any]]],
            select: Callable[[dict[str, Any]], bool] | None = None) -> Capacity:
-    """Nodes and cards among ``nodes()`` (those ``select`` keeps), remembered until a
-    Node changes in the view (its Node version moves), so no request recounts them."""
-    full_key = (key, after.view.version("Node"))
+    """Nodes and cards among ``nodes()`` (those ``select`` keeps), remembered until what
+    is counted changes in the view — a Node's labels, cards or group, a Node added or
+    removed (``index_version``) — not on a Node's status report, so no request recounts
+    them."""
+    full_key = (key, after.view.index_version(NODE_LABEL), after.view.index_version(NODE_CARDS))
     found = CAPACITY_MEMO.get(full_key)
     if found is not None:
         return found
