@@ -27,9 +27,39 @@ from tests.helpers.actors import ROOMY, template
 from tests.helpers.actors import run as run_actor
 from tests.helpers.namespace import node, quota
 from tests.helpers.quotas import department
-from tests.test_dra import allocated, claim_pod, device_class, gpu, slice_
 
 MiB = 2**20
+DRIVER = "gpu.example.com"
+
+
+def device_class() -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu",
+                     "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+
+
+def gpu(name: str) -> dict[str, Any]:
+    return {"name": name, "attributes": {"model": {"string": "H100"}}}
+
+
+def slice_(node_name: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": node_name},
+            "spec": {"driver": DRIVER, "nodeName": node_name, "devices": devices,
+                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1}}}
+
+
+def allocated(name: str, node_name: str, devices: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "team-a"}, "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": DRIVER, "pool": node_name, "device": d} for d in devices]}}}}
+
+
+def claim_pod() -> dict[str, Any]:
+    sized = container(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "1Gi"})
+    obj = workload("Deployment", [sized])
+    obj["spec"]["template"]["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "t"}]
+    return obj
 
 
 def _retained(work: Any) -> int:
@@ -237,7 +267,7 @@ def test_a_status_report_leaves_the_index_versions_and_a_label_moves_them() -> N
 
 def test_a_gpu_review_after_status_reports_gives_the_same_answer() -> None:
     store, _ = _dra_view()
-    pod = claim_pod("Deployment", "missing")
+    pod = claim_pod()
     before = run(pod, view=store)
     store.add(_reported(store.get("Node", "n007") or {}, 3))
     after = run(pod, view=store)

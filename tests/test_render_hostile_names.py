@@ -14,11 +14,13 @@ from xml.etree import ElementTree as ET
 import pytest
 import yaml
 
+from app.config import load_policy
 from app.krmfn import process
 from app.util import visible
 from tests.conftest import RULES
 from tests.helpers.cli import envelope
-from tests.test_krmfn import POLICY
+
+POLICY = load_policy(None, None, RULES)
 
 NAME = "web\n::error file=x,line=1::forged\x1b[31mred\x9b\x85\u2028end\r"
 """A name with a newline starting a workflow command, an ESC sequence, 8-bit CSI, NEL,
