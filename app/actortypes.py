@@ -11,6 +11,7 @@ Field names follow upstream ``pkg/api/v1alpha1`` (``actortemplate_types.go``,
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -147,10 +148,11 @@ class WorkerPool(_Model):
 
 _M = TypeVar("_M", bound=_Model)
 _NOT_DECODED = object()
-_DECODED: Memo[tuple[str, bytes], Any] = Memo(4096, weigh=lambda key: len(key[1]), budget=16 * 2**20)
-"""Decoded objects by their JSON (at most 16 MiB of it): every rule that reads the
-ActorTemplate of a review, and every review that reads the same WorkerPool of the view,
-shares one decoding."""
+DECODED_BUDGET = 16 * 2**20
+_DECODED: Memo[tuple[str, bytes], Any] = Memo(4096, DECODED_BUDGET)
+"""Decoded objects by the digest of their JSON, at most 16 MiB of them (measured):
+every rule that reads the ActorTemplate of a review, and every review that reads the
+same WorkerPool of the view, shares one decoding."""
 
 
 def _validate(model: type[_M], obj: object) -> _M | ValidationError:
@@ -170,10 +172,12 @@ def decode(model: type[_M], obj: Mapping[str, Any]) -> _M | ValidationError:
         raw = orjson.dumps(obj)
     except (orjson.JSONEncodeError, TypeError):
         return _validate(model, obj)
-    key = (model.__name__, raw)
+    key = (model.__name__, hashlib.blake2b(raw, digest_size=16).digest())
     found: object = _DECODED.get(key, _NOT_DECODED)
     if found is _NOT_DECODED:
-        found = _DECODED.put(key, _validate(model, orjson.loads(raw)))
+        found = _validate(model, orjson.loads(raw))
+        # A ValidationError keeps parts of the input where footprint cannot see: count them.
+        _DECODED.put(key, found, extra=len(raw) if isinstance(found, ValidationError) else 0)
     # keyed by the model's name: what the memo holds for this key is a ``model`` or why not
     return cast("_M | ValidationError", found)
 

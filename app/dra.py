@@ -60,9 +60,10 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from itertools import combinations
-from typing import Any
+from typing import Any, cast
+
+from app.util import Memo, footprint
 
 __all__ = [
     "DEVICE_CLASS_PREFIX",
@@ -70,6 +71,7 @@ __all__ = [
     "DeviceRequest",
     "DeviceShortfall",
     "DeviceState",
+    "allocated_devices",
     "cel_match",
     "cel_references",
     "claim_requests",
@@ -317,13 +319,23 @@ def _compare(left: Expr, right: Expr, equal: bool) -> Expr:
     return run
 
 
-@lru_cache(maxsize=1024)
+_COMPILED: Memo[str, tuple[Expr, frozenset[str]] | None] = Memo(
+    1024, 4 * 2**20, lambda expression, _: footprint(expression) + 48 * len(expression))
+"""Compiled expressions by their text, at most 4 MiB: a compiled expression is closures,
+which ``footprint`` cannot see into; tracemalloc measures ~40 bytes a character."""
+_NOT_COMPILED = object()
+
+
 def _compiled(expression: str) -> tuple[Expr, frozenset[str]] | None:
+    found = _COMPILED.get(expression, _NOT_COMPILED)
+    if found is not _NOT_COMPILED:
+        return cast("tuple[Expr, frozenset[str]] | None", found)
     try:
         parser = _Parser(expression)
-        return parser.parse(), frozenset(parser.refs)
+        compiled: tuple[Expr, frozenset[str]] | None = (parser.parse(), frozenset(parser.refs))
     except (_Unsupported, RecursionError, ValueError):
-        return None
+        compiled = None
+    return _COMPILED.put(expression, compiled)
 
 
 def cel_references(expression: str | None) -> frozenset[str] | None:
@@ -422,11 +434,10 @@ class _Pool:
     slices: int
 
 
-def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
-                       nodes: Iterable[tuple[str, Callable[[Mapping[str, Any]], bool]]],
-                       keys: frozenset[str]) -> dict[str, DeviceState]:
-    """Each node's ``DeviceState``: ``nodes`` gives each node's name and a function that
-    says whether a NodeSelector matches it (``app.scheduling.node_selector_matches``)."""
+def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+    """The (driver, pool, device) the claims' allocations take: each claim's
+    ``status.allocation.devices.results`` but those with ``adminAccess``
+    (``allocateddevices.go``). All that is read of a claim to tell which devices are free."""
     allocated: set[tuple[str, str, str]] = set()
     for claim in claims:
         results = _map(_map(_map(claim.get("status")).get("allocation")).get("devices")).get("results")
@@ -434,6 +445,15 @@ def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Map
             r = _map(r)
             if not r.get("adminAccess"):
                 allocated.add((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
+    return allocated
+
+
+def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
+                       nodes: Iterable[tuple[str, Callable[[Mapping[str, Any]], bool]]],
+                       keys: frozenset[str]) -> dict[str, DeviceState]:
+    """Each node's ``DeviceState``: ``nodes`` gives each node's name and a function that
+    says whether a NodeSelector matches it (``app.scheduling.node_selector_matches``)."""
+    allocated = allocated_devices(claims)
     newest: dict[tuple[str, str], _Pool] = {}
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     shared: list[Mapping[str, Any]] = []

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ from app.fieldschema import default_schema
 from app.rules.base import Subject
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
+from app.util import visible
 
 __all__ = ["MEMORY_ACTIONS", "FileFix", "FixError", "apply_patch", "fix_paths", "fix_text",
            "patch_items", "patch_text", "patches", "run_fix", "with_memory_action"]
@@ -165,26 +167,38 @@ def _reads_as(snippet: str, expected: Any) -> bool:
         return False
 
 
+_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+"""What JSON leaves raw but a YAML stream may not hold (YAML 1.2 "c-printable"; go-yaml's
+and PyYAML's readers refuse it): written as ``\\uXXXX`` inside double quotes."""
+
+
+def _quoted(value: Any) -> str:
+    """A double-quoted YAML scalar (JSON's escapes are YAML's), every character a YAML
+    reader accepts: a name with control characters reads back as itself."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _scalar(value: Any, *, flow: bool, json_style: bool, style: str | None = None) -> str:
     """``value`` (a JSON scalar) as YAML text: plain when it reads back as the same value,
     else in the quoting ``style`` given (``'`` or ``"``), else double-quoted."""
     if not isinstance(value, str) or json_style:
-        return json.dumps(value, ensure_ascii=False)
-    if style == "'" and "\n" not in value:
+        return _quoted(value)
+    if style == "'" and "\n" not in value and value.isprintable():
         return "'" + value.replace("'", "''") + "'"
     if not style and value and value.strip() == value and "\n" not in value and "#" not in value:
         probe = f"k: {{x: {value}}}" if flow else f"k: {value}"
         if _reads_as(probe, {"k": {"x": value}} if flow else {"k": value}):
             return value
-    return json.dumps(value, ensure_ascii=False)
+    return _quoted(value)
 
 
 def _key(key: str, *, json_style: bool) -> str:
     if json_style:
-        return json.dumps(key, ensure_ascii=False)
+        return _quoted(key)
     if key and ":" not in key and key.strip() == key and _reads_as(f"{key}: 1", {key: 1}):
         return key
-    return json.dumps(key, ensure_ascii=False)
+    return _quoted(key)
 
 
 def _flow(value: Any, *, json_style: bool) -> str:
@@ -521,12 +535,86 @@ def patch_text(text: str, patch: list[dict[str, Any]], item: int | None = None) 
             raise failed[item]
         return out
     reuse: dict[str, str] = {}
+    grouped = _patch_by_item(text, patch) if len(patch) > 2 else None
+    if grouped is not None:
+        text, patch = grouped
     for op in patch:
         root = compose(text)
         if root is None:
             raise FixError("an empty document")
         text = _apply_op(text, root, op, reuse)
     return text
+
+
+def _item_of(root: Node, tokens: list[str]) -> tuple[tuple[str, ...], Node] | None:
+    """The first list item on the way to ``tokens`` (its path and node) when the
+    operation is inside it (not on the list or the item itself)."""
+    node: Node = root
+    for k, token in enumerate(tokens[:-1]):
+        if isinstance(node, SequenceNode):
+            if node.flow_style or not token.isdigit() or int(token) >= len(node.value):
+                return None  # a flow list's items are not lines of their own
+            return (tuple(tokens[:k + 1]), node.value[int(token)]) if k + 1 < len(tokens) else None
+        if not isinstance(node, MappingNode):
+            return None
+        pair = _pair_of(node, token)
+        if pair is None:
+            return None
+        node = pair[1]
+    return None
+
+
+def _patch_by_item(text: str, patch: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The operations inside list items (a container's, a queue entry's) written item by
+    item, each item cut out as a document of its own and composed once per operation
+    on it alone, last item first so the offsets of the others hold: ``fix`` and
+    ``krm-fn`` linear in the operations of one object (issue 38, class 7: a Deployment
+    of 1,000 containers recomposed the whole document for each of its 2,000
+    operations, 162 s). Operations on different items commute; those outside every
+    item are returned to be applied after, in their order. None (apply one by one)
+    when that would not give the same text: an operation on a list that holds
+    an item or on an ancestor of one, anchors and aliases, or an item that cannot be
+    cut out."""
+    root = compose(text)
+    if root is None:
+        return None
+    try:
+        paths = [_tokens(op["path"]) for op in patch]
+    except (FixError, KeyError, TypeError):
+        return None
+    groups: dict[tuple[str, ...], tuple[Node, list[dict[str, Any]]]] = {}
+    rest: list[tuple[list[str], dict[str, Any]]] = []
+    for tokens, op in zip(paths, patch, strict=True):
+        found = _item_of(root, tokens) if tokens else None
+        if found is None:
+            rest.append((tokens, op))
+            continue
+        prefix, node = found
+        groups.setdefault(prefix, (node, []))[1].append(
+            {**op, "path": "/" + "/".join(t.replace("~", "~0").replace("/", "~1")
+                                          for t in tokens[len(prefix):])})
+    if not groups:
+        return None
+    for tokens, _ in rest:
+        for prefix in groups:
+            n = len(tokens)
+            if tuple(tokens) == prefix[:n] or (n == len(prefix) and tuple(tokens[:-1]) == prefix[:-1]
+                                               and tokens[-1] != "-"):
+                return None
+    if _shared(root):  # an anchor may be defined in one item and aliased in another
+        return None
+    cuts = []
+    for node, ops in groups.values():
+        cut = _item_text(text, node)
+        if cut is None:
+            return None
+        cuts.append((cut, ops))
+    for (start, end, column, item), ops in sorted(cuts, key=lambda c: c[0][0], reverse=True):
+        new = patch_text(item + "\n", ops)
+        lines = new.removesuffix("\n").split("\n")
+        lines[1:] = [" " * column + line if line else line for line in lines[1:]]
+        text = text[:start] + "\n".join(lines) + text[end:]
+    return text, [op for _, op in rest]
 
 
 def _apply_op(text: str, root: Node, op: dict[str, Any], reuse: dict[str, str],
@@ -874,9 +962,9 @@ def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "wr
     changing = [r for r in results if r.changes and not r.problems]
     for r in results:
         for problem in r.problems:
-            print(f"envelope fix: {problem}", file=sys.stderr)
+            print(f"envelope fix: {visible(str(problem))}", file=sys.stderr)
         for note in r.skipped:
-            print(f"envelope fix: {note}", file=sys.stderr)
+            print(f"envelope fix: {visible(str(note))}", file=sys.stderr)
         if r.problems:
             continue
         if r.source == "<stdin>" and mode == "write":
@@ -887,17 +975,17 @@ def run_fix(paths: list[str], rules: RuleSet, policy: Policy, *, mode: str = "wr
         if mode == "diff":
             sys.stdout.write(r.diff())
         elif mode == "check":
-            print(f"envelope fix: {r.source}: {r.changed} object(s) would change", file=sys.stderr)
+            print(f"envelope fix: {visible(r.source)}: {r.changed} object(s) would change", file=sys.stderr)
         else:
             Path(r.source).write_text(r.fixed, encoding="utf-8", newline="")
-            print(f"envelope fix: {r.source}: {r.changed} object(s) changed", file=sys.stderr)
+            print(f"envelope fix: {visible(r.source)}: {r.changed} object(s) changed", file=sys.stderr)
     objects = sum(r.objects for r in results)
     verb = "changed" if mode == "write" else "would change"
     print(f"envelope fix: {len(results)} file(s), {objects} object(s): "
           f"{sum(r.changed for r in changing)} object(s) in {len(changing)} file(s) {verb}"
           + (f", {len(refused)} file(s) refused" if refused else ""), file=sys.stderr)
     if not results:
-        print(f"envelope fix: no manifest files found in {' '.join(paths)}", file=sys.stderr)
+        print(f"envelope fix: no manifest files found in {visible(' '.join(paths))}", file=sys.stderr)
         return 2
     if refused:
         return 2

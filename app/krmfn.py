@@ -30,6 +30,7 @@ from app.engine import check_object
 from app.fix import _add, _Located, _subject, apply_patch, patch_items
 from app.ruleset import RuleSet
 from app.substrate import is_current_template
+from app.util import visible
 
 __all__ = ["process", "run_krm_fn"]
 
@@ -64,7 +65,8 @@ def _file(obj: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _result(obj: dict[str, Any], severity: str, message: str, path: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {"message": message, "severity": severity, "resourceRef": _ref(obj)}
+    # The message as text a person reads (kpt prints it): a name's control characters escaped.
+    out: dict[str, Any] = {"message": visible(message), "severity": severity, "resourceRef": _ref(obj)}
     if path:
         out["field"] = {"path": path}
     where = _file(obj)
@@ -158,7 +160,7 @@ def _replace_results(text: str, root: MappingNode, results: list[dict[str, Any]]
 
 def _failure(message: str) -> str:
     return str(yaml.safe_dump({"apiVersion": RESOURCE_LIST[0], "kind": RESOURCE_LIST[1], "items": [],
-                           "results": [{"message": message, "severity": "error"}]},
+                           "results": [{"message": visible(message), "severity": "error"}]},
                           sort_keys=False))
 
 

@@ -88,7 +88,7 @@ def parse_quantity(value: object) -> Decimal:
     # Short strings by count; long ones (a CRD quantity reaches the webhook as written,
     # possibly megabytes of digits) by their total length, so each is parsed once per
     # review however many rules read it, and the cache cannot hold more than
-    # LONG_BUDGET characters (plus their values, about half a byte a digit).
+    # LONG_BUDGET bytes, the strings and their values measured (util.Memo).
     if len(value) <= 64:
         return _parse_cached(value)
     found = _long.get(value)
@@ -256,11 +256,12 @@ def _parse_text(value: str) -> Decimal:
 
 
 _parse_cached = lru_cache(maxsize=4096)(_parse_text)
-LONG_BUDGET = 4 * 2**20
-"""Characters of long (over 64 characters) quantity strings kept parsed: more than all
-the quantities of one review (the body is at most a few MiB, and an UPDATE's two
-objects share their unchanged values)."""
-_long: Memo[str, Decimal] = Memo(1024, len, LONG_BUDGET)
+LONG_BUDGET = 6 * 2**20
+"""Bytes of long (over 64 characters) quantity strings kept parsed, with their values
+(``util.footprint``: about 1.4 bytes a digit): more than all the quantities of one
+review (the body is at most a few MiB, and an UPDATE's two objects share their
+unchanged values)."""
+_long: Memo[str, Decimal] = Memo(1024, LONG_BUDGET)
 
 
 def clear_long_cache() -> None:

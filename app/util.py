@@ -3,15 +3,36 @@ any depth, paths for messages, one bounded cache, one warning length, plain numb
 
 from __future__ import annotations
 
+import hashlib
+import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from decimal import Decimal
+from functools import partial
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Generic, TypeVar, overload
 
-__all__ = ["WARNING_LIMIT", "Memo", "brief", "cut", "cut_middle", "deep_copy", "dig", "dotted",
-           "plain_number", "same", "shown",
-           "undotted"]
+import orjson
+
+__all__ = [
+    "WARNING_LIMIT",
+    "Memo",
+    "brief",
+    "cut",
+    "cut_middle",
+    "deep_copy",
+    "dig",
+    "digest",
+    "dotted",
+    "footprint",
+    "plain_number",
+    "same",
+    "shown",
+    "undotted",
+    "visible",
+]
 
 WARNING_LIMIT = 120
 """Warnings travel as HTTP ``Warning`` headers; kubectl shows them whole below this
@@ -142,6 +163,26 @@ def shown(text: str, limit: int = 80) -> str:
     return f"{text[:limit]!r}…[cut: {len(text):,} characters]"
 
 
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def visible(text: str, keep: str = "") -> str:
+    """``text`` with every control character (C0, DEL, C1, and the Unicode line and
+    paragraph separators) written as its escape (``\\n``, ``\\x1b``): what a user
+    wrote in a name or value can neither drive a terminal nor start a line of its own
+    (a GitHub workflow command ``::error::…`` in a CI log). ``keep``: characters the
+    caller itself uses (a text's own newlines)."""
+    if not _CONTROLS.search(text):
+        return text
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+
+
 def plain_number(value: Decimal) -> str:
     """A decimal without exponent or trailing zeros: ``64000``, ``0.5``."""
     return format(value.normalize(), "f")
@@ -154,18 +195,22 @@ _ABSENT = object()
 
 
 class Memo(Generic[K, V]):
-    """A bounded, thread-safe LRU map: what many requests read, computed once. (Pure
-    functions of hashable arguments use ``functools.lru_cache`` instead.)
+    """A bounded, thread-safe LRU map: what many requests read, computed once.
 
-    ``size`` bounds the number of entries; with ``weigh``, ``budget`` also bounds the
-    sum of ``weigh(key)`` over the entries (oldest evicted first; an entry heavier
-    than the whole budget is not kept), for keys whose size a client chooses."""
+    Bounded twice: at most ``size`` entries, and at most ``budget`` bytes — each entry
+    weighs ``weigh(key, value)``, by default :func:`footprint` of both (the bytes they
+    hold, measured, not guessed from the input), and the oldest are evicted first until
+    the sum is within the budget; an entry heavier than the whole budget is not kept.
+    So a client that chooses what is remembered (a tenant's dry-runs) cannot grow it
+    past ``budget``, whatever the size of what it sends. Keys should name what the
+    consumer reads (:func:`digest` of the judged part), never an object's identity or a
+    version that changes for other reasons. docs/reliability.md lists every memo."""
 
-    def __init__(self, size: int, weigh: Callable[[K], int] | None = None, budget: int = 0) -> None:
+    def __init__(self, size: int, budget: int, weigh: Callable[[K, V], int] | None = None) -> None:
         self._size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
-        self._weigh = weigh
+        self._weigh: Callable[[K, V], int] = weigh if weigh is not None else _weigh_both
         self._budget = budget
         self._weight = 0
 
@@ -184,26 +229,23 @@ class Memo(Generic[K, V]):
             self._items.move_to_end(key)
         except KeyError:  # evicted meanwhile: still a good answer
             pass
-        return found
+        return found[0]
 
-    def put(self, key: K, value: V) -> V:
-        weigh = self._weigh
+    def put(self, key: K, value: V, extra: int = 0) -> V:
+        """Remember ``value``; ``extra``: bytes it holds out of ``weigh``'s sight (a
+        ``ValidationError`` keeps parts of its input inside pydantic-core)."""
+        weight = self._weigh(key, value) + extra  # outside the lock: it may walk a large value
+        if weight > self._budget:
+            return value
         with self._lock:
-            if weigh is None:
-                self._items[key] = value
-                if len(self._items) > self._size:
-                    self._items.popitem(last=False)
-                return value
-            weight = weigh(key)
-            if weight > self._budget:
-                return value
-            if key in self._items:
-                self._weight -= weight
-            self._items[key] = value
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+            self._items[key] = (value, weight)
             self._weight += weight
             while len(self._items) > self._size or self._weight > self._budget:
-                old, _ = self._items.popitem(last=False)
-                self._weight -= weigh(old)
+                _, (_, gone) = self._items.popitem(last=False)
+                self._weight -= gone
         return value
 
     def __len__(self) -> int:
@@ -216,5 +258,63 @@ class Memo(Generic[K, V]):
 
     @property
     def weight(self) -> int:
-        """The sum of ``weigh(key)`` over the entries (0 without ``weigh``)."""
+        """The bytes the entries are accounted for (the sum of their weights)."""
         return self._weight
+
+    @property
+    def budget(self) -> int:
+        return self._budget
+
+
+def _weigh_both(key: object, value: object) -> int:
+    return footprint((key, value))
+
+
+_OPAQUE = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType, partial)
+"""Shared by everything that refers to them: not part of a value's footprint."""
+_LEAVES = (str, bytes, bytearray, int, float, bool, Decimal, type(None))
+
+
+def footprint(value: object) -> int:
+    """The bytes ``value`` holds: ``sys.getsizeof`` of it and of everything it reaches
+    through containers, instance dicts and slots (pydantic models, dataclasses), each
+    object once. Classes, functions and modules are not counted (shared), nor what a
+    C extension keeps out of sight. Iterative: a value of any depth is measured."""
+    seen: set[int] = set()
+    total = 0
+    stack: list[object] = [value]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, _LEAVES):
+            continue
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            stack.extend(obj)
+        else:
+            if isinstance(obj, BaseException):
+                stack.extend(obj.args)
+            attrs = getattr(obj, "__dict__", None)
+            if attrs is not None:
+                stack.append(attrs)
+            for cls in type(obj).__mro__:
+                for slot in cls.__dict__.get("__slots__", ()):
+                    if slot != "__dict__" and slot != "__weakref__":
+                        found = getattr(obj, slot, None)
+                        if found is not None:
+                            stack.append(found)
+    return total
+
+
+def digest(value: object) -> bytes:
+    """16 bytes naming a JSON value by its content (BLAKE2b of its orjson encoding):
+    the key a memo remembers a derived value by, so the key is small whatever the
+    value's size and an equal value written again is found again. Raises TypeError or
+    ``orjson.JSONEncodeError`` (a ``TypeError``) for what orjson cannot encode (non-string
+    keys from a YAML file, nesting past 255 levels): remember nothing then."""
+    return hashlib.blake2b(orjson.dumps(value), digest_size=16).digest()

@@ -26,6 +26,11 @@ one of N allocatable sizes instead: the worst case, where classes are many (capp
 two more cases: a pod whose claim template asks 4 H100s (fits) and one asking 9 (refused).
 The first review after a change of Nodes, ResourceSlices or ResourceClaims splits the
 classes by their devices (shown as "split"); the rounds after it reuse it.
+
+``--status-reports N`` (with ``--dra``; issue 38, class 4): before each review, N Nodes
+send a status report (a new resourceVersion and heartbeat, kept as the live view keeps
+it: ``trim_node``) and one ResourceClaim is relabelled — writes that change nothing the
+split reads. Before issue 38 each of them resplit the devices.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.cluster.live import trim_node  # noqa: E402
 from app.cluster.view import ScopedView, StaticView  # noqa: E402
 from app.config import Policy  # noqa: E402
 from app.rules import namespace  # noqa: E402
@@ -145,12 +151,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--shapes", type=int, default=0, help="distinct allocatable sizes (0: 12 classes)")
     parser.add_argument("--dra", action="store_true", help="GPUs as DRA devices (ResourceSlices)")
+    parser.add_argument("--status-reports", type=int, default=0,
+                        help="Node status reports and claim relabels before each review")
     args = parser.parse_args()
     policy = Policy()
     subject = Subject("apps", "v1", "Deployment", namespace="a", name="w")
     indexes = getattr(namespace, "INDEXES", ())
     for size in (int(s) for s in args.sizes.split(",")):
-        store = StaticView(nodes(size, args.shapes, args.dra), indexes)
+        objects = nodes(size, args.shapes, args.dra)
+        store = StaticView(objects, indexes)
+        writes = _status_reports(store, objects, args.status_reports)
         view = ScopedView(store, pod_fits_node.rule.reads, "pod-fits-node")  # type: ignore[attr-defined]
         pod_fits_node(subject, CASES["first node fits"], view, policy)  # warm any cache
         cases = {**CASES, **(DRA_CASES if args.dra else {})}
@@ -166,12 +176,37 @@ def main() -> None:
                 "warned" if findings else "allowed"
             wall, cpu = [], []
             for _ in range(args.rounds):
+                writes()
                 start, start_cpu = time.perf_counter(), time.thread_time()
                 pod_fits_node(subject, obj, view, policy)
                 cpu.append(time.thread_time() - start_cpu)
                 wall.append(time.perf_counter() - start)
             print(f"{size:>5} nodes  {name:<24} {verdict:<8} wall p50 {p(wall, 50):8.3f} "
                   f"p99 {p(wall, 99):8.3f}  cpu p50 {p(cpu, 50):8.3f} p99 {p(cpu, 99):8.3f} ms", flush=True)
+
+
+def _status_reports(store: StaticView, objects: list[dict[str, Any]], n: int) -> Any:
+    """Writes that change nothing a rule reads: ``n`` Node status reports (a new
+    resourceVersion, kept by the live view) and one claim's labels, per call."""
+    node_list = [o for o in objects if o["kind"] == "Node"]
+    claims = [o for o in objects if o["kind"] == "ResourceClaim"]
+    tick = iter(range(1, 1 << 62))
+
+    def writes() -> None:
+        if not n:
+            return
+        version = next(tick)
+        for i in range(n):
+            node = node_list[(version * n + i) % len(node_list)]
+            reported = {**node, "metadata": {**node["metadata"], "resourceVersion": str(version)},
+                        "status": {**node["status"], "conditions": [
+                            {"type": "Ready", "status": "True", "lastHeartbeatTime": str(version)}]}}
+            store.add(trim_node(reported))
+        if claims:
+            claim = claims[version % len(claims)]
+            store.add({**claim, "metadata": {**claim["metadata"], "labels": {"tick": str(version)}}})
+
+    return writes
 
 
 if __name__ == "__main__":

@@ -166,6 +166,10 @@ class Recording(StaticView):
         self.kinds.add(index.kind)
         return super().by_index(index, value)
 
+    def index_version(self, index: Any) -> int:
+        self.kinds.add(index.kind)
+        return super().index_version(index)
+
 
 def _subjects(rule: Rule) -> list[Subject]:
     out = []

@@ -24,6 +24,7 @@ from app.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
 from app.ruleset import RuleSet
 from app.substrate import as_crd_template, is_current_template, read_current_template
+from app.util import visible
 
 
 def _check_parser(sub: Any) -> None:
@@ -112,8 +113,11 @@ def _judged(m: Manifest, rules: RuleSet, view: StaticView, policy: Policy,
     """One manifest judged as a CREATE (mutate, then validate), with the findings
     strict field validation made before."""
     subject = subject_of(m.obj)
+    evaluation = check_object(rules, subject, view, policy)
+    # The report keeps what it writes (findings, changes, the patch), not the mutated copy
+    # of the object nor each rule's outcome: 50,000 objects held both (issue 38, class 7).
     return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
-                        m.source, m.document, m.line, check_object(rules, subject, view, policy),
+                        m.source, m.document, m.line, replace(evaluation, obj=None, results={}),
                         before, m.line_of)
 
 
@@ -299,7 +303,7 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     if loaded.errors:
         errors = sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))
         for error in errors:
-            print(f"envelope check: {error}", file=sys.stderr)
+            print(f"envelope check: {visible(str(error))}", file=sys.stderr)
         sys.stdout.write(render_input_errors(output, errors))
         print(f"envelope check: {len(loaded.errors)} input problem(s); nothing was checked",
               file=sys.stderr)
@@ -308,8 +312,8 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     skipped = [(s.path, s.reason) for s in loaded.skipped]
     if not manifests:
         for path, reason in skipped[:20]:
-            print(f"envelope check: skipped {path}: {reason}", file=sys.stderr)
-        print(f"envelope check: no Kubernetes objects found in {' '.join(paths)}"
+            print(f"envelope check: skipped {visible(path)}: {visible(reason)}", file=sys.stderr)
+        print(f"envelope check: no Kubernetes objects found in {visible(' '.join(paths))}"
               + (f" ({len(skipped)} path(s) skipped)" if skipped else "")
               + ("" if allow_empty else "; exit 2 so that a wrong path does not pass"),
               file=sys.stderr)

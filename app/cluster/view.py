@@ -84,6 +84,14 @@ class ClusterView(Protocol):
         """How many objects of ``kind`` the view holds."""
         ...
 
+    def index_version(self, index: Index) -> int:
+        """Changes when what ``index`` yields changes: an object of its kind added or
+        removed, or yielding other values (and on every re-list of the kind); not when
+        an object changes only in what the index does not read (a Node's status report,
+        a claim's labels). Unique across views, like ``version``: what a rule derives
+        from the indexed parts alone may be remembered by it."""
+        ...
+
     def index_counts(self, index: Index) -> dict[str, int]:
         """Every value ``index`` yields, with how many objects yield it (a class index:
         one entry per class, not per object)."""
@@ -134,6 +142,7 @@ class Store:
         self._relisted: dict[str, int] = {}
         """The version of the last ``replace`` of a kind (every namespace changed)."""
         self._counts: dict[Index, tuple[int, dict[str, int]]] = {}
+        self._index_versions: dict[Index, int] = {}
         for index in indexes:
             self._build(index)
         for obj in objects:
@@ -145,46 +154,43 @@ class Store:
             if table is None:
                 table = self._indexes[index] = _table(index, self._by_kind.get(index.kind, {}))
                 self._index_of[index.kind] = (*self._index_of.get(index.kind, ()), index)
+                self._index_versions[index] = next(_CHANGES)
             return table
-
-    def _unlink(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
-        self._by_ns.get(kind, {}).get(key[0], {}).pop(key, None)
-        for index in self._index_of.get(kind, ()):
-            table = self._indexes[index]
-            for value in index.values(obj):
-                members = table.get(value)
-                if members is not None:
-                    members.pop(key, None)
-                    if not members:
-                        del table[value]  # a value nothing yields any more is not kept
-
-    def _link(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
-        self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
-        for index in self._index_of.get(kind, ()):
-            table = self._indexes[index]
-            for value in index.values(obj):
-                table.setdefault(value, {})[key] = obj
 
     def add(self, obj: dict[str, Any], kind: str | None = None) -> None:
         kind = kind or kind_key(obj)
         key = _key(obj)
         with self._lock:
             old = self._by_kind.get(kind, {}).get(key)
-            if old is not None:
-                if old == obj:
-                    return  # e.g. a Node heartbeat: nothing a rule reads changed
-                self._unlink(kind, key, old)
-            self._versions[kind] = self._ns_versions[(kind, key[0])] = next(_CHANGES)
+            if old is not None and old == obj:
+                return  # e.g. a re-list's unchanged object
+            self._versions[kind] = self._ns_versions[(kind, key[0])] = version = next(_CHANGES)
             self._by_kind.setdefault(kind, {})[key] = obj
-            self._link(kind, key, obj)
+            if old is not None:
+                self._by_ns.get(kind, {}).get(key[0], {}).pop(key, None)
+            self._by_ns.setdefault(kind, {}).setdefault(key[0], {})[key] = obj
+            for index in self._index_of.get(kind, ()):
+                table = self._indexes[index]
+                before = index.values(old) if old is not None else []
+                after = index.values(obj)
+                _drop(table, key, before)
+                for value in after:
+                    table.setdefault(value, {})[key] = obj
+                if before != after:  # a Node's status report leaves its class and labels
+                    self._index_versions[index] = version
 
     def remove(self, kind: str, name: str, namespace: str | None = None) -> None:
         key = (namespace or "", name)
         with self._lock:
             old = self._by_kind.get(kind, {}).pop(key, None)
             if old is not None:
-                self._unlink(kind, key, old)
-                self._versions[kind] = self._ns_versions[(kind, key[0])] = next(_CHANGES)
+                self._by_ns.get(kind, {}).get(key[0], {}).pop(key, None)
+                self._versions[kind] = self._ns_versions[(kind, key[0])] = version = next(_CHANGES)
+                for index in self._index_of.get(kind, ()):
+                    before = index.values(old)
+                    _drop(self._indexes[index], key, before)
+                    if before:
+                        self._index_versions[index] = version
 
     def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
         """Swap every object of ``kind`` at once (after a re-list): the new tables are
@@ -205,12 +211,19 @@ class Store:
             for index in self._index_of.get(kind, ()):
                 found = built.get(index)
                 self._indexes[index] = found if found is not None else _table(index, by_key)
-            self._versions[kind] = self._relisted[kind] = next(_CHANGES)
+            self._versions[kind] = self._relisted[kind] = version = next(_CHANGES)
+            for index in self._index_of.get(kind, ()):
+                self._index_versions[index] = version
 
     def version(self, kind: str, namespace: str | None = None) -> int:
         if namespace is None:
             return self._versions.get(kind, 0)
         return max(self._ns_versions.get((kind, namespace), 0), self._relisted.get(kind, 0))
+
+    def index_version(self, index: Index) -> int:
+        if index not in self._indexes:
+            self._build(index)
+        return self._index_versions[index]
 
     def problems(self, kinds: Iterable[str] | None = None) -> list[str]:
         return []
@@ -219,17 +232,17 @@ class Store:
         return len(self._by_kind.get(kind, {}))
 
     def index_counts(self, index: Index) -> dict[str, int]:
-        """Read-only: the same dict is handed to every caller until ``index.kind`` changes
-        (copied once per change, not once per review)."""
+        """Read-only: the same dict is handed to every caller until what the index yields
+        changes (copied once per change, not once per review or Node status report)."""
         cached = self._counts.get(index)
-        version = self._versions.get(index.kind, 0)
+        version = self._index_versions.get(index, 0)
         if cached is not None and cached[0] == version:
             return cached[1]
         if index not in self._indexes:
             self._build(index)
         with self._lock:  # a watch thread may be changing it (or swapping it, on a re-list)
             table = self._indexes[index]
-            version = self._versions.get(index.kind, 0)
+            version = self._index_versions[index]
             counts = dict(zip(table.keys(), map(len, table.values()), strict=True))
         self._counts[index] = (version, counts)
         return counts
@@ -253,6 +266,15 @@ class Store:
         if table is None:
             table = self._build(index)
         return list(table.get(value, {}).values())
+
+
+def _drop(table: dict[str, dict[Key, dict[str, Any]]], key: Key, values: list[str]) -> None:
+    for value in values:
+        members = table.get(value)
+        if members is not None:
+            members.pop(key, None)
+            if not members:
+                del table[value]  # a value nothing yields any more is not kept
 
 
 def _table(index: Index, by_key: dict[Key, dict[str, Any]]) -> dict[str, dict[Key, dict[str, Any]]]:
@@ -309,6 +331,10 @@ class ScopedView:
     def count(self, kind: str) -> int:
         self._check(kind)
         return self._view.count(kind)
+
+    def index_version(self, index: Index) -> int:
+        self._check(index.kind)
+        return self._view.index_version(index)
 
     def index_counts(self, index: Index) -> dict[str, int]:
         self._check(index.kind)

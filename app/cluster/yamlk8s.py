@@ -311,10 +311,33 @@ class _Builder:
         self.alias_count = 0
         self.alias_depth = 0
 
-    def value(self, node: Node) -> Any:
+    def _visit(self, node: Node) -> bool:
+        """decoder.unmarshal's counting and its "billion laughs" guard
+        (go.yaml.in/yaml/v2 v2.4.4 decode.go, the version kubectl v1.37.2 reads YAML
+        with, through sigs.k8s.io/yaml v1.6.0): every node decoded counts, and counts as
+        aliased inside an alias's expansion. PyYAML's composer gives an alias the very
+        node it names, so a second visit of a collection is an alias: outside any
+        expansion, the alias node and its target are two decodes, as in Go. True when
+        ``node`` is entered through an alias (the caller leaves it with ``alias_depth -= 1``)."""
         self.count += 1
         if self.alias_depth:
             self.alias_count += 1
+        again = False
+        if node.__class__ is not ScalarNode:
+            again = id(node) in self.seen
+            if again:
+                if not self.alias_depth:
+                    self.count += 1
+                    self.alias_count += 1
+                self.alias_depth += 1
+            else:
+                self.seen.add(id(node))
+        if self.alias_count > 100 and self.count > 1000:
+            self._check_aliasing(node)
+        return again
+
+    def value(self, node: Node) -> Any:
+        again = self._visit(node)
         cls = node.__class__
         if cls is ScalarNode:
             if node.tag == PLAIN:
@@ -328,13 +351,6 @@ class _Builder:
                     _VALUES.clear()
                 _VALUES[node.value] = (value,)
             return value
-        # PyYAML's composer gives an alias the very node it names: a second visit is one.
-        again = id(node) in self.seen
-        if again:
-            self._check_aliasing(node)
-            self.alias_depth += 1
-        else:
-            self.seen.add(id(node))
         try:
             if cls is MappingNode:
                 out: dict[str, Any] = {}
@@ -346,15 +362,14 @@ class _Builder:
                 self.alias_depth -= 1
 
     def _check_aliasing(self, node: Node) -> None:
-        # decode.go allowedAliasRatio: the "billion laughs" guard.
+        # decode.go allowedAliasRatio, with its message (kubectl: "error converting YAML to
+        # JSON: yaml: document contains excessive aliasing").
         count = self.count
-        if self.alias_count > 100 and count > 1000:
-            low, high = 400_000, 4_000_000
-            ratio = (0.99 if count <= low else 0.10 if count >= high
-                     else 0.99 - 0.89 * (count - low) / (high - low))
-            if self.alias_count / count > ratio:
-                raise YamlValueError("document contains excessive aliasing",
-                                     node.start_mark.line)
+        low, high = 400_000, 4_000_000
+        ratio = (0.99 if count <= low else 0.10 if count >= high
+                 else 0.99 - 0.89 * (count - low) / (high - low))
+        if self.alias_count / count > ratio:
+            raise YamlValueError("document contains excessive aliasing", node.start_mark.line)
 
     def fill(self, node: MappingNode, out: dict[str, Any]) -> None:
         """decoder.mapping: keys in order; a merge (``<<``) writes into the same map."""
@@ -366,16 +381,25 @@ class _Builder:
             out[_key(key_node)] = self.value(value_node)
 
     def merge(self, node: Node, out: dict[str, Any]) -> None:
-        """decoder.merge: a map, or a list of maps where earlier ones take precedence."""
+        """decoder.merge: a map, or a list of maps where earlier ones take precedence;
+        each map merged is decoded (counted, an alias as an alias) like any value, so a
+        merge-key bomb is refused as kubectl refuses it, not expanded (issue 38, class 7:
+        834 bytes took 11.8 s)."""
         if node.__class__ is MappingNode:
-            self.fill(node, out)
-            return
-        children = node.value if node.__class__ is SequenceNode else None
-        if children is None or any(c.__class__ is not MappingNode for c in children):
+            children: list[Node] = [node]
+        elif (node.__class__ is SequenceNode and id(node) not in self.seen  # not an alias
+              and all(c.__class__ is MappingNode for c in node.value)):
+            children = list(reversed(node.value))
+        else:
             raise YamlValueError("map merge requires map or sequence of maps as the value",
                                  node.start_mark.line)
-        for child in reversed(children):
-            self.fill(child, out)
+        for child in children:
+            again = self._visit(child)
+            try:
+                self.fill(cast(MappingNode, child), out)
+            finally:
+                if again:
+                    self.alias_depth -= 1
 
 
 def build(node: Node) -> Any:

@@ -9,12 +9,15 @@ from collections.abc import Iterable
 from app.cluster.static import LoadError
 from app.render.gate import change_gate_github
 from app.reports import FailOn, Report
+from app.util import visible
 
 __all__ = ["input_errors", "render"]
 
 
 def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """A workflow command's message: ``%``, CR and LF as the runner decodes them
+    (toolkit ``escapeData``), every other control character as its escape."""
+    return visible(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def _prop(text: str) -> str:
@@ -42,7 +45,7 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
         lines.append(f"::notice title={_prop('envelope[' + n.rule + ']')}::{_data(n.message)}")
     if report.skipped:
         lines.append(f"::notice title=envelope::{_data(report.skipped_summary())}")
-    lines.append(report.summary())
+    lines.append(visible(report.summary()))
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ from xml.etree import ElementTree as ET
 
 from app.render.gate import change_gate_failures
 from app.reports import FailOn, Report
+from app.util import visible
 
 __all__ = ["render"]
 
@@ -46,5 +47,9 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
         if report.skipped:
             lines.append(report.skipped_summary())
         ET.SubElement(suite, "system-out").text = "\n".join(lines)
+    for element in suites.iter():  # XML 1.0 cannot hold most control characters at all
+        element.text = visible(element.text, keep="\n") if element.text else element.text
+        for key, value in element.attrib.items():
+            element.set(key, visible(value))
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, "unicode") + "\n"

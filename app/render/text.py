@@ -8,6 +8,7 @@ from collections.abc import Collection
 from app.fieldschema import FIELDS_RULE
 from app.render.gate import change_gate_text
 from app.reports import FailOn, Report
+from app.util import visible
 
 __all__ = ["explain_line", "render"]
 
@@ -31,7 +32,11 @@ def render(report: Report, fail_on: FailOn = "error") -> str:
     if reported:
         lines.append(explain_line(reported))
     lines.append(report.summary())
-    return "\n".join(lines) + "\n" + change_gate_text(report, fail_on)
+    # Names and values are the user's: a control character in one is shown as its
+    # escape, so no name drives the terminal or starts a line (a forged "::error::"
+    # workflow command in a CI log). Issue 38, class 7.
+    return "".join(visible(line) + "\n" for line in lines) + visible(
+        change_gate_text(report, fail_on), keep="\n")
 
 
 def explain_line(rule_ids: Collection[str]) -> str:

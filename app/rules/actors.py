@@ -54,7 +54,7 @@ from app.config import Mode, Policy
 from app.quantity import SHOWN, QuantityError, parse_quantity, shown
 from app.rules.base import Finding, Subject, error, rule, warning
 from app.substrate import pool_sandbox_classes, read_pool_classes
-from app.util import Memo, dig, dotted, same
+from app.util import Memo, dig, digest, dotted, same
 
 __all__ = ["INDEXES", "POOLS_BY_CLASS", "TEMPLATES_BY_CLASS", "microvm_floor"]
 
@@ -308,10 +308,12 @@ def spec_immutable(subject: Subject, obj: dict[str, Any], view: ClusterView,
                     f"ActorTemplate spec is immutable (baked into snapshots); changed {detail}")]
 
 
-_PLACEMENTS: Memo[tuple[int, str, tuple[int, ...]],
-                  tuple[ActorTemplate, list[WorkerPool], ActorPlacement]] = Memo(256)
-"""Placements by template and pools: the three rules that read one (actor-placement and
-the two micro-VM warnings) compute it once per review."""
+PLACEMENTS_BUDGET = 4 * 2**20
+_PLACEMENTS: Memo[tuple[bytes, str, tuple[bytes, ...]], ActorPlacement] = Memo(256, PLACEMENTS_BUDGET)
+"""Placements by the digests of the template and of the pools (``util.digest``): the
+three rules that read one (actor-placement and the two micro-VM warnings) compute it
+once per review. Nothing of the template is kept (issue 38: 256 templates of 2.8 MB
+were; the decoded objects are in ``actortypes``' memo, bounded in bytes)."""
 
 
 def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> ActorPlacement | None:
@@ -324,14 +326,16 @@ def _placement_of(subject: Subject, obj: dict[str, Any], view: ClusterView) -> A
     if selector is not None and selector.problems():
         return None
     namespace = _namespace(subject, template.metadata.namespace)
-    pools = _pools(view, namespace, template.spec.sandbox_class)
-    # Decoded objects are shared (one model per distinct object), so the ids name the
-    # inputs; the entry holds the models, so no id in it is reused while it is kept.
-    key = (id(template), namespace, tuple(id(p) for p in pools))
-    found: tuple[ActorTemplate, list[WorkerPool], ActorPlacement] | None = _PLACEMENTS.get(key)
+    raw_pools = view.by_index(POOLS_BY_CLASS, f"{namespace}/{template.spec.sandbox_class}")
+    try:
+        key = (digest(obj), namespace, tuple(sorted(digest(p) for p in raw_pools)))
+    except TypeError:  # not JSON (a YAML file's non-string keys): not remembered
+        return place_actor(template, namespace, _pools(view, namespace, template.spec.sandbox_class))
+    found = _PLACEMENTS.get(key)
     if found is None:
-        found = _PLACEMENTS.put(key, (template, pools, place_actor(template, namespace, pools)))
-    return found[2]
+        found = _PLACEMENTS.put(key, place_actor(template, namespace,
+                                                 _pools(view, namespace, template.spec.sandbox_class)))
+    return found
 
 
 @rule("actor-placement", "validate", TEMPLATE_KINDS, Mode.ENFORCE,

@@ -15,6 +15,7 @@ from app.kai import (
     KAI_GROUP,
     KRM_GROUP,
     SPEC_MODELS,
+    node_cards,
     parse,
     project_namespace,
     queue_name,
@@ -143,8 +144,16 @@ QUEUE_NAME = {kind: Index(kind, "kai-queue-name", index_queue_names(kind))
               for kind in ("Department", "Project")}
 POOL = {kind: Index(kind, "kai-nodepool", index_pools(kind)) for kind in ("Department", "Project")}
 NODEPOOL_LABEL = Index("NodePool", "kai-label", index_pool_label)
+def index_node_cards(node: dict[str, Any]) -> list[str]:
+    """What a pool's capacity reads of a Node besides its labels: its group and cards."""
+    return [f"{group_of_object(node)} {node_cards(node)}"]
+
+
+NODE_CARDS = Index("Node", "kai-cards", index_node_cards)
+"""Its index version moves when a Node's cards or group change (or a Node comes or
+goes), not on a status report: capacities are counted again only then."""
 INDEXES = (PROJECT_PARENT, QUEUE_PARENT, PROJECT_NAMESPACE, *QUEUE_NAME.values(), *POOL.values(),
-           NODEPOOL_LABEL, NODE_LABEL)
+           NODEPOOL_LABEL, NODE_LABEL, NODE_CARDS)
 
 
 class After(AfterWrite):

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import orjson
-
 from app.cluster.view import NODE_LABEL
 from app.kai import (
     DEFAULT_POOL,
@@ -24,8 +22,8 @@ from app.kai import (
     queue_name,
 )
 from app.rules.base import Subject
-from app.rules.quotas.objects import After, is_ours, name_of, spec_input, typed_spec
-from app.util import Memo
+from app.rules.quotas.objects import NODE_CARDS, After, is_ours, name_of, spec_input, typed_spec
+from app.util import Memo, digest
 
 
 @dataclass(eq=False, slots=True)
@@ -62,7 +60,9 @@ class Slot:
         return self.amounts[resource].limit
 
 
-SLOTS_MEMO: Memo[tuple[str, str, bytes], tuple[Slot, ...] | None] = Memo(20_000)
+SLOTS_BUDGET = 16 * 2**20
+SLOTS_MEMO: Memo[tuple[str, str, bytes], tuple[Slot, ...] | None] = Memo(20_000, SLOTS_BUDGET)
+"""Each object's queues by kind, name and the digest of its spec, at most 16 MiB (measured)."""
 
 
 MISSING = object()
@@ -76,7 +76,7 @@ def slots(kind: str, obj: dict[str, Any] | None) -> tuple[Slot, ...] | None:
     owner = name_of(obj)
     raw = spec_input(kind, obj)
     try:
-        key = (kind, owner, orjson.dumps(raw))
+        key = (kind, owner, digest(raw))
     except TypeError:
         return build_slots(kind, owner, typed_spec(kind, obj))
     found = SLOTS_MEMO.get(key, MISSING)
@@ -117,14 +117,16 @@ class Capacity:
     cards: Decimal
 
 
-CAPACITY_MEMO: Memo[Hashable, Capacity] = Memo(1024)
+CAPACITY_MEMO: Memo[Hashable, Capacity] = Memo(1024, 2**20)
 
 
 def count_cards(after: After, key: Hashable, nodes: Callable[[], list[dict[str, Any]]],
            select: Callable[[dict[str, Any]], bool] | None = None) -> Capacity:
-    """Nodes and cards among ``nodes()`` (those ``select`` keeps), remembered until a
-    Node changes in the view (its Node version moves), so no request recounts them."""
-    full_key = (key, after.view.version("Node"))
+    """Nodes and cards among ``nodes()`` (those ``select`` keeps), remembered until what
+    is counted changes in the view — a Node's labels, cards or group, a Node added or
+    removed (``index_version``) — not on a Node's status report, so no request recounts
+    them."""
+    full_key = (key, after.view.index_version(NODE_LABEL), after.view.index_version(NODE_CARDS))
     found = CAPACITY_MEMO.get(full_key)
     if found is not None:
         return found

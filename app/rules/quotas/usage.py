@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
-from typing import Any
+from typing import Any, cast
 
 from app.cluster.view import ClusterView
 from app.config import Mode, Policy
@@ -65,7 +65,7 @@ from app.rules.quotas.objects import (
     spec,
 )
 from app.rules.quotas.tree import Slot, by_pool, old_slots, slots
-from app.util import Memo, brief
+from app.util import Memo, brief, digest
 
 __all__ = ["FIELDS", "Usage", "check_usage_children", "check_usage_guarantee",
            "check_usage_limit", "queue_usage", "read_usage"]
@@ -102,9 +102,9 @@ def _convert(key: str, quantity: Decimal) -> tuple[Resource, Decimal] | None:
     return None
 
 
-_READ: Memo[tuple[int, str], tuple[Any, Usage | None]] = Memo(50_000)
-"""Usage by the identity of a status object (kept in the value, so the id stays its own):
-the view's statuses are read by many requests, and a new status is a new object."""
+_READ: Memo[tuple[bytes, str], Usage | None] = Memo(50_000, 16 * 2**20)
+"""Usage by the digest of the status lists ``_read`` reads (``util.digest``): the view's
+statuses are read by many requests. Not by identity, which kept every old status."""
 
 
 def read_usage(status: Any, field: str) -> Usage | None:
@@ -112,14 +112,20 @@ def read_usage(status: Any, field: str) -> Usage | None:
     (not reconciled, or idle: KAI cannot tell them apart for us). Never raises."""
     if not isinstance(status, dict):
         return None
-    key = (id(status), field)
-    found: tuple[Any, Usage | None] | None = _READ.get(key)
-    if found is not None and found[0] is status:
-        return found[1]
+    try:
+        key = (digest([status.get(f) for f in FIELDS]), field)
+    except TypeError:  # not JSON (a YAML file's non-string keys): not remembered
+        with localcontext(EXACT):
+            return _read(status, field)
+    found = _READ.get(key, _ABSENT)
+    if found is not _ABSENT:
+        return cast("Usage | None", found)
     with localcontext(EXACT):
         usage = _read(status, field)
-    _READ.put(key, (status, usage))
-    return usage
+    return _READ.put(key, usage)
+
+
+_ABSENT = object()
 
 
 def _read(status: dict[str, Any], field: str) -> Usage | None:
