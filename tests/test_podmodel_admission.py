@@ -189,7 +189,7 @@ def test_a_suspended_job_that_fits_no_node_gets_a_warning_with_the_numbers() -> 
     assert errors == []
     [message] = warned
     assert "needs 500Gi memory" in message and "offers 32Gi memory" in message
-    assert "the Job is suspended" in message and "Kueue" in message
+    assert message.startswith("suspended Job, not refused: each pod needs 500Gi") and "Kueue" in message
     resumed = _big_job(suspend=False)
     assert messages(resumed, GPU_NODES, "pod-fits-node")[0]  # resumed: its Pods run now
 
@@ -202,7 +202,7 @@ def test_a_gated_pod_is_warned_not_refused_and_so_is_an_update_that_moves_it() -
     moved["spec"]["nodeSelector"] = {"pool": "none-such"}
     errors, warned = messages(moved, GPU_NODES, "pod-fits-node", operation="UPDATE", old=gated)
     assert errors == []
-    assert len(warned) == 1 and "schedulingGates (kueue.x-k8s.io/admission)" in warned[0]
+    assert len(warned) == 1 and warned[0].startswith("gated Pod (kueue.x-k8s.io/admission), not refused: ")
     big = copy.deepcopy(gated)
     big["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "64Gi"},
                                                  "limits": {"memory": "64Gi"}}

@@ -455,7 +455,7 @@ def _gates(spec: Mapping[str, Any] | None) -> list[str]:
     return [str(g.get("name")) for g in gates if isinstance(g, Mapping)] if isinstance(gates, list) else []
 
 
-def _queued(subject: Subject, obj: dict[str, Any]) -> str | None:
+def _queued(subject: Subject, obj: dict[str, Any]) -> tuple[str, str] | None:
     """Why what ``pod-fits-node`` would refuse is only a warning: whoever will run or
     release the Pods places them after this write (class 7 of issue 37) —
 
@@ -466,18 +466,21 @@ def _queued(subject: Subject, obj: dict[str, Any]) -> str | None:
     - Pods with ``schedulingGates`` are not scheduled until the gates are removed, and
       until then node selectors and required node affinity may still be added
       (pkg/apis/core/validation ``ValidatePodUpdate`` at v1.37.2: additions only on a
-      gated Pod); an UPDATE of a Pod that was gated is judged the same way."""
+      gated Pod); an UPDATE of a Pod that was gated is judged the same way.
+
+    (what, why): ``what`` leads the warning (the webhook's warnings are cut to 120
+    characters, advice first), ``why`` ends it."""
     job = _job_spec(subject, obj)
     if job is not None and job.get("suspend") is True:
-        return ("the Job is suspended and runs no Pod until it is resumed; a queue controller "
+        return ("suspended Job", "it runs no Pod until it is resumed, and a queue controller "
                 "(Kueue) may add node selectors and tolerations when it admits it")
     gates = _gates(pod_spec(subject, obj))
     if not gates and subject.kind == "Pod" and subject.operation == "UPDATE" \
             and isinstance(subject.old, dict):
         gates = _gates(subject.old.get("spec"))
     if gates:
-        return (f"the Pods wait on schedulingGates ({', '.join(gates)}): whoever removes them may "
-                f"still add node selectors or affinity")
+        return (f"gated Pod ({', '.join(gates)})", "schedulingGates hold it: whoever removes them may "
+                "still add node selectors or affinity")
     return None
 
 
@@ -510,10 +513,11 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if job is not None and managed_elsewhere(job):
         return []
     findings = _fits_node(subject, obj, view, policy)
-    why = _queued(subject, obj) if any(f.severity == "error" for f in findings) else None
-    if why is None:
+    queued = _queued(subject, obj) if any(f.severity == "error" for f in findings) else None
+    if queued is None:
         return findings
-    return [warning(f.path, f"{f.message}; not refused: {why}") if f.severity == "error" else f
+    what, why = queued
+    return [warning(f.path, f"{what}, not refused: {f.message}; {why}") if f.severity == "error" else f
             for f in findings]
 
 
