@@ -162,3 +162,24 @@ def test_what_a_queue_or_another_controller_places_is_not_refused(cluster: Clust
     assert "[pod-fits-node]: gated Pod (example.com/queue), not refused: no node" in out.stderr, out.stderr
     stored = cluster.kubectl_json("get", "pod", "gated", "-n", namespace)
     assert stored["spec"]["nodeSelector"] == {"envelope.test/pool": "none-such"}
+
+
+def test_the_default_priority_class_reaches_the_quota_guard_through_the_live_view(
+        cluster: Cluster, webhook: Webhook, namespace: str) -> None:
+    """Issue 37, class 1: the webhook watches PriorityClasses; a Deployment whose Pods name
+    no class gets the global default, so a limits.cpu quota scoped to that class keeps
+    their CPU limits (the stored template's Pods would be refused without them)."""
+    from oracle import global_default_priority_class
+
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "std", "namespace": namespace},
+             "spec": {"hard": {"limits.cpu": "100"}, "scopeSelector": {"matchExpressions": [
+                 {"scopeName": "PriorityClass", "operator": "In", "values": ["e2e-default"]}]}}}
+    cluster.apply(quota)
+    manifest = deployment("web", namespace, container(**SEED))
+    assert "CPU limits kept" not in dry_run_stderr(cluster, manifest)  # no default class yet
+    with global_default_priority_class(cluster, "e2e-default"):
+        eventually(lambda: "CPU limits kept" in dry_run_stderr(cluster, manifest), 10, "class in cache")
+        out = cluster.apply(manifest)
+        assert "PriorityClass In (e2e-default)" in out.stderr, out.stderr
+        stored = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)
+        assert "cpu" in stored["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
