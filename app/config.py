@@ -217,6 +217,12 @@ class Policy(BaseModel):
     memory_below_limit: MemoryBelowLimit | None = Field(None, alias="memoryBelowLimit")
     """Where ``memory-below-limit`` writes a memory request below its limit equal to it
     (off: nowhere; ``memory-request-equals-limit`` refuses it)."""
+    admission_plugins: list[Literal["ExtendedResourceToleration"]] = Field(
+        default_factory=list, alias="admissionPlugins")
+    """Admission plugins the cluster's kube-apiserver enables beyond its defaults that
+    change Pods before the webhook (app/podmodel.py ``admit``): ``ExtendedResourceToleration``
+    (off upstream, on in GKE) tolerates the taint of each extended resource a Pod
+    requests, so ``pod-fits-node`` judges template Pods with those tolerations."""
     annotate_pods: bool = Field(False, alias="annotatePods")
     """Also annotate Pods (off: their template's owner already carries it, and a Pod
     annotation per pod is noise in every ``kubectl get -o yaml``)."""

@@ -206,7 +206,8 @@ def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> De
 
     Containers add up; restartable init containers (sidecars) add to the total and to
     every later init container; the pod needs the larger of that sum and its largest
-    init step; overhead is added (``k8s.io/component-helpers/resource.PodRequests``).
+    init step; overhead is added (``k8s.io/component-helpers/resource.PodRequests``; to a
+    limit only when it is not zero, ``PodLimits``).
     With pod-level ``spec.resources``, requests are those of the Pod the API server
     makes of this spec: a missing pod-level request defaults to the containers'
     aggregate request when any container asks for the resource, and to the pod-level
@@ -236,7 +237,9 @@ def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> De
             init_peak = max(init_peak, step)
         pod_level = max(total, init_peak)
     overhead = (spec.get("overhead") or {}).get(name)
-    return pod_level + (parse_quantity(overhead) if overhead is not None else 0)
+    if overhead is None or (section == "limits" and not pod_level):
+        return pod_level  # PodLimits adds the overhead to non-zero limits only
+    return pod_level + parse_quantity(overhead)
 
 
 def pod_level_cpu_request_default(spec: dict[str, Any]) -> object | None:

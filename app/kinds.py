@@ -130,6 +130,9 @@ KINDS: tuple[Kind, ...] = _table(
     # Which runtime handler (and pod overhead, node scheduling) a pod's runtimeClassName
     # selects: read by the convergence work; built in since 1.20, so not optional.
     Kind("node.k8s.io", ("v1",), "RuntimeClass", "runtimeclasses", False, "whole"),
+    # The Priority admission plugin gives a Pod that names no class the globalDefault
+    # one, and quota scopes PriorityClass match it (app/podmodel.py ``admit``).
+    Kind("scheduling.k8s.io", ("v1",), "PriorityClass", "priorityclasses", False, "whole"),
     # Dynamic resource allocation (resource.k8s.io/v1, GA since 1.34): the devices
     # pod-fits-node counts (app/dra.py). Served only from 1.34 on: optional (a 404 lists
     # nothing). A claim's allocation is in its status (the devices it holds).

@@ -52,6 +52,7 @@ __all__ = [
     "is_best_effort",
     "job_pods_at_once",
     "limit_range_orders",
+    "managed_elsewhere",
     "pods_at_once",
     "quota_hard",
     "quota_matches_pod",
@@ -247,17 +248,33 @@ def _finished(status: Mapping[str, Any]) -> bool:
                and c.get("status") == "True" for c in (conditions if isinstance(conditions, list) else []))
 
 
+JOB_CONTROLLER = "kubernetes.io/job-controller"
+"""``batch/v1`` ``JobControllerName``: the ``spec.managedBy`` of a Job the built-in Job
+controller runs (absent means the same)."""
+
+
+def managed_elsewhere(job_spec: Mapping[str, Any]) -> str | None:
+    """The controller named by a Job spec's ``managedBy`` when it is not the built-in
+    one (``pkg/controller/job/job_controller.go`` v1.37.2 ``managedByExternalController``;
+    JobManagedBy GA and locked on since 1.35:
+    the Job controller skips such a Job, so it makes no Pod in this cluster — MultiKueue
+    runs them in a worker cluster); None when the Job controller runs it."""
+    value = job_spec.get("managedBy")
+    return value if isinstance(value, str) and value and value != JOB_CONTROLLER else None
+
+
 def job_pods_at_once(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> int:
     """How many pods the Job controller keeps running at once for this Job spec
     (``pkg/controller/job/job_controller.go`` ``manageJob``, v1.37.2; the same for
-    ``completionMode: Indexed`` and ``NonIndexed``): none while ``suspend`` is true;
+    ``completionMode: Indexed`` and ``NonIndexed``): none for a Job another controller
+    manages (:func:`managed_elsewhere`); none while ``suspend`` is true;
     ``parallelism`` (default 1, ``pkg/apis/batch/v1/defaults.go``) without
     ``completions``; else ``min(parallelism, completions - succeeded)``, at least 0.
     ``status.succeeded`` is read when the Job has a status (the cluster's Jobs); a Job
     finished (``Complete``/``Failed``) runs none. Without ``completions``, upstream keeps
     running what runs once one pod succeeded; that is counted as ``parallelism``."""
     status = status or {}
-    if spec.get("suspend") is True or _finished(status):
+    if spec.get("suspend") is True or _finished(status) or managed_elsewhere(spec):
         return 0
     parallelism = _count(spec.get("parallelism"), 1) or 0
     completions = _count(spec.get("completions"), None)
@@ -285,7 +302,8 @@ def pods_at_once(kind: str, obj: Mapping[str, Any]) -> int:
       state is;
     - Job: :func:`job_pods_at_once`;
     - CronJob: the pods of one Job made from ``jobTemplate`` (none while the CronJob is
-      suspended). ``concurrencyPolicy: Forbid`` and ``Replace`` run one Job at a time
+      suspended, nor when the template's ``managedBy`` names another controller).
+      ``concurrencyPolicy: Forbid`` and ``Replace`` run one Job at a time
       (``pkg/controller/cronjob/cronjob_controllerv2.go``); ``Allow``, the default, may
       overlap runs — how many depends on the schedule and how long each run takes,
       which no spec says — so one Job is counted: a lower bound;

@@ -9,16 +9,26 @@ server (upstream v1.37.2, the same in v1.35):
 2. the API server's defaulting on decode (``SetDefaults_Pod``: requests from limits;
    app/defaulting.py ``default_pod``);
 3. the mutating admission plugins, in ``AllOrderedPlugins`` order
-   (pkg/kubeapiserver/options/plugins.go), all of them *before* the mutating webhooks:
+   (pkg/kubeapiserver/options/plugins.go), all of them *before* the mutating webhooks,
+   applied here by one function, :func:`admit` (every rule that judges a template's
+   Pods goes through it):
    LimitRanger's container defaults (app/defaulting.py ``apply_limit_range_defaults``),
+   Priority (plugin/pkg/admission/priority/admission.go: a Pod that names no
+   PriorityClass gets the ``globalDefault`` one — the lowest value when several are —
+   and its value; quota scopes ``PriorityClass`` then match that name),
    DefaultTolerationSeconds (not-ready and unreachable NoExecute for 300 s unless
-   tolerated), RuntimeClass (``spec.overhead`` from ``overhead.podFixed``; the class's
-   ``scheduling.nodeSelector`` merged in — a conflicting key refuses the Pod — and its
-   tolerations merged by ``MergeTolerations``).
+   tolerated), ExtendedResourceToleration (plugin/pkg/admission/
+   extendedresourcetoleration: ``{key: <resource>, operator: Exists, effect:
+   NoSchedule}`` for each extended resource a container or init container requests;
+   *not* enabled by default — GKE enables it — so only when the policy lists it in
+   ``admissionPlugins``), RuntimeClass (``spec.overhead`` from ``overhead.podFixed``;
+   the class's ``scheduling.nodeSelector`` merged in — a conflicting key refuses the
+   Pod — and its tolerations merged by ``MergeTolerations``).
 
 How many of them run at once (``concurrent``) is the controller's: replicas, a Job's
-parallelism capped by its completions (none while suspended), one per Node a DaemonSet
-should run on (pkg/controller/daemon ``NodeShouldRunDaemonPod``: node name, node
+parallelism capped by its completions (none while suspended, none for a Job another
+controller manages: ``spec.managedBy``), one per Node a DaemonSet should run on
+(pkg/controller/daemon ``NodeShouldRunDaemonPod``: node name, node
 selector and required affinity, taints).
 
 ``e2e/test_oracle_podconstruction.py`` compares this with the Pods a real
@@ -28,8 +38,9 @@ kube-controller-manager and kube-apiserver make. Pure: no I/O.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.defaulting import apply_limit_range_defaults, default_pod
@@ -38,8 +49,9 @@ from app.podspec import pod_template
 from app.quantity import QuantityError
 from app.scheduling import node_from_object, required_affinity_matches, untolerated_taint
 
-__all__ = ["DAEMON_TOLERATIONS", "PodModel", "admitted", "concurrent", "daemon_nodes",
-           "daemon_tolerations", "merge_tolerations", "pod_of"]
+__all__ = ["DAEMON_TOLERATIONS", "EXTENDED_RESOURCE_TOLERATION", "Admission", "PodModel", "admit",
+           "concurrent", "daemon_nodes", "daemon_tolerations", "default_priority_class",
+           "extended_resources", "merge_tolerations", "pod_of"]
 
 #: AddOrUpdateDaemonPodTolerations, in its order (hostNetwork adds network-unavailable).
 DAEMON_TOLERATIONS: tuple[dict[str, str], ...] = (
@@ -161,14 +173,96 @@ def daemon_tolerations(spec: dict[str, Any]) -> None:
     spec["tolerations"] = tolerations
 
 
-def admitted(spec: dict[str, Any],
-             runtime_classes: Mapping[str, Mapping[str, Any]] | None) -> str | None:
-    """DefaultTolerationSeconds and RuntimeClass admission on a Pod's spec, in place (the
-    scheduling fields only: resources are ``default_pod``'s and LimitRanger's). Returns
-    why the RuntimeClass plugin refuses the Pod, or None. ``runtime_classes`` None: not
-    known, the RuntimeClass step is left out."""
+EXTENDED_RESOURCE_TOLERATION = "ExtendedResourceToleration"
+"""The plugin's name, as the policy's ``admissionPlugins`` and kube-apiserver's
+``--enable-admission-plugins`` spell it."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the admission plugins ahead of the webhook read of the cluster (and which of
+    the plugins that are off by default are on). ``None``: not known, that step is left
+    out (a Pod is judged as written there)."""
+
+    limit_ranges: Sequence[Mapping[str, Any]] = ()
+    priority_classes: Sequence[Mapping[str, Any]] | None = None
+    runtime_classes: Mapping[str, Mapping[str, Any]] | None = None
+    plugins: frozenset[str] = field(default_factory=frozenset)
+    """Plugins enabled beyond kube-apiserver's defaults (``EXTENDED_RESOURCE_TOLERATION``)."""
+
+
+def default_priority_class(classes: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The Priority plugin's ``getDefaultPriorityClass``: of the classes with
+    ``globalDefault: true``, the one of lowest value (several can exist after a race);
+    None without one."""
+    found: Mapping[str, Any] | None = None
+    for pc in classes:
+        if not (isinstance(pc, Mapping) and pc.get("globalDefault") is True):
+            continue
+        value = pc.get("value")
+        value = value if isinstance(value, int) and not isinstance(value, bool) else 0
+        if found is None or value < found["value"]:
+            found = {"name": _name_of(pc), "value": value}
+    return found
+
+
+def _name_of(obj: Mapping[str, Any]) -> str:
+    return str(_mapping(obj.get("metadata")).get("name", ""))
+
+
+def _priority(spec: dict[str, Any], classes: Sequence[Mapping[str, Any]] | None) -> None:
+    """The Priority plugin on CREATE, in place: no class named -> the global default's
+    name and value (nothing without one). A class named is the writer's; a missing one
+    refuses the Pod upstream, which is not judged here (the built-in classes
+    ``system-*`` exist in every cluster, not in the files ``envelope check`` reads)."""
+    if classes is None or spec.get("priorityClassName"):
+        return
+    default = default_priority_class(classes)
+    if default is not None and default["name"]:
+        spec["priorityClassName"] = default["name"]
+        spec["priority"] = default["value"]
+
+
+#: IsQualifiedName of ``requests.<name>`` (apimachinery validation): an optional DNS
+#: subdomain prefix and a name of at most 63 alphanumerics, ``-``, ``_``, ``.``.
+_QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
+
+
+def _is_extended(name: str) -> bool:
+    """pkg/apis/core/helper ``IsExtendedResourceName`` at v1.37.2: not native (a name
+    with a ``/`` outside ``kubernetes.io/``), not ``requests.*``, and ``requests.<name>``
+    a qualified name."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    quota_name = f"requests.{name}"
+    prefix, _, _ = quota_name.rpartition("/")
+    return len(prefix) <= 253 and bool(_QUALIFIED.match(quota_name))
+
+
+def extended_resources(spec: Mapping[str, Any]) -> list[str]:
+    """The extended resources the containers and init containers request, sorted (as
+    the plugin's ``sets.String.List``). A limit without a request counts: the API
+    server's defaulting copies it into the requests before admission."""
+    names: set[str] = set()
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        for c in items if isinstance(items, list) else []:
+            res = _mapping(_mapping(c).get("resources"))
+            for section in ("requests", "limits"):
+                names.update(str(n) for n in _mapping(res.get(section)) if _is_extended(str(n)))
+    return sorted(names)
+
+
+def _extended_resource_tolerations(spec: dict[str, Any]) -> None:
     tolerations = [dict(t) for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
-    spec["tolerations"] = _default_toleration_seconds(tolerations)
+    for name in extended_resources(spec):
+        tolerations = _add_or_update(tolerations, {"key": name, "operator": "Exists", "effect": "NoSchedule"})
+    spec["tolerations"] = tolerations
+
+
+def _runtime_class(spec: dict[str, Any],
+                   runtime_classes: Mapping[str, Mapping[str, Any]] | None) -> str | None:
     name = spec.get("runtimeClassName")
     if not (isinstance(name, str) and name and runtime_classes is not None):
         return None
@@ -196,23 +290,47 @@ def admitted(spec: dict[str, Any],
     return None
 
 
+def admit(spec: Mapping[str, Any], admission: Admission, *,
+          limit_ranger: bool = True) -> tuple[dict[str, Any], str | None]:
+    """The one model of the mutating admission plugins that run before Envelope's
+    webhook on a Pod CREATE, in ``AllOrderedPlugins`` order: LimitRanger (unless
+    ``limit_ranger`` is False: app/namespace_policy.py ``cpu_limit_needs`` applies the
+    LimitRanges in each order LimitRanger may take them), Priority,
+    DefaultTolerationSeconds, ExtendedResourceToleration (when ``admission.plugins``
+    has it), RuntimeClass. Returns (the admitted spec, a copy; why the RuntimeClass
+    plugin refuses the Pod, or None). The resources defaulting (``default_pod``) is the
+    caller's: a template's Pods are defaulted first, and a rule that judges the written
+    template does not want its requests rewritten."""
+    out = apply_limit_range_defaults(spec, admission.limit_ranges) \
+        if limit_ranger and admission.limit_ranges else dict(spec)
+    _priority(out, admission.priority_classes)
+    tolerations = [dict(t) for t in out.get("tolerations") or [] if isinstance(t, Mapping)]
+    out["tolerations"] = _default_toleration_seconds(tolerations)
+    if EXTENDED_RESOURCE_TOLERATION in admission.plugins:
+        _extended_resource_tolerations(out)
+    return out, _runtime_class(out, admission.runtime_classes)
+
+
 def pod_of(kind: str, group: str, obj: Mapping[str, Any], *,
            limit_ranges: Iterable[Mapping[str, Any]] = (),
-           runtime_classes: Mapping[str, Mapping[str, Any]] | None = None) -> PodModel:
+           runtime_classes: Mapping[str, Mapping[str, Any]] | None = None,
+           priority_classes: Sequence[Mapping[str, Any]] | None = None,
+           plugins: Iterable[str] = ()) -> PodModel:
     """One Pod of the workload ``obj`` (of ``group``/``kind``, a kind of
     app/podspec.py ``POD_SPEC_PATHS`` or a Pod) as it reaches the mutating webhooks:
-    built by its controller, defaulted, and through LimitRanger, DefaultTolerationSeconds
-    and RuntimeClass admission, with the namespace's ``limit_ranges`` and the cluster's
-    RuntimeClasses by name (None: unknown, the RuntimeClass step is left out)."""
+    built by its controller, defaulted, and through the admission plugins (:func:`admit`)
+    with the namespace's ``limit_ranges``, the cluster's RuntimeClasses by name and
+    PriorityClasses (None: unknown, that step is left out) and the ``plugins`` enabled
+    beyond the defaults."""
     meta, spec = _template(kind, group, obj)
     if kind == "DaemonSet":
         daemon_tolerations(spec)
     pod = default_pod({"metadata": meta, "spec": spec})
-    spec = apply_limit_range_defaults(pod["spec"], limit_ranges)
-    refused = admitted(spec, runtime_classes)
+    admitted_spec, refused = admit(pod["spec"], Admission(tuple(limit_ranges), priority_classes,
+                                                          runtime_classes, frozenset(plugins)))
     if refused is not None:
         return PodModel(None, refused)
-    pod["spec"] = spec
+    pod["spec"] = admitted_spec
     return PodModel(pod)
 
 

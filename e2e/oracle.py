@@ -5,8 +5,9 @@ server's and kube-scheduler's own behaviour."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import harness
@@ -47,3 +48,31 @@ def status_message(body: Any) -> str:
     if isinstance(body, Mapping):
         return str(body.get("message", body))
     return str(body)
+
+
+PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+
+
+@contextmanager
+def global_default_priority_class(cluster: Cluster, name: str, value: int = 500) -> Iterator[dict[str, Any]]:
+    """A PriorityClass with ``globalDefault: true`` for the block (the Priority admission
+    plugin gives it to every Pod created without a class), deleted after it: the session's
+    other tests create Pods too, and only one global default may exist at a time."""
+    body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+            "value": value, "globalDefault": True}
+    status, got = cluster.api("POST", PRIORITY_CLASSES, body)
+    assert status == 201, got
+    try:
+        yield body
+    finally:
+        status, got = cluster.api("DELETE", f"{PRIORITY_CLASSES}/{name}")
+        assert status in (200, 404), got
+
+
+def priority_classes(cluster: Cluster) -> list[dict[str, Any]]:
+    """Every PriorityClass of the cluster (the built-in ``system-*`` ones too), as the
+    webhook's view holds them."""
+    status, got = cluster.api("GET", PRIORITY_CLASSES)
+    assert status == 200, got
+    return [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", **item}
+            for item in got.get("items") or []]  # a LIST's items carry no kind

@@ -129,3 +129,57 @@ def test_guards_through_the_webhook_follow_the_api_server(cluster: Cluster, webh
     cluster.apply(deployment("web", namespace, limited))
     template = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)["spec"]["template"]
     assert "cpu" not in template["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_what_a_queue_or_another_controller_places_is_not_refused(cluster: Cluster, webhook: Webhook,
+                                                                   namespace: str) -> None:
+    """Issue 37, classes 3 and 7, on the real API server: a suspended Job that fits no Node
+    is admitted with pod-fits-node's numbers as a warning (Kueue places it on admission); a
+    Job managed by another controller (MultiKueue) makes no Pod here and is not judged; a
+    gated Pod's UPDATE that adds a node selector no Node has — which the API server allows
+    while the Pod is gated — is admitted with a warning."""
+    create_node(cluster, "e2e-cpu-1", "64", "256Gi", {"envelope.test/pool": "cpu"})
+    big = {"requests": {"cpu": "1", "memory": "300Gi"}, "limits": {"memory": "300Gi"}}
+
+    def job(name: str, **spec: object) -> dict:
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container(**big)]}},
+                         **spec}}
+
+    running = job("now")
+    eventually(lambda: "needs 300Gi memory" in dry_run_stderr(cluster, running), 10, "nodes in cache")
+    assert cluster.apply(running, "--dry-run=server", check=False).returncode != 0
+    out = cluster.apply(job("queued", suspend=True))
+    assert "[pod-fits-node]: suspended Job, not refused: each pod needs 300Gi" in out.stderr, out.stderr
+    out = cluster.apply(job("remote", managedBy="kueue.x-k8s.io/multikueue"))
+    assert "pod-fits-node" not in out.stderr, out.stderr
+    small = container(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "1Gi"})
+    gated = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gated", "namespace": namespace},
+             "spec": {"schedulingGates": [{"name": "example.com/queue"}], "containers": [small]}}
+    cluster.apply(gated)
+    out = cluster.kubectl("patch", "pod", "gated", "-n", namespace, "--type=merge", "-p",
+                          '{"spec": {"nodeSelector": {"envelope.test/pool": "none-such"}}}')
+    assert "[pod-fits-node]: gated Pod (example.com/queue), not refused: no node" in out.stderr, out.stderr
+    stored = cluster.kubectl_json("get", "pod", "gated", "-n", namespace)
+    assert stored["spec"]["nodeSelector"] == {"envelope.test/pool": "none-such"}
+
+
+def test_the_default_priority_class_reaches_the_quota_guard_through_the_live_view(
+        cluster: Cluster, webhook: Webhook, namespace: str) -> None:
+    """Issue 37, class 1: the webhook watches PriorityClasses; a Deployment whose Pods name
+    no class gets the global default, so a limits.cpu quota scoped to that class keeps
+    their CPU limits (the stored template's Pods would be refused without them)."""
+    from oracle import global_default_priority_class
+
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "std", "namespace": namespace},
+             "spec": {"hard": {"limits.cpu": "100"}, "scopeSelector": {"matchExpressions": [
+                 {"scopeName": "PriorityClass", "operator": "In", "values": ["e2e-default"]}]}}}
+    cluster.apply(quota)
+    manifest = deployment("web", namespace, container(**SEED))
+    assert "CPU limits kept" not in dry_run_stderr(cluster, manifest)  # no default class yet
+    with global_default_priority_class(cluster, "e2e-default"):
+        eventually(lambda: "CPU limits kept" in dry_run_stderr(cluster, manifest), 10, "class in cache")
+        out = cluster.apply(manifest)
+        assert "PriorityClass In (e2e-default)" in out.stderr, out.stderr
+        stored = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)
+        assert "cpu" in stored["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]

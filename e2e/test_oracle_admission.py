@@ -10,6 +10,12 @@ and one Pod. The Pod as written must be accepted (``dryRun=All``); then the Pod
 Envelope would let through — API defaults applied, every CPU limit removed with
 app/envelope.move_cpu_limit_to_request — is sent. ``cpu_limit_needs`` non-empty ⇔
 the API server refuses it.
+
+A PriorityClass marked ``globalDefault`` exists for the whole run (issue 37, class 1):
+the Priority plugin gives it to every Pod that names no class, and the quotas' scopes
+(``PriorityClass In/NotIn/Exists/DoesNotExist``, the default class among the values)
+then match it. The prediction goes through the model of the plugins before the webhook
+(app/podmodel.py ``admit``), as ``quota-needs-cpu-limits`` does.
 """
 
 from __future__ import annotations
@@ -21,15 +27,25 @@ from typing import Any
 
 import pytest
 from conftest import oracle_cases
-from oracle import create, isolated_namespace, parallel, status_message
+from oracle import (
+    create,
+    global_default_priority_class,
+    isolated_namespace,
+    parallel,
+    priority_classes,
+    status_message,
+)
 
 from app.defaulting import default_pod
 from app.envelope import move_cpu_limit_to_request
 from app.namespace_policy import cpu_limit_needs, cpu_limit_needs_in_order, limit_range_orders
+from app.podmodel import Admission, admit
 from harness import Cluster, Webhook
 
 DEFAULT_CASES = 420
 PRIORITY_CLASSES = ("oracle-high", "oracle-low")
+DEFAULT_CLASS = "oracle-default"
+"""The global default during the run: quota scopes name it, Pods get it without naming it."""
 CPU = ["100m", "250m", "500m", "1", "2", "4"]
 
 
@@ -95,7 +111,7 @@ def _quota(rng: random.Random, name: str) -> dict[str, Any]:
         op = rng.choice(["In", "NotIn", "Exists", "DoesNotExist"])
         expr: dict[str, Any] = {"scopeName": "PriorityClass", "operator": op}
         if op in ("In", "NotIn"):
-            expr["values"] = rng.sample(PRIORITY_CLASSES, rng.randint(1, 2))
+            expr["values"] = rng.sample((*PRIORITY_CLASSES, DEFAULT_CLASS), rng.randint(1, 2))
         spec["scopeSelector"] = {"matchExpressions": [expr]}
     elif kind == 4:
         spec["scopeSelector"] = {"matchExpressions": [{"scopeName": "CrossNamespacePodAffinity",
@@ -206,9 +222,23 @@ def _setup(cluster: Cluster, case: Case, *, webhook: bool = False) -> str | None
     return None
 
 
+def admitted(pod: dict[str, Any], limit_ranges: list[dict[str, Any]],
+             classes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stripped Pod's spec as the quota admission sees it: through the Priority
+    plugin (the model's ``admit``; LimitRanger's defaults are ``cpu_limit_needs``')."""
+    return admit(stripped(pod, limit_ranges)["spec"], Admission(priority_classes=classes),
+                 limit_ranger=False)[0]
+
+
 def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest) -> None:
+    with global_default_priority_class(cluster, DEFAULT_CLASS):
+        _admission_oracle(cluster, oracle_seed, request)
+
+
+def _admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest) -> None:
     cases = [generate(i, oracle_seed) for i in range(oracle_cases(request, DEFAULT_CASES))]
     _ensure_priority_classes(cluster)
+    classes = priority_classes(cluster)
     started = time.monotonic()
     setups = parallel(lambda c: _setup(cluster, c), cases)
     invalid = {c.index: why for c, why in zip(cases, setups, strict=True) if why}
@@ -222,7 +252,7 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
         s2, b2 = create(cluster, case.namespace, "pods", stripped(case.pod, case.limit_ranges), dry_run=True)
         return status, "", s2, status_message(b2) if s2 != 201 else ""
 
-    disagreements, original_refused, refused, kept, ambiguous = [], 0, 0, 0, 0
+    disagreements, original_refused, refused, kept, ambiguous, defaulted = [], 0, 0, 0, 0, 0
     refusals: dict[str, int] = {}
     for case, (s1, m1, s2, m2) in zip(live, parallel(judge, live), strict=True):
         if s1 != 201:
@@ -230,7 +260,10 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
             reason = m1.split(": ", 1)[-1][:60]
             refusals[reason] = refusals.get(reason, 0) + 1
             continue
-        spec = stripped(case.pod, case.limit_ranges)["spec"]
+        spec = admitted(case.pod, case.limit_ranges, classes)
+        defaulted += "priorityClassName" not in case.pod["spec"] and any(
+            e.get("scopeName") == "PriorityClass" for q in case.quotas
+            for e in q["spec"].get("scopeSelector", {}).get("matchExpressions", []))
         needs = cpu_limit_needs(spec, case.limit_ranges, case.quotas)
         refused += s2 != 201
         kept += bool(needs)
@@ -251,7 +284,8 @@ def test_admission_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fi
     judged = len(live) - original_refused - ambiguous
     print(f"admission oracle: {judged} cases judged ({len(invalid)} invalid namespaces, "
           f"{original_refused} pods refused as written, {ambiguous} decided by LimitRange order), "
-          f"{refused} stripped pods refused, "
+          f"{refused} stripped pods refused, {defaulted} judged with the default PriorityClass "
+          f"under a PriorityClass-scoped quota, "
           f"{kept} predicted, seed {oracle_seed}, {time.monotonic() - started:.1f}s, "
           f"{len(disagreements)} disagreements")
     for reason, n in sorted(refusals.items(), key=lambda kv: -kv[1])[:5]:

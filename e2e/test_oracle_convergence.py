@@ -25,7 +25,11 @@ the three are compared once the controllers have settled:
 - no FailedCreate that Envelope caused: in ``webhook``, a template Envelope admitted makes
   Pods Envelope admits (the template verdict and the Pod verdicts agree); in
   ``predates`` (a template Envelope never judged) a Pod it refuses must be refused by a
-  named rule.
+  named rule;
+- a Job (or CronJob) whose ``spec.managedBy`` names another controller (MultiKueue runs
+  its Pods in a worker cluster; issue 37, class 3) makes no Pod here: it is never
+  refused for where its Pods would go (``pod-fits-node``) — they are sized for the
+  worker's nodes, far beyond these.
 
 ``--cases N`` runs N scenarios (default 200, seeded by ``--oracle-seed``).
 """
@@ -168,6 +172,30 @@ class Scenario:
         return f"w{self.index}"
 
 
+MANAGED_BY = "kueue.x-k8s.io/multikueue"
+WORKER_SIZED = {"requests": {"cpu": "1", "memory": "3Ti"}, "limits": {"memory": "3Ti"}}
+"""Pods sized for a worker cluster: no Node of this one takes them."""
+
+
+def _managed_elsewhere(obj: dict[str, Any]) -> bool:
+    spec = obj["spec"]
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return spec.get("managedBy") == MANAGED_BY
+
+
+def _run_elsewhere(obj: dict[str, Any], index: int, seed: int) -> None:
+    """One Job or CronJob in six runs in a worker cluster (its own generator, so the other
+    scenarios of a seed stay what they were): ``managedBy`` set, its Pods sized beyond
+    every Node here."""
+    if obj["kind"] not in ("Job", "CronJob") or random.Random(f"managed-{seed}-{index}").random() >= 1 / 6:
+        return
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    spec["managedBy"] = MANAGED_BY
+    for container in spec["template"]["spec"]["containers"]:
+        container["resources"] = json.loads(json.dumps(WORKER_SIZED))
+
+
 def _workload(rng: random.Random, kind: str, name: str) -> dict[str, Any]:
     labels = {LABEL: name}
     template = {"metadata": {"labels": dict(labels)}, "spec": _pod_spec(rng, kind)}
@@ -218,6 +246,7 @@ def generate(index: int, seed: int) -> Scenario:
     kind = KINDS[index % len(KINDS)] if index < len(KINDS) * 4 else rng.choice(KINDS)
     scn = Scenario(index, rng.randrange(len(NAMESPACE_SETUPS)), kind, {})
     scn.obj = _workload(rng, kind, scn.name)
+    _run_elsewhere(scn.obj, index, seed)
     for step in range(rng.choice((1, 2, 3))):
         op = rng.choice(OPS_BY_KIND[kind])
         scn.ops.append((op, step))
@@ -428,12 +457,17 @@ def test_convergence_oracle(converging: Converging, oracle_seed: int, request: p
             # purpose; an UPDATE of an object written before Envelope saw it, never: what
             # the stored object already has is ratcheted to a warning.
             new_object = what in ("create", "instantiate")
+            if _managed_elsewhere(scn.obj) and "[pod-fits-node]" in got.message:
+                problems.append(f"#{scn.index} {scn.kind} [{variant}] {what}: managedBy {MANAGED_BY} makes "
+                                f"no Pod here, yet refused for where its Pods would go: {got.message[:300]}")
+                return
             if _rule_named(got.message) and (variant == "webhook" or new_object):
                 tally[f"{what} refused on purpose ({variant})"] += 1
                 return
             problems.append(f"#{scn.index} {scn.kind} [{variant}] {what}: accepted without Envelope, "
                             f"HTTP {got.status} with it: {got.message[:300]}")
 
+    tally["managed by another controller"] = sum(_managed_elsewhere(s.obj) for s in scenarios)
     for scn in scenarios:
         for variant in ("webhook", "predates"):
             judge(variant, scn, "create", created[("bare", scn.index)], created[(variant, scn.index)])

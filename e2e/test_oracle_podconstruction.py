@@ -9,8 +9,11 @@ annotations on the template and on the workload, in namespaces with and without
 LimitRange defaults — out of the webhook's path, so the stored Pods are what the admission
 plugins make of them, which is what Envelope's Pod webhook receives. Compared per Pod:
 container resources, overhead, tolerations, nodeSelector, the template's labels and
-annotations (and none of the workload's own); per workload: how many Pods run, and
-refused Pods where the model says an admission plugin refuses them.
+annotations (and none of the workload's own), the PriorityClass and priority (a
+``globalDefault`` class exists for the run: the Priority plugin gives it to every Pod
+that names none; issue 37); per workload: how many Pods run — none for a Job whose
+``managedBy`` names another controller (issue 37, class 3) — and refused Pods where the
+model says an admission plugin refuses them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import RUNTIME_CLASS, Converging, oracle_cases
-from oracle import parallel, status_message
+from oracle import global_default_priority_class, parallel, priority_classes, status_message
 
 import harness
 from app.podmodel import concurrent, pod_of
@@ -102,6 +105,8 @@ def generate(index: int, seed: int) -> tuple[int, dict[str, Any]]:
                 obj["spec"]["completionMode"] = "Indexed"
         if rng.random() < 0.2:
             obj["spec"]["suspend"] = True
+        if random.Random(f"managed-{seed}-{index}").random() < 0.25:  # own draw: the rest stays
+            obj["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
     return rng.randrange(len(SETUPS)), obj
 
 
@@ -128,6 +133,9 @@ def _compare(model: dict[str, Any], pod: dict[str, Any]) -> list[str]:
         out.append(f"overhead: model {want.get('overhead')} != pod {got.get('overhead')}")
     if _toleration_set(want.get("tolerations")) != _toleration_set(got.get("tolerations")):
         out.append(f"tolerations: model {want.get('tolerations')} != pod {got.get('tolerations')}")
+    for key in ("priorityClassName", "priority"):
+        if want.get(key) != got.get(key) and (key != "priority" or "priorityClassName" in want):
+            out.append(f"{key}: model {want.get(key)} != pod {got.get(key)}")
     if (want.get("nodeSelector") or {}) != (got.get("nodeSelector") or {}):
         out.append(f"nodeSelector: model {want.get('nodeSelector')} != pod {got.get('nodeSelector')}")
     meta = pod.get("metadata") or {}
@@ -143,6 +151,12 @@ def _compare(model: dict[str, Any], pod: dict[str, Any]) -> list[str]:
 
 def test_pod_construction_oracle(converging: Converging, oracle_seed: int,
                                  request: pytest.FixtureRequest) -> None:
+    with global_default_priority_class(converging.cluster, "podc-default"):
+        _pod_construction_oracle(converging, oracle_seed, request)
+
+
+def _pod_construction_oracle(converging: Converging, oracle_seed: int,
+                             request: pytest.FixtureRequest) -> None:
     cluster = converging.cluster
     cases = [generate(i, oracle_seed) for i in range(oracle_cases(request, DEFAULT_CASES))]
     tag = f"{oracle_seed}-{int(time.time()) % 100000}"
@@ -161,6 +175,7 @@ def test_pod_construction_oracle(converging: Converging, oracle_seed: int,
     status, nodes_body = cluster.api("GET", "/api/v1/nodes")
     assert status == 200, nodes_body
     nodes = list(nodes_body["items"])
+    classes = priority_classes(cluster)
 
     def create(case: tuple[int, dict[str, Any]]) -> tuple[int, str]:
         setup, obj = case
@@ -178,7 +193,7 @@ def test_pod_construction_oracle(converging: Converging, oracle_seed: int,
         name = obj["metadata"]["name"]
         lrs = [{"spec": {"limits": SETUPS[setup]}}] if SETUPS[setup] else []
         model = pod_of(obj["kind"], API[obj["kind"]].split("/")[0], obj, limit_ranges=lrs,
-                       runtime_classes={RUNTIME_CLASS: rc})
+                       runtime_classes={RUNTIME_CLASS: rc}, priority_classes=classes)
         models[name] = model
         count = concurrent(obj["kind"], obj, nodes)
         assert count is not None
@@ -226,6 +241,7 @@ def test_pod_construction_oracle(converging: Converging, oracle_seed: int,
             if diff:
                 problems.append(f"{obj['kind']} {name} pod {pod['metadata']['name']}: " + "; ".join(diff))
         tally[f"{obj['kind']} pods as modelled"] += len(got)
+        tally["Jobs managed elsewhere (no Pod)"] += obj["spec"].get("managedBy") is not None
     print(f"\npod-construction oracle (seed {oracle_seed}, {len(cases)} workloads): "
           f"{dict(sorted(tally.items()))}")
     assert not problems, f"{len(problems)} disagreements (seed {oracle_seed}):\n" + "\n".join(problems[:30])

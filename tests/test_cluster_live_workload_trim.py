@@ -94,3 +94,33 @@ def test_the_rule_says_the_same_over_trimmed_objects() -> None:
     # nightly 2, db 8, legacy 2, api 1
     assert any("total 33Gi > quota all" in m for m in over_full), over_full
     assert said(trimmed) == over_full
+
+
+def test_the_trim_keeps_what_the_admission_plugins_read() -> None:
+    """Issue 37: the RuntimeClass whose overhead the quota charges and the class the
+    Priority plugin leaves alone survive the trim; a Job another controller runs is not
+    kept (it makes no Pod here)."""
+    rc = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "kata"},
+          "handler": "kata", "overhead": {"podFixed": {"memory": "1Gi"}}}
+    pc = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "std"},
+          "value": 1, "globalDefault": True}
+    sandboxed = _full("Deployment", "sandboxed", "1Gi", replicas=2)
+    _spec(sandboxed)["runtimeClassName"] = "kata"
+    foreign = _full("Job", "remote", "64Gi", parallelism=4, managedBy="kueue.x-k8s.io/multikueue")
+    assert _trimmed(foreign) is None
+    q = quota({"requests.memory": "4Gi"}, name="std") | {"spec": {
+        "hard": {"requests.memory": "4Gi"},
+        "scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In",
+                                                "values": ["std"]}]}}}
+    incoming = _full("Deployment", "api", "1Gi", replicas=1)
+
+    def said(objs: list[dict[str, Any]]) -> list[str]:
+        result = run(incoming, view=StaticView([q, rc, pc, *objs]))
+        assert result.internal_errors == []
+        return [w.message for w in result.warnings if w.rule == "namespace-memory-composition"]
+
+    full = said([sandboxed, foreign])
+    # sandboxed: 2 x (1Gi + 1Gi overhead); every Pod gets the default class "std"
+    assert full == ["sandboxed 2 x 2Gi = 4Gi, api 1 x 1Gi = 1Gi, total 5Gi > quota std requests.memory 4Gi"]
+    trimmed = [t for t in (_trimmed(o) for o in (sandboxed, foreign)) if t is not None]
+    assert said(trimmed) == full

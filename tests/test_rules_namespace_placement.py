@@ -129,12 +129,15 @@ def test_a_template_naming_a_runtime_class_gets_its_overhead_node_selector_and_t
     assert "untolerated taint" in errors(deployment, untolerated)[0]
 
 
-def test_an_update_of_a_gated_pods_scheduling_fields_is_not_judged_again() -> None:
-    """docs/fidelity.md: a gated Pod is judged on CREATE; queue controllers (Kueue) write
-    node selectors into it while gated, which pod-fits-node does not judge (its
-    resources are unchanged, ``judges``)."""
+def test_an_update_of_a_gated_pods_scheduling_fields_is_warned_never_refused() -> None:
+    """docs/fidelity.md (issue 37, class 7): queue controllers (Kueue) write node
+    selectors into a Pod while it is gated; one that leaves it on no node is a warning
+    with the numbers, never a refusal (whoever removes the gates may still change it)."""
     old = pod("8Gi", schedulingGates=[{"name": "kueue.x-k8s.io/admission"}])
     assert errors(old, SMALL_AND_BIG) == []
     new = copy.deepcopy(old)
     new["spec"]["nodeSelector"] = {"pool": "none"}
     assert errors(new, SMALL_AND_BIG, operation="UPDATE", old=old) == []
+    [warned] = [f.message for f in run(new, view=SMALL_AND_BIG, operation="UPDATE", old=old).warnings
+                if f.rule == "pod-fits-node"]
+    assert "nodeSelector" in warned and "schedulingGates" in warned

@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app import kinds
 from app.cli.chart_render import HelmOptions, find_helm, no_helm_message, render_charts
 from app.cluster.static import Manifest, Skipped, load
-from app import kinds
 from app.cluster.view import StaticView
 from app.config import Policy
 from app.defaulting import limit_ranger_pod

@@ -141,8 +141,10 @@ def _trim_pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("initContainers"):
         out["initContainers"] = containers(spec["initContainers"],
                                            ("name", "resources", "restartPolicy"))
-    # What a quota's scopes read of a pod (app/namespace_policy.py quota_matches_pod).
-    for key in ("overhead", "resources", "nodeSelector", "activeDeadlineSeconds", "priorityClassName"):
+    # What a quota's scopes read of a pod (app/namespace_policy.py quota_matches_pod), and
+    # the RuntimeClass whose overhead it is charged (app/podmodel.py admit).
+    for key in ("overhead", "resources", "nodeSelector", "activeDeadlineSeconds", "priorityClassName",
+                "runtimeClassName"):
         if key in spec:
             out[key] = spec[key]
     affinity = spec.get("affinity")

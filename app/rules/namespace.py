@@ -27,7 +27,7 @@ from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, p
 from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
 from app.config import Mode, Policy
-from app.defaulting import apply_limit_range_defaults, default_pod, effective_pod_requests
+from app.defaulting import default_pod, effective_pod_requests
 from app.disclosure import node_reference
 from app.dra import (
     DeviceClass,
@@ -44,12 +44,13 @@ from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, po
 from app.namespace_policy import (
     CpuLimitNeed,
     cpu_limit_needs,
+    managed_elsewhere,
     pods_at_once,
     quota_hard,
     quota_matches_pod,
     quota_scope_key,
 )
-from app.podmodel import admitted, daemon_tolerations
+from app.podmodel import Admission, admit, daemon_tolerations
 from app.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
@@ -121,6 +122,12 @@ def _cpu_limit_needs(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return []  # nothing of that kind in the namespace: nothing can need the limits
     try:
         stripped = _without_cpu_limits(spec)
+        if quotas:
+            # The Pods' PriorityClass as the Priority plugin sets it (quota scopes read it;
+            # app/podmodel.py ``admit``); LimitRanger's defaults are cpu_limit_needs', in
+            # each order it may apply them.
+            stripped = admit(stripped, Admission(priority_classes=view.list("PriorityClass")),
+                             limit_ranger=False)[0]
         # A Pod reaches the webhook after LimitRanger's defaults; once stripped, nothing
         # puts them back. A template's Pods get them after the strip.
         needs = cpu_limit_needs(stripped, limit_ranges, quotas,
@@ -145,8 +152,8 @@ def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, needs: list[Cp
 
 @rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
       "a ResourceQuota matching the pod needs CPU limits: keep them (warn) or refuse (enforce)",
-      mutates=False, order=10, reads={"ResourceQuota", "LimitRange"}, judges=pod_resources,
-      holds_back=CPU_LIMIT_RULES, requires=well_formed)
+      mutates=False, order=10, reads={"ResourceQuota", "LimitRange", "PriorityClass"},
+      judges=pod_resources, holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
     if not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
@@ -409,10 +416,12 @@ def _device_demand(subject: Subject, spec: dict[str, Any], view: ClusterView,
                                         for name, cls in wanted.items()})
 
 
-def _scheduled_spec(subject: Subject, spec: dict[str, Any], view: ClusterView) -> dict[str, Any]:
-    """The pod spec the scheduler will see for a template's pods (app/podmodel.py, checked
-    by the pod-construction oracle): the DaemonSet controller's tolerations, then
-    DefaultTolerationSeconds and RuntimeClass admission (overhead, node selector,
+def _scheduled_spec(subject: Subject, spec: dict[str, Any], view: ClusterView,
+                    policy: Policy) -> dict[str, Any]:
+    """The pod spec the scheduler will see for a template's pods (app/podmodel.py ``admit``,
+    checked by the pod-construction oracle): the DaemonSet controller's tolerations, then
+    DefaultTolerationSeconds, ExtendedResourceToleration when the policy's
+    ``admissionPlugins`` has it, and RuntimeClass admission (overhead, node selector,
     tolerations). A Pod reaches the webhook after those plugins: nothing to add then.
     Pods the RuntimeClass plugin refuses are judged as written (never created)."""
     if subject.kind == "Pod":
@@ -422,11 +431,10 @@ def _scheduled_spec(subject: Subject, spec: dict[str, Any], view: ClusterView) -
         daemon_tolerations(out)
     name = spec.get("runtimeClassName")
     runtime = view.get("RuntimeClass", name) if isinstance(name, str) and name else None
-    admitted_spec = dict(out)
-    if admitted(admitted_spec, {name: runtime} if runtime is not None and isinstance(name, str) else None) \
-            is None:
-        return admitted_spec
-    return out
+    admission = Admission(runtime_classes={name: runtime} if runtime is not None and isinstance(name, str)
+                          else None, plugins=frozenset(policy.admission_plugins))
+    admitted_spec, refused = admit(out, admission, limit_ranger=False)
+    return admitted_spec if refused is None else out
 
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -463,12 +471,93 @@ def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
     return karpenter_pools(view.list(KARPENTER_NODEPOOL), [])
 
 
+def _job_spec(subject: Subject, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Job spec of a Job, or of a CronJob's Jobs (its ``jobTemplate``); None for the
+    other kinds."""
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    if subject.kind == "Job":
+        return spec
+    if subject.kind == "CronJob":
+        template = spec.get("jobTemplate")
+        inner = template.get("spec") if isinstance(template, Mapping) else None
+        return inner if isinstance(inner, Mapping) else {}
+    return None
+
+
+def _gates(spec: Mapping[str, Any] | None) -> list[str]:
+    gates = spec.get("schedulingGates") if isinstance(spec, Mapping) else None
+    return [str(g.get("name")) for g in gates if isinstance(g, Mapping)] if isinstance(gates, list) else []
+
+
+def _queued(subject: Subject, obj: dict[str, Any]) -> tuple[str, str] | None:
+    """Why what ``pod-fits-node`` would refuse is only a warning: whoever will run or
+    release the Pods places them after this write (class 7 of issue 37) —
+
+    - a suspended Job (or a CronJob's Jobs created suspended) runs no Pod, and a queue
+      controller such as Kueue writes its ResourceFlavor's node selectors and
+      tolerations into the template when it admits and resumes it (allowed on a
+      suspended Job that never started, ``AllowMutableSchedulingDirectives``);
+    - Pods with ``schedulingGates`` are not scheduled until the gates are removed, and
+      until then node selectors and required node affinity may still be added
+      (pkg/apis/core/validation ``ValidatePodUpdate`` at v1.37.2: additions only on a
+      gated Pod); an UPDATE of a Pod that was gated is judged the same way.
+
+    (what, why): ``what`` leads the warning (the webhook's warnings are cut to 120
+    characters, advice first), ``why`` ends it."""
+    job = _job_spec(subject, obj)
+    if job is not None and job.get("suspend") is True:
+        return ("suspended Job", "it runs no Pod until it is resumed, and a queue controller "
+                "(Kueue) may add node selectors and tolerations when it admits it")
+    gates = _gates(pod_spec(subject, obj))
+    if not gates and subject.kind == "Pod" and subject.operation == "UPDATE" \
+            and isinstance(subject.old, dict):
+        gates = _gates(subject.old.get("spec"))
+    if gates:
+        return (f"gated Pod ({', '.join(gates)})", "schedulingGates hold it: whoever removes them may "
+                "still add node selectors or affinity")
+    return None
+
+
+def _placement(subject: Subject, obj: dict[str, Any]) -> Any:
+    """What ``pod-fits-node`` judges of a Pod on UPDATE: its resources (in-place
+    resize) and what may still move it — node selector, node affinity, tolerations and
+    scheduling gates (mutable while the Pod is gated; tolerations may be added to any
+    Pod). Templates: every write is judged (``pod_resources``)."""
+    part = pod_resources(subject, obj)
+    if part is None:
+        return None
+    spec = pod_spec(subject, obj) or {}
+    affinity = spec.get("affinity")
+    return (part, spec.get("nodeSelector"), affinity.get("nodeAffinity") if isinstance(affinity, Mapping)
+            else None, spec.get("tolerations"), spec.get("schedulingGates"))
+
+
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
-      reads={"Node", KARPENTER_NODEPOOL, "RuntimeClass", *DRA_KINDS}, judges=pod_resources,
+      reads={"Node", KARPENTER_NODEPOOL, "RuntimeClass", *DRA_KINDS}, judges=_placement,
       ratchet=Ratchet.WARN, requires=well_formed)
 def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                   policy: Policy) -> list[Finding]:
+    """``_fits_node``, for the Pods this cluster runs: none for a Job (or a CronJob's
+    Jobs) whose ``spec.managedBy`` names another controller — the Job controller skips
+    it, and MultiKueue runs its Pods in a worker cluster, whose nodes are not these —
+    and only warnings for Pods a queue controller or a scheduling gate still holds
+    (``_queued``), with the same numbers."""
+    job = _job_spec(subject, obj)
+    if job is not None and managed_elsewhere(job):
+        return []
+    findings = _fits_node(subject, obj, view, policy)
+    queued = _queued(subject, obj) if any(f.severity == "error" for f in findings) else None
+    if queued is None:
+        return findings
+    what, why = queued
+    return [warning(f.path, f"{what}, not refused: {f.message}; {why}") if f.severity == "error" else f
+            for f in findings]
+
+
+def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
+               policy: Policy) -> list[Finding]:
     """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
     the real kube-scheduler by the scheduling oracle): schedulable, nodeSelector and
     required node affinity, NoSchedule/NoExecute taints vs tolerations, and the pod's
@@ -491,7 +580,7 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
                         and not _karpenter_pools(view)):
         return []  # no nodes known: nothing to judge against
-    spec = _scheduled_spec(subject, spec, view)
+    spec = _scheduled_spec(subject, spec, view, policy)
     decider = _decider(spec)
     reserve_cpu = clamp_quantity(parse_quantity(settings.reserve_cpu))
     reserve_memory = clamp_quantity(parse_quantity(settings.reserve_memory)) + clamp_quantity(
@@ -610,6 +699,9 @@ are unique)."""
 _SEEN = (*COUNTED_KINDS, "LimitRange")
 """The kinds a namespace's sums are derived from: remembered until one of them changes in
 that namespace (``view.version(kind, namespace)``)."""
+_CLUSTER_SEEN = ("PriorityClass", "RuntimeClass")
+"""The cluster-scoped kinds they are derived from too (the Pods' class and overhead, as
+the Priority and RuntimeClass plugins write them): ``view.version(kind)``."""
 
 
 def _counted_by_owner(view: ClusterView, kind: str, obj: Mapping[str, Any], namespace: str) -> bool:
@@ -649,12 +741,22 @@ class _Pods:
     holds it, a memo does not pay for it."""
 
 
-def _charged_spec(spec: Mapping[str, Any], limit_ranges: list[dict[str, Any]]) -> Mapping[str, Any]:
-    """The pod spec the quota sees: a Pod made from the template gets LimitRanger's
-    container defaults before the quota admission charges it (both plugins,
-    ``plugin/pkg/admission/limitranger`` mutating, ``.../resourcequota`` validating);
-    the LimitRanges in the view's order (LimitRanger's own is a Go map's)."""
-    return apply_limit_range_defaults(spec, limit_ranges) if limit_ranges else spec
+def _admission(view: ClusterView, namespace: str, policy: Policy) -> Admission:
+    """What the admission plugins before the webhook read for a Pod of ``namespace``
+    (app/podmodel.py ``admit``): its LimitRanges (in the view's order; LimitRanger's own
+    is a Go map's), the PriorityClasses and RuntimeClasses."""
+    return Admission(view.list("LimitRange", namespace), view.list("PriorityClass"),
+                     {_name(rc): rc for rc in view.list("RuntimeClass")},
+                     frozenset(policy.admission_plugins))
+
+
+def _charged_spec(spec: Mapping[str, Any], admission: Admission) -> Mapping[str, Any] | None:
+    """The pod spec the quota sees: a Pod made from the template goes through the
+    mutating admission plugins before the quota admission charges it (``admit``:
+    LimitRanger's container defaults, the default PriorityClass its scopes read, the
+    RuntimeClass's overhead it charges); None when the RuntimeClass plugin refuses it."""
+    admitted_spec, refused = admit(spec, admission)
+    return None if refused is not None else admitted_spec
 
 
 def _amount(spec: Mapping[str, Any], section: str) -> Decimal | None:
@@ -664,8 +766,7 @@ def _amount(spec: Mapping[str, Any], section: str) -> Decimal | None:
         return None  # the quantities rule names the value on its own object
 
 
-def _pods_of(kind: str, name: str, obj: Mapping[str, Any],
-             limit_ranges: list[dict[str, Any]]) -> _Pods | None:
+def _pods_of(kind: str, name: str, obj: Mapping[str, Any], admission: Admission) -> _Pods | None:
     """None when the object's pods cannot be read (a pod spec of the wrong type: the
     quantities rule names it on that object) or it runs none."""
     node: Any = obj
@@ -675,9 +776,11 @@ def _pods_of(kind: str, name: str, obj: Mapping[str, Any],
     if not isinstance(node, Mapping) or not count:
         return None
     try:
-        spec = _charged_spec(node, limit_ranges)
+        spec = _charged_spec(node, admission)
     except (TypeError, AttributeError, ValueError, QuantityError):
         return None
+    if spec is None:
+        return None  # the RuntimeClass plugin refuses its Pods: none is charged
     return _Pods(kind, name, count, spec, {s: _amount(spec, s) for s in ("requests", "limits")},
                  shared=spec is node)
 
@@ -690,16 +793,18 @@ def _weigh_pods(key: object, pods: _Pods | None) -> int:
 
 
 DERIVED_BUDGET = 32 * 2**20
-_derived: Memo[tuple[str, str, int, bytes], _Pods | None] = Memo(1 << 17, DERIVED_BUDGET, _weigh_pods)
-"""Each stored object's pods, by its kind, name, the namespace's LimitRanges' version
-and the digest of what ``_pods_of`` reads (``spec`` and ``status``): a namespace
-summed again after one change derives only what changed, and an object changed in
-nothing read (an annotation patch) is found again. Never keyed by identity: that kept
+_derived: Memo[tuple[str, str, tuple[Any, ...], bytes], _Pods | None] = Memo(
+    1 << 17, DERIVED_BUDGET, _weigh_pods)
+"""Each stored object's pods, by its kind, name, the versions of what the admission
+plugins read (the namespace's LimitRanges, the cluster's PriorityClasses and
+RuntimeClasses, the policy's plugins) and the digest of what ``_pods_of`` reads
+(``spec`` and ``status``): a namespace summed again after one change derives only what
+changed, and an object changed in nothing read (an annotation patch) is found again. Never keyed by identity: that kept
 every old version of a changed workload (issue 38: 48,000 annotation patches on the
 30k cluster took RSS from 184 to 398 MiB)."""
 
 _NOT_DERIVED: Any = object()
-_pods: Memo[str, tuple[tuple[int, ...], list[_Pods]]] = Memo(
+_pods: Memo[str, tuple[tuple[Any, ...], list[_Pods]]] = Memo(
     256, 16 * 2**20, lambda key, found: footprint((key, found[0])) + sys.getsizeof(found[1]) + sum(
         sys.getsizeof(p) for p in found[1]))
 """Each namespace's pods with the versions they were derived at: one entry per
@@ -707,17 +812,19 @@ namespace, replaced when it changes (an old state is never kept). The lists hold
 ``_derived``'s values (paid for there)."""
 
 
-def _namespace_pods(view: ClusterView, namespace: str) -> list[_Pods]:
+def _namespace_pods(view: ClusterView, namespace: str, policy: Policy) -> list[_Pods]:
     """Every counted workload of the namespace that runs pods, once per state of the
     kinds they are derived from in the namespace (``view.version(kind, namespace)``): an
     ``envelope check`` or an audit of every object reads the namespace once, not once
     per object, and the webhook again only after a change in that namespace."""
-    versions = tuple(view.version(k, namespace) for k in _SEEN)
+    versions = (*(view.version(k, namespace) for k in _SEEN),
+                *(view.version(k) for k in _CLUSTER_SEEN), tuple(policy.admission_plugins))
     found = _pods.get(namespace)
     if found is not None and found[0] == versions:
         return found[1]
-    limit_ranges = view.list("LimitRange", namespace)
-    ranges = view.version("LimitRange", namespace)
+    admission = _admission(view, namespace, policy)
+    ranges = (view.version("LimitRange", namespace), *(view.version(k) for k in _CLUSTER_SEEN),
+              tuple(policy.admission_plugins))
     out = []
     for kind in COUNTED_KINDS:
         for w in view.list(kind, namespace):
@@ -727,11 +834,11 @@ def _namespace_pods(view: ClusterView, namespace: str) -> list[_Pods]:
             try:
                 key = (kind, name, ranges, digest((w.get("spec"), w.get("status"))))
             except TypeError:  # not JSON (a YAML file's non-string keys): not remembered
-                pods = _pods_of(kind, name, w, limit_ranges)
+                pods = _pods_of(kind, name, w, admission)
             else:
                 pods = _derived.get(key, _NOT_DERIVED)
                 if pods is _NOT_DERIVED:
-                    pods = _derived.put(key, _pods_of(kind, name, w, limit_ranges))
+                    pods = _derived.put(key, _pods_of(kind, name, w, admission))
             if pods is not None:
                 out.append(pods)
     _pods.put(namespace, (versions, out))
@@ -756,7 +863,7 @@ class _Sum:
     ranked: list[tuple[str, str, int, Decimal]]
 
 
-_sums: Memo[tuple[str, str, str], tuple[tuple[int, ...], _Sum]] = Memo(1024, 16 * 2**20)
+_sums: Memo[tuple[str, str, str], tuple[tuple[Any, ...], _Sum]] = Memo(1024, 16 * 2**20)
 """Each namespace's sum per section and scope, with the versions it was made at: one
 entry each, replaced when the namespace changes."""
 
@@ -768,20 +875,22 @@ def _matches(quota: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
         return False
 
 
-def _namespace_sum(view: ClusterView, namespace: str, quota: Mapping[str, Any], section: str) -> _Sum:
+def _namespace_sum(view: ClusterView, namespace: str, quota: Mapping[str, Any], section: str,
+                   policy: Policy) -> _Sum:
     """The pods of the namespace's workloads that ``quota`` counts (its scopes and
     scopeSelector, ``quota_matches_pod``, as the guards read them), summed once per
     namespace state, section and scope: linear in the workloads over a whole run."""
     scope = quota_scope_key(quota)
     key = (namespace, section, scope)
-    versions = tuple(view.version(k, namespace) for k in _SEEN)
+    versions = (*(view.version(k, namespace) for k in _SEEN),
+                *(view.version(k) for k in _CLUSTER_SEEN), tuple(policy.admission_plugins))
     found = _sums.get(key)
     if found is not None and found[0] == versions:
         return found[1]
     share: dict[tuple[str, str], Decimal] = {}
     rows: list[tuple[str, str, int, Decimal]] = []
     unscoped = scope == "[]"  # no scope: every pod is counted
-    for pods in _namespace_pods(view, namespace):
+    for pods in _namespace_pods(view, namespace, policy):
         memory = pods.memory[section]
         if memory and (unscoped or _matches(quota, pods.spec)):
             share[(pods.kind, pods.name)] = pods.count * memory  # one object per kind and name
@@ -826,8 +935,8 @@ def _merged(ranked: list[tuple[str, str, int, Decimal]], skip: tuple[str, str] |
 
 @rule("namespace-memory-composition", "validate", WORKLOAD_KINDS, Mode.WARN,
       "replicas x pod memory over the namespace's workloads fits its memory quota",
-      reads={"ResourceQuota", "LimitRange", *COUNTED_KINDS}, judges=pod_resources, ratchet=Ratchet.WARN,
-      requires=well_formed)
+      reads={"ResourceQuota", "LimitRange", *_CLUSTER_SEEN, *COUNTED_KINDS}, judges=pod_resources,
+      ratchet=Ratchet.WARN, requires=well_formed)
 def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  policy: Policy) -> list[Finding]:
     """The namespace as this write leaves it — its workloads' pods as their controllers
@@ -840,7 +949,7 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
               for key, value in quota_hard(q).items() if key in _QUOTA_KEYS]
     if not quotas or _counted_by_owner(view, subject.kind, obj, subject.namespace):
         return []  # no memory quota; or a child whose owner's write counts its pods
-    mine = _pods_of(subject.kind, subject.name, obj, view.list("LimitRange", subject.namespace))
+    mine = _pods_of(subject.kind, subject.name, obj, _admission(view, subject.namespace, policy))
     if mine is None:
         return []  # this write runs no pods (a DaemonSet, a suspended Job): nothing it adds
     name = subject.name or "(this)"
@@ -855,7 +964,7 @@ def namespace_memory_composition(subject: Subject, obj: dict[str, Any], view: Cl
             continue  # the quota's own write was refused for it
         if not amount or not _matches(quota, mine.spec):
             continue  # this write's pods are not charged to this quota
-        charged = _namespace_sum(view, subject.namespace, quota, section)
+        charged = _namespace_sum(view, subject.namespace, quota, section, policy)
         stored = (subject.kind, subject.name)
         skip = stored if stored in charged.share and after.writes(*stored, subject.namespace) else None
         total = charged.total - (charged.share[skip] if skip else 0) + mine.count * amount
