@@ -800,8 +800,8 @@ plugins read (the namespace's LimitRanges, the cluster's PriorityClasses and
 RuntimeClasses, the policy's plugins) and the digest of what ``_pods_of`` reads
 (``spec`` and ``status``): a namespace summed again after one change derives only what
 changed, and an object changed in nothing read (an annotation patch) is found again.
-Never keyed by identity: that kept every old version of a changed workload (issue 38: 48,000 annotation patches on the
-30k cluster took RSS from 184 to 398 MiB)."""
+Never keyed by identity: that kept every old version of a changed workload (issue 38:
+48,000 annotation patches on the 30k cluster took RSS from 184 to 398 MiB)."""
 
 _NOT_DERIVED: Any = object()
 _pods: Memo[str, tuple[tuple[Any, ...], list[_Pods]]] = Memo(
