@@ -63,6 +63,7 @@ from app.scheduling import (
     DeviceDemand,
     NodeGroup,
     NodeVerdict,
+    PodPlacement,
     clamp_quantity,
     class_key,
     class_node,
@@ -485,6 +486,8 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                               f"{MAX_NODE_GROUPS} takes the pods")]
     if verdict.cordoned_only:
         return []  # a cordoned node would take it: maintenance, not a bad spec (docs/fidelity.md)
+    if verdict.recovering:
+        return [_waits_for_recovery(path, verdict)]
     closest = verdict.closest
     if closest is None and subject.kind == "DaemonSet" and verdict.count:
         return []  # its selection takes no node: the controller creates no pod at all
@@ -512,6 +515,16 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  "no node it may land on has room: the closest") + autoscaled + by)]
 
 
+def _waits_for_recovery(path: str, verdict: PodPlacement) -> Finding:
+    """No node takes the pods now, but some would once out of a state the node leaves on its
+    own (app.scheduling ``LIFECYCLE_TAINT_KEYS``: not ready, unreachable, under pressure,
+    cordoned): kube-scheduler leaves them Pending meanwhile, so this is not refused."""
+    which = f" ({verdict.recovering_name} first)" if verdict.recovering_name else ""
+    return warning(path, f"no node takes the pods now; {verdict.recovering_count} node(s){which} would once "
+                         f"recovered from: {'; '.join(verdict.recovering)}. kube-scheduler leaves the pods "
+                         f"Pending until the node lifecycle controller lifts those taints")
+
+
 def _no_room(closest: NodeVerdict, name_in_messages: bool, reserve_cpu: Decimal,
              reserve_memory: Decimal, lead: str) -> str:
     short = closest.shortfalls
@@ -533,9 +546,12 @@ def _bound_pod(spec: dict[str, Any], node_name: str, view: ClusterView, requests
     if obj is None or key is None:
         return []
     node = _own(_class(key, reserve_cpu, reserve_memory), obj)
-    verdict = place_pod(spec, [NodeGroup(node)], requests, 1, decider=KUBELET)
+    verdict = place_pod(spec, [NodeGroup(node)], requests, 1, decider=KUBELET,
+                        name_closest=policy.nodes.name_in_messages)
     if verdict.fits:
         return []
+    if verdict.recovering:
+        return [_waits_for_recovery(f"{path}.nodeName", verdict)]
     closest = verdict.closest
     settings = policy.nodes
     where = node_reference(node, settings.name_in_messages)
