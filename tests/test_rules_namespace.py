@@ -114,9 +114,9 @@ def _tainted(n: dict[str, Any], *keys: str, effect: str = "NoSchedule") -> dict[
 
 
 @pytest.mark.parametrize("key", ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
-                                 "node.kubernetes.io/network-unavailable", "node.kubernetes.io/memory-pressure",
-                                 "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure",
-                                 "node.kubernetes.io/unschedulable"])
+                                 "node.kubernetes.io/network-unavailable",
+                                 "node.kubernetes.io/memory-pressure", "node.kubernetes.io/disk-pressure",
+                                 "node.kubernetes.io/pid-pressure", "node.kubernetes.io/unschedulable"])
 def test_nodes_in_a_state_the_scheduler_waits_out_are_not_a_refusal(key: str) -> None:
     """Every Node NotReady, unreachable, under pressure or cordoned (the node lifecycle
     controller's taints, lifted when the node recovers): kube-scheduler leaves the pods
@@ -132,7 +132,7 @@ def test_nodes_in_a_state_the_scheduler_waits_out_are_not_a_refusal(key: str) ->
     assert "2 node(s) would once recovered from: untolerated taint " + key + ":NoSchedule" \
         in warning.message, warning.message
     named = run(obj, NAMED, view=view)
-    assert "(n1 first)" in [f for f in named.findings if f.rule == "pod-fits-node"][0].message
+    assert "(n1 first)" in next(f for f in named.findings if f.rule == "pod-fits-node").message
     too_big = workload("Deployment", [container(requests={"cpu": "2", "memory": "32Gi"},
                                                 limits={"memory": "32Gi"})])
     [error] = run(too_big, view=view).errors
