@@ -129,8 +129,10 @@ def test_nodes_in_a_state_the_scheduler_waits_out_are_not_a_refusal(key: str) ->
     result = run(obj, view=view)
     assert result.errors == []
     [warning] = [f for f in result.findings if f.rule == "pod-fits-node"]
-    assert "2 node(s) would once recovered from: untolerated taint " + key + ":NoSchedule" \
-        in warning.message, warning.message
+    state = key.removeprefix("node.kubernetes.io/")
+    assert warning.message.startswith(f"the pods wait, Pending, for 2 node(s) to recover from {state};"), \
+        warning.message
+    assert f"untolerated taint {key}:NoSchedule" in warning.message
     named = run(obj, NAMED, view=view)
     assert "(n1 first)" in next(f for f in named.findings if f.rule == "pod-fits-node").message
     too_big = workload("Deployment", [container(requests={"cpu": "2", "memory": "32Gi"},

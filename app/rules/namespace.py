@@ -58,6 +58,7 @@ from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
 from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
 from app.scheduling import (
+    CORDONED,
     KUBELET,
     SCHEDULER,
     DeviceDemand,
@@ -518,11 +519,16 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
 def _waits_for_recovery(path: str, verdict: PodPlacement) -> Finding:
     """No node takes the pods now, but some would once out of a state the node leaves on its
     own (app.scheduling ``LIFECYCLE_TAINT_KEYS``: not ready, unreachable, under pressure,
-    cordoned): kube-scheduler leaves them Pending meanwhile, so this is not refused."""
+    cordoned): kube-scheduler leaves them Pending meanwhile, so this is not refused. The
+    first clause says it all (a webhook warning keeps ~120 characters, app.util.brief)."""
+    states = sorted({"cordoned" if r == CORDONED else
+                     r.removeprefix("untolerated taint ").removeprefix("node.kubernetes.io/").split(":")[0]
+                     for r in verdict.recovering})
     which = f" ({verdict.recovering_name} first)" if verdict.recovering_name else ""
-    return warning(path, f"no node takes the pods now; {verdict.recovering_count} node(s){which} would once "
-                         f"recovered from: {'; '.join(verdict.recovering)}. kube-scheduler leaves the pods "
-                         f"Pending until the node lifecycle controller lifts those taints")
+    why = "; ".join(verdict.recovering)
+    return warning(path, f"the pods wait, Pending, for {verdict.recovering_count} node(s) to recover from "
+                         f"{', '.join(states)}{which}; no node takes them now ({why}), kube-scheduler "
+                         f"places them once the node lifecycle controller lifts those taints")
 
 
 def _no_room(closest: NodeVerdict, name_in_messages: bool, reserve_cpu: Decimal,

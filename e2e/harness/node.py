@@ -140,14 +140,16 @@ def node_images() -> Path:
     return _run_script([sys.executable, str(IMAGE_BUILD_SCRIPT)], {}, "build-node-image.py", 120)
 
 
-def _hierarchies() -> list[Path]:
-    """The cgroup v1 hierarchies mounted under /sys/fs/cgroup (cpu, memory, systemd, ...)."""
+def _hierarchies(*, unified: bool = False) -> list[Path]:
+    """The cgroup v1 hierarchies mounted under /sys/fs/cgroup (cpu, memory, systemd, ...);
+    ``unified``: the cgroup2 one of a hybrid host too (/sys/fs/cgroup/unified, where runc
+    makes each container's cgroup as well)."""
     out = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fstype = right.split()[0] if right else ""
         mountpoint = Path(left.split()[4])
-        if fstype == "cgroup" and mountpoint.parent == CGROUP_FS:
+        if (fstype == "cgroup" or (unified and fstype == "cgroup2")) and mountpoint.parent == CGROUP_FS:
             out.append(mountpoint)
     return sorted(set(out))
 
@@ -436,7 +438,7 @@ class Node:
                 os.kill(pid, signal.SIGKILL)
         for point in _mounts_under(self.workdir):
             _umount(point)
-        for hierarchy in _hierarchies():
+        for hierarchy in _hierarchies(unified=True):
             _remove_cgroup_tree(hierarchy / self.cgroup_root.strip("/"))
         for cid in self._seen_ids:  # a killed shim leaves its socket behind
             digest = hashlib.sha256(os.path.join(str(self.socket), CRI_NAMESPACE, cid).encode()).hexdigest()
@@ -460,7 +462,7 @@ class Node:
         found += [f"process {pid} (kubelet)"
                   for pid in _processes_mentioning(f"--hostname-override={self.name}")]
         found += [f"mount {p}" for p in _mounts_under(self.workdir)]
-        found += [f"cgroup {h / self.cgroup_root.strip('/')}" for h in _hierarchies()
+        found += [f"cgroup {h / self.cgroup_root.strip('/')}" for h in _hierarchies(unified=True)
                   if (h / self.cgroup_root.strip("/")).exists()]
         if LEGACY_LOG_DIR.is_dir():
             found += [f"log link {p}" for p in LEGACY_LOG_DIR.iterdir()
