@@ -52,7 +52,7 @@ TOLERATIONS = [
     {"operator": "Exists", "effect": "NoExecute"},
     {"key": "oracle.envelope.test/dedicated", "operator": "Exists"},
 ]
-CPU = ["100m", "250m", "500m", "700m", "1", "1200m", "1500m", "2", "3"]
+CPU = ["10m", "50m", "100m", "100m", "250m", "250m", "500m", "700m", "1", "1500m", "2", "3"]
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Group:
 
 
 def _memory(rng: random.Random, node_memory_mi: int) -> str:
-    share = rng.choice([0.01, 0.05, 0.2, 0.35, 0.5, 0.8, 1.2])
+    share = rng.choice([0.001, 0.01, 0.02, 0.05, 0.1, 0.3, 0.6, 1.2])
     return f"{max(16, int(node_memory_mi * share))}Mi"
 
 
@@ -145,7 +145,7 @@ def _kubelet_pods(node: Node) -> list[str]:
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     with urllib.request.urlopen(f"https://127.0.0.1:{node.kubelet_port}/pods", context=ctx, timeout=10) as r:
-        return [x["metadata"]["name"] for x in json.loads(r.read())["items"]]
+        return [x["metadata"]["name"] for x in json.loads(r.read())["items"] or []]
 
 
 def _active_on_node(node: Node, exclude: str) -> list[dict[str, Any]]:

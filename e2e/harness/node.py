@@ -216,6 +216,18 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+KNOWN_NOISE = ("nodeIP can't be loopback address",)
+"""Log lines left out of failure messages: the kubelet refuses 127.0.0.1 as the Node's
+address at every status update (pkg/kubelet/nodestatus ``validateNodeIP``), so the Node has
+none; nothing here reaches the kubelet through the API server (logs and cgroups are read
+on the host)."""
+
+
+def _tail(proc: ManagedProcess, lines: int = 40) -> str:
+    kept = [line for line in proc.log_tail(2000).splitlines() if not any(n in line for n in KNOWN_NOISE)]
+    return "\n".join(kept[-lines:])
+
+
 @dataclass
 class Node:
     """containerd + the kubelet running one Node of ``cluster``."""
@@ -371,14 +383,14 @@ class Node:
             for proc in (self.containerd, self.kubelet):
                 if proc is not None and not proc.alive():
                     raise HarnessError(f"{proc.name} exited ({proc.popen.returncode}) while waiting for "
-                                       f"{what}. Log {proc.log_path}:\n{proc.log_tail(60)}")
+                                       f"{what}. Log {proc.log_path}:\n{_tail(proc, 60)}")
             try:
                 if check():
                     return
             except Exception as err:
                 last = f"{type(err).__name__}: {err}"
             time.sleep(interval)
-        tails = "\n".join(f"--- {p.name} ({p.log_path}) ---\n{p.log_tail(40)}"
+        tails = "\n".join(f"--- {p.name} ({p.log_path}) ---\n{_tail(p)}"
                           for p in (self.kubelet, self.containerd) if p is not None)
         raise HarnessError(f"timed out after {timeout:.0f}s waiting for {what}"
                            f"{' (last error: ' + last + ')' if last else ''}\n{tails}")
