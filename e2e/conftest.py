@@ -326,6 +326,7 @@ def node_env(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactor
         _or_fail(lambda: harness.register_webhook(cluster, webhook))
         node = _or_fail(lambda: harness.start_node(cluster, work / "n",
                                                    kubelet_bin=kubelet_bin))
+        _or_fail(lambda: node.wait_ready(untainted=True) if node else None)
         yield NodeEnv(cluster, node, kcm, scheduler, webhook)
     finally:
         left: list[str] = []

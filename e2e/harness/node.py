@@ -312,7 +312,8 @@ class Node:
         return path
 
     def start_kubelet(self, *, timeout: float = 120.0) -> None:
-        """Start the kubelet (again) and wait until the Node is Ready."""
+        """Start the kubelet (again) and wait until the Node is Ready (not necessarily
+        untainted: see ``wait_ready``)."""
         if self.kubelet is not None and self.kubelet.alive():
             raise HarnessError("the kubelet is already running")
         self.kubelet_port = self.kubelet_port or free_port()
@@ -367,13 +368,17 @@ class Node:
                     return str(cond.get("status"))
         return ""
 
-    def wait_ready(self, *, timeout: float = 120.0) -> None:
+    def wait_ready(self, *, timeout: float = 120.0, untainted: bool = False) -> None:
+        """Wait for Ready; ``untainted``: also for the node lifecycle controller to lift the
+        ``node.kubernetes.io/not-ready`` taint a new Node gets (TaintNodesByCondition), which
+        only a running kube-controller-manager does (pods bound by ``spec.nodeName`` do not
+        need it: the kubelet checks NoExecute taints only)."""
         def ok() -> bool:
             node = self.node_object()
             taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
-            return self.ready() == "True" and "node.kubernetes.io/not-ready" not in taints
+            return self.ready() == "True" and not (untainted and "node.kubernetes.io/not-ready" in taints)
 
-        self.wait(f"Node {self.name} Ready and untainted", ok, timeout)
+        self.wait(f"Node {self.name} Ready{' and untainted' if untainted else ''}", ok, timeout)
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float, interval: float = 0.5) -> None:
         """Poll ``check``; fail with the kubelet's and containerd's log tails."""
@@ -419,8 +424,14 @@ class Node:
         d = self.pod_logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container
         return "".join(p.read_text(errors="replace") for p in sorted(d.glob("*.log")))
 
+    def running_tasks(self) -> list[str]:
+        """containerd's running tasks (an exited container's task is deleted at once by the CRI;
+        its container stays until the kubelet's garbage collection)."""
+        self.container_ids()
+        return self.ctr("tasks", "ls", "-q", check=False).split()
+
     def delete_pods(self, timeout: float = 60.0) -> None:
-        """Delete every Pod bound to this node and wait until containerd runs no container."""
+        """Delete every Pod bound to this node and wait until containerd runs no task."""
         status, body = self.cluster.api("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.name}")
         for pod in (body or {}).get("items") or [] if status == 200 else []:
             meta = pod["metadata"]
@@ -428,7 +439,7 @@ class Node:
                              "?gracePeriodSeconds=0")
         if self.kubelet is not None and self.kubelet.alive():
             with contextlib.suppress(HarnessError):
-                self.wait("containerd to run no container", lambda: not self.container_ids(), timeout)
+                self.wait("containerd to run no task", lambda: not self.running_tasks(), timeout)
 
     # -- teardown -------------------------------------------------------------------------
 
