@@ -13,10 +13,11 @@ Fixtures (see e2e/harness/ for the objects they return):
   request it start it; once started it stays registered for the rest of the
   session (every namespace but kube-system).
 
-- ``node_env`` (session) -> NodeEnv: a control plane of its own with a real node
-  (containerd + kubelet, e2e/harness/node.py), kube-controller-manager (workloads and the
-  node lifecycle controller), kube-scheduler (``default-scheduler`` too) and the webhook;
-  started on first request, torn down leaving nothing (the fixture fails otherwise).
+- ``node_env`` -> NodeEnv (``node_session``, emptied after each test): a control plane of
+  its own with a real node (containerd + kubelet, e2e/harness/node.py),
+  kube-controller-manager (workloads and the node lifecycle controller), kube-scheduler
+  (``default-scheduler`` too) and the webhook; started on first request, torn down
+  leaving nothing (the fixture fails otherwise).
 
 A control plane that cannot be built or started fails the tests; it is never
 skipped.
@@ -295,8 +296,17 @@ class NodeEnv:
         return self.cluster.create_namespace(harness.unique_name(prefix, max_length=40), labels=labels)
 
 
+@pytest.fixture
+def node_env(node_session: NodeEnv) -> Iterator[NodeEnv]:
+    """The session's node (``node_session``), emptied after each test: every Pod bound to it
+    deleted and containerd running no task, so a failed test leaves nothing running that
+    the next one would count."""
+    yield node_session
+    node_session.node.delete_pods()
+
+
 @pytest.fixture(scope="session")
-def node_env(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
+def node_session(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
     """A control plane of its own (the kubelet would otherwise run the session cluster's
     pods and change what pod-fits-node sees there) with one real Node. Fails, never skips,
     when the machine lacks what the node needs: the message names the packages."""
