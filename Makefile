@@ -16,7 +16,7 @@ METRICS_PORT ?= 9090
 ENVELOPE_CONTROLPLANE_DIR ?= $(HOME)/.cache/envelope/controlplane
 export ENVELOPE_CONTROLPLANE_DIR
 
-.PHONY: run test unit e2e e2e-second lint fmt bench bench-apiserver bench-audit bench-peers bench-intree bench-cache bench-quotas install controlplane clean image lock
+.PHONY: run test unit e2e e2e-second lint fmt bench bench-apiserver bench-audit bench-peers bench-intree bench-cache bench-quotas bench-node install controlplane clean image lock
 
 # --no-deps: nothing outside the locks is installed (pip check then proves they are
 # closed); Envelope itself is installed editable without resolving anything, with the
@@ -43,13 +43,14 @@ run: $(STAMP)
 
 UNIT_TESTS = $(PY) -m pytest tests -m "not e2e"
 
-# The tools only late tests need (the second Kubernetes minor of the version matrix,
-# promtool for the PrometheusRule, kustomize for the KRM function, Chromium for
-# the quota page, gitopsdiff for e2e/test_gitops_drift.py) are built in the background while the unit tests and
+# The tools only later tests need (the kubelet for the node tests e2e/test_node_*.py, the
+# second Kubernetes minor of the version matrix, promtool for the PrometheusRule,
+# kustomize for the KRM function, Chromium for the quota page, gitopsdiff for e2e/test_gitops_drift.py) are built in the background while the unit tests and
 # the first e2e tests run, which leave a core idle; the tests that need them wait on the
 # build scripts' locks. Cold, that takes ~7 of the ~35 minutes off `make test`.
 SECOND_KUBERNETES_VERSION := $(shell sed -n 's/^SECOND_KUBERNETES_VERSION=//p' e2e/controlplane/versions.env)
-PREBUILD = ( ENVELOPE_CONTROLPLANE_KUBERNETES=$(SECOND_KUBERNETES_VERSION) bash e2e/controlplane/build.sh \
+PREBUILD = ( ENVELOPE_CONTROLPLANE_KUBELET=1 bash e2e/controlplane/build.sh \
+	&& ENVELOPE_CONTROLPLANE_KUBERNETES=$(SECOND_KUBERNETES_VERSION) bash e2e/controlplane/build.sh \
 	&& bash e2e/controlplane/build-promtool.sh && bash e2e/controlplane/build-kustomize.sh \
 	&& bash e2e/controlplane/install-chromium.sh && bash e2e/controlplane/build-gitopsdiff.sh ) \
 	>$(ENVELOPE_CONTROLPLANE_DIR)/prebuild.log 2>&1
@@ -121,6 +122,11 @@ INTREE_ROUNDS ?= go-h2,map,envelope-mc,intree-map,envelope-intree
 bench-intree: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/apiserver.py \
 		--rounds $(INTREE_ROUNDS) --object mutated,burstable,compliant --concurrency 1,20 --count 300 --repeat 3
+
+# The same CPU work limited and through Envelope on a real node (containerd + kubelet; root,
+# cgroup v1, the node's apt packages: docs/testing.md "The node"). docs/benchmarks.md "The node".
+bench-node: $(STAMP) controlplane
+	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) $(PY) bench/node_premise.py
 
 bench-cache: $(STAMP)
 	$(PY) bench/cache.py

@@ -61,6 +61,7 @@ from app.quantity import QuantityError, parse_quantity
 __all__ = [
     "CORDONED",
     "KUBELET",
+    "LIFECYCLE_TAINT_KEYS",
     "PER_NODE_LABELS",
     "SCHEDULER",
     "STAND_IN",
@@ -89,6 +90,19 @@ ResourceList = dict[str, Decimal]
 
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 CORDONED = "node is unschedulable (cordoned)"
+LIFECYCLE_TAINT_KEYS = frozenset({
+    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/network-unavailable", "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure", UNSCHEDULABLE_TAINT_KEY,
+})
+"""Taints a node carries while in a state it leaves on its own: the node lifecycle controller
+sets them from the node's conditions and cordon and removes them when those clear
+(``nodeConditionToTaintKeyStatusMap`` and ``doNoScheduleTaintingPass``,
+pkg/controller/nodelifecycle/node_lifecycle_controller.go at v1.37.2; a new Node gets
+not-ready from the TaintNodesByCondition admission plugin). kube-scheduler's TaintToleration
+filter rejects the node meanwhile and requeues the pod when the node's taints change
+(pkg/scheduler/framework/plugins/tainttoleration): the pod waits, Pending, for the node to
+recover. A node blocked by these (or its cordon) alone is ``NodeVerdict.recovers``."""
 NOT_SELECTED = "node does not match the pod's nodeSelector / required node affinity"
 _FILTERED_EFFECTS = ("NoSchedule", "NoExecute")
 _HUGEPAGES = "hugepages-"
@@ -336,6 +350,14 @@ def untolerated_taint(spec: Mapping[str, Any], node: Node,
     return None
 
 
+def untolerated_taints(spec: Mapping[str, Any], node: Node,
+                       effects: Sequence[str] = _FILTERED_EFFECTS) -> list[Mapping[str, str]]:
+    """Every taint (of ``effects``) of ``node`` the pod does not tolerate."""
+    tolerations = _tolerations(spec)
+    return [t for t in node.taints if t.get("effect") in effects
+            and not any(tolerates(x, t) for x in tolerations)]
+
+
 def _requirement_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     key = str(expr.get("key", ""))
     operator = expr.get("operator")
@@ -434,10 +456,19 @@ class NodeVerdict:
     node: Node
     blocked: tuple[str, ...] = ()
     shortfalls: tuple[Shortfall, ...] = ()
+    transient: bool = False
+    """Every reason in ``blocked`` is one the node leaves on its own (``LIFECYCLE_TAINT_KEYS``,
+    its cordon)."""
 
     @property
     def fits(self) -> bool:
         return not self.blocked and not self.shortfalls
+
+    @property
+    def recovers(self) -> bool:
+        """It does not take the pod now, but would once out of the states kube-scheduler
+        waits out (not ready, unreachable, under pressure, cordoned): room and selection fit."""
+        return bool(self.blocked) and self.transient and not self.shortfalls
 
     def distance(self) -> tuple[int, Decimal]:
         """Closeness of a node the pod may land on: fewer short resources, then
@@ -495,11 +526,14 @@ def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
         blocked.append(CORDONED)
     if not required_affinity_matches(spec, node):
         blocked.append(NOT_SELECTED)
+    lasting = NOT_SELECTED in blocked
     taint = untolerated_taint(spec, node, ("NoExecute",) if kubelet else _FILTERED_EFFECTS) \
         if node.taints else None
     if taint is not None:
         value = f"={taint.get('value')}" if taint.get("value") else ""
         blocked.append(f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}")
+        lasting = lasting or any(t.get("key") not in LIFECYCLE_TAINT_KEYS for t in untolerated_taints(
+            spec, node, ("NoExecute",) if kubelet else _FILTERED_EFFECTS))
     shortfalls: list[Shortfall] = []
     allowed_pods = node.allocatable.get("pods", 0)
     if node.pods + 1 > allowed_pods:
@@ -522,7 +556,8 @@ def _fit(spec: Mapping[str, Any], node: Node, counted: Mapping[str, int],
     if devices and not kubelet:
         for short in device_shortfalls([*devices.claims, *delegated], node.devices):
             shortfalls.append(Shortfall(short.label, short.requested, short.free, short.total))
-    return NodeVerdict(node=node, blocked=tuple(blocked), shortfalls=tuple(shortfalls))
+    return NodeVerdict(node=node, blocked=tuple(blocked), shortfalls=tuple(shortfalls),
+                       transient=bool(blocked) and not lasting)
 
 
 def node_shape(name: str, allocatable: Mapping[str, object], *, labels: Mapping[str, str] | None = None,
@@ -648,6 +683,11 @@ class PodPlacement:
     count: int = 0
     reasons: tuple[str, ...] = ()
     cordoned_only: bool = False
+    recovering: tuple[str, ...] = ()
+    """When no node takes the pod now but some would once recovered (``NodeVerdict.recovers``):
+    what blocks them (distinct reasons), how many there are, the first one's name."""
+    recovering_count: int = 0
+    recovering_name: str = ""
 
 
 def _placement(judged: Sequence[tuple[int, NodeVerdict]], closest: NodeVerdict | None) -> PodPlacement:
@@ -678,6 +718,7 @@ def place_pod(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Ma
             return PodPlacement(True)
         judged.append((group, verdict))
         total += group.count
+    waiting = [(g, v) for g, v in judged if v.recovers]
     candidates = [(g, v) for g, v in judged if not v.blocked and v.shortfalls]
     closest = None
     if candidates:
@@ -689,4 +730,9 @@ def place_pod(spec: Mapping[str, Any], groups: Iterable[NodeGroup], requests: Ma
             named = [(g.first_name(), v, g) for g, v in tied]
         name, verdict, group = min(named, key=lambda t: t[0])
         closest = replace(verdict, node=replace(group.node, name=name))
-    return _placement([(g.count, v) for g, v in judged], closest)
+    placement = _placement([(g.count, v) for g, v in judged], closest)
+    if not waiting:
+        return placement
+    return replace(placement, recovering=tuple(sorted({r for _, v in waiting for r in v.blocked})),
+                   recovering_count=sum(g.count for g, _ in waiting),
+                   recovering_name=min(g.first_name() for g, _ in waiting) if name_closest else "")

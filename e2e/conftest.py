@@ -13,6 +13,12 @@ Fixtures (see e2e/harness/ for the objects they return):
   request it start it; once started it stays registered for the rest of the
   session (every namespace but kube-system).
 
+- ``node_env`` -> NodeEnv (``node_session``, emptied after each test): a control plane of
+  its own with a real node (containerd + kubelet, e2e/harness/node.py),
+  kube-controller-manager (workloads and the node lifecycle controller), kube-scheduler
+  (``default-scheduler`` too) and the webhook; started on first request, torn down
+  leaving nothing (the fixture fails otherwise).
+
 A control plane that cannot be built or started fails the tests; it is never
 skipped.
 
@@ -265,3 +271,80 @@ def _nodes(cluster: Cluster) -> None:
                          "tolerations": [{"key": "envelope.test/sandbox", "operator": "Exists"}]}}
     status, body = cluster.api("POST", "/apis/node.k8s.io/v1/runtimeclasses", rc)
     assert status in (201, 409), body
+
+
+# --- the node (e2e/test_node_*.py): containerd and a real kubelet
+
+#: kube-controller-manager's controllers on the node's control plane: the workloads', the
+#: quota status its readiness probe waits for, and the node lifecycle controller (it marks
+#: the Node NotReady and taints it when its kubelet stops).
+NODE_CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller",
+                    "resourcequota-controller", "node-lifecycle-controller")
+
+
+@dataclass
+class NodeEnv:
+    cluster: Cluster
+    node: harness.Node
+    controllers: harness.ControllerManager
+    scheduler: harness.Scheduler
+    webhook: Webhook
+
+    def namespace(self, prefix: str, *, webhook: bool = True) -> str:
+        """A fresh namespace; ``webhook=False``: one the webhook does not judge (isolated)."""
+        labels = {} if webhook else {harness.ISOLATED_NAMESPACE_LABEL: "true"}
+        return self.cluster.create_namespace(harness.unique_name(prefix, max_length=40), labels=labels)
+
+
+@pytest.fixture
+def node_env(node_session: NodeEnv) -> Iterator[NodeEnv]:
+    """The session's node (``node_session``), emptied after each test: every Pod bound to it
+    deleted and containerd running no task, so a failed test leaves nothing running that
+    the next one would count."""
+    yield node_session
+    node_session.node.delete_pods()
+
+
+@pytest.fixture(scope="session")
+def node_session(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
+    """A control plane of its own (the kubelet would otherwise run the session cluster's
+    pods and change what pod-fits-node sees there) with one real Node. Fails, never skips,
+    when the machine lacks what the node needs: the message names the packages."""
+    if EXTERNAL_KUBECONFIG:
+        pytest.skip("the node tests start a kubelet of their own")
+    work = tmp_path_factory.mktemp("node")
+    problems = harness.node_prerequisites()
+    if problems:
+        pytest.fail("the e2e node cannot run here: " + "; ".join(problems), pytrace=False)
+    kubelet_bin = _or_fail(harness.kubelet_binary)
+    cluster = _or_fail(lambda: harness.start_control_plane(
+        work / "cp", controlplane_bin_dir,
+        apiserver_args=["--kubelet-preferred-address-types=InternalIP"]))
+    procs: list[Any] = []
+    node: harness.Node | None = None
+    try:
+        harness.install_crds(cluster)
+        kcm = _or_fail(lambda: harness.start_controller_manager(cluster, work / "kcm", NODE_CONTROLLERS,
+                                                                kubelets=True))
+        procs.append(kcm)
+        scheduler = _or_fail(lambda: harness.start_scheduler(cluster, work / "scheduler",
+                                                             default_profile=True))
+        procs.append(scheduler)
+        webhook = _or_fail(lambda: harness.start_webhook(work / "webhook", kubeconfig=cluster.kubeconfig,
+                                                         extra_args=["--staleness", "5"]))
+        procs.append(webhook)
+        _or_fail(lambda: harness.register_webhook(cluster, webhook))
+        node = _or_fail(lambda: harness.start_node(cluster, work / "n",
+                                                   kubelet_bin=kubelet_bin))
+        _or_fail(lambda: node.wait_ready(untainted=True) if node else None)
+        yield NodeEnv(cluster, node, kcm, scheduler, webhook)
+    finally:
+        left: list[str] = []
+        if node is not None:
+            node.stop()
+            left = node.leftovers()
+        for proc in reversed(procs):
+            proc.stop()
+        cluster.stop()
+        if left:
+            pytest.fail(f"the e2e node left behind: {left}", pytrace=False)

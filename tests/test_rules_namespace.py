@@ -20,6 +20,7 @@ def limitrange(item: dict[str, Any], name: str = "defaults", ns: str = "team-a")
             "spec": {"limits": [{"type": "Container", **item}]}}
 
 
+NAMED = Policy.model_validate({"nodes": {"nameInMessages": True}})
 CPU7 = [container(limits={"cpu": "7", "memory": "29Gi"}, requests={"cpu": "7", "memory": "29Gi"})]
 
 
@@ -105,6 +106,56 @@ def test_a_pod_only_a_cordoned_node_takes_is_not_refused_beside_a_smaller_uncord
     small = StaticView([node("n1", "16", "32Gi"), node("n2", "8", "48Gi", unschedulable=True)])
     [error] = run(obj, view=small).errors
     assert "offers 32Gi memory" in error.message
+
+
+def _tainted(n: dict[str, Any], *keys: str, effect: str = "NoSchedule") -> dict[str, Any]:
+    n.setdefault("spec", {})["taints"] = [{"key": k, "effect": effect} for k in keys]
+    return n
+
+
+@pytest.mark.parametrize("key", ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+                                 "node.kubernetes.io/network-unavailable",
+                                 "node.kubernetes.io/memory-pressure", "node.kubernetes.io/disk-pressure",
+                                 "node.kubernetes.io/pid-pressure", "node.kubernetes.io/unschedulable"])
+def test_nodes_in_a_state_the_scheduler_waits_out_are_not_a_refusal(key: str) -> None:
+    """Every Node NotReady, unreachable, under pressure or cordoned (the node lifecycle
+    controller's taints, lifted when the node recovers): kube-scheduler leaves the pods
+    Pending, so the write is admitted with a warning naming how many nodes and why
+    (e2e/test_node_recovery.py: the kubelet stopped, the Deployment admitted, its pods run
+    once the kubelet is back). A pod that fits no node even recovered is still refused."""
+    obj = workload("Deployment", [container(requests={"cpu": "2", "memory": "8Gi"},
+                                            limits={"memory": "8Gi"})])
+    view = StaticView([_tainted(node("n1", "4", "16Gi"), key), _tainted(node("n2", "4", "16Gi"), key)])
+    result = run(obj, view=view)
+    assert result.errors == []
+    [warning] = [f for f in result.findings if f.rule == "pod-fits-node"]
+    state = key.removeprefix("node.kubernetes.io/")
+    assert warning.message.startswith(f"the pods wait, Pending, for 2 node(s) to recover from {state};"), \
+        warning.message
+    assert f"untolerated taint {key}:NoSchedule" in warning.message
+    named = run(obj, NAMED, view=view)
+    assert "(n1 first)" in next(f for f in named.findings if f.rule == "pod-fits-node").message
+    too_big = workload("Deployment", [container(requests={"cpu": "2", "memory": "32Gi"},
+                                                limits={"memory": "32Gi"})])
+    [error] = run(too_big, view=view).errors
+    assert error.rule == "pod-fits-node"
+
+
+def test_a_lasting_taint_or_selection_beside_a_lifecycle_taint_is_still_refused() -> None:
+    """Only the states a node leaves on its own wait: a node that is NotReady and also
+    carries a taint the pod does not tolerate, or that the pod's selector excludes, does not
+    take it once recovered either; a node NotReady and cordoned waits for both."""
+    obj = workload("Deployment", [container(requests={"cpu": "2", "memory": "8Gi"},
+                                            limits={"memory": "8Gi"})])
+    lasting = StaticView([_tainted(node("n1", "4", "16Gi"), "node.kubernetes.io/not-ready", "gpu")])
+    assert [f.rule for f in run(obj, view=lasting).errors] == ["pod-fits-node"]
+    obj["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "b"}
+    elsewhere = StaticView([_tainted(node("n1", "4", "16Gi", {"pool": "a"}), "node.kubernetes.io/not-ready")])
+    assert [f.rule for f in run(obj, view=elsewhere).errors] == ["pod-fits-node"]
+    both = StaticView([_tainted(node("n1", "4", "16Gi", {"pool": "b"}, unschedulable=True),
+                                "node.kubernetes.io/not-ready")])
+    result = run(obj, view=both)
+    assert result.errors == [] and [f.rule for f in result.warnings] == ["pod-fits-node"]
 
 
 def test_node_selector_narrows_the_nodes_and_reserve_counts() -> None:

@@ -63,11 +63,13 @@ from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
 from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
 from app.scheduling import (
+    CORDONED,
     KUBELET,
     SCHEDULER,
     DeviceDemand,
     NodeGroup,
     NodeVerdict,
+    PodPlacement,
     clamp_quantity,
     class_key,
     class_node,
@@ -622,6 +624,8 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                               f"{MAX_NODE_GROUPS} takes the pods")]
     if verdict.cordoned_only:
         return []  # a cordoned node would take it: maintenance, not a bad spec (docs/fidelity.md)
+    if verdict.recovering:
+        return [_waits_for_recovery(path, verdict)]
     closest = verdict.closest
     if closest is None and subject.kind == "DaemonSet" and verdict.count:
         return []  # its selection takes no node: the controller creates no pod at all
@@ -649,6 +653,21 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                  "no node it may land on has room: the closest") + autoscaled + by)]
 
 
+def _waits_for_recovery(path: str, verdict: PodPlacement) -> Finding:
+    """No node takes the pods now, but some would once out of a state the node leaves on its
+    own (app.scheduling ``LIFECYCLE_TAINT_KEYS``: not ready, unreachable, under pressure,
+    cordoned): kube-scheduler leaves them Pending meanwhile, so this is not refused. The
+    first clause says it all (a webhook warning keeps ~120 characters, app.util.brief)."""
+    states = sorted({"cordoned" if r == CORDONED else
+                     r.removeprefix("untolerated taint ").removeprefix("node.kubernetes.io/").split(":")[0]
+                     for r in verdict.recovering})
+    which = f" ({verdict.recovering_name} first)" if verdict.recovering_name else ""
+    why = "; ".join(verdict.recovering)
+    return warning(path, f"the pods wait, Pending, for {verdict.recovering_count} node(s) to recover from "
+                         f"{', '.join(states)}{which}; no node takes them now ({why}), kube-scheduler "
+                         f"places them once the node lifecycle controller lifts those taints")
+
+
 def _no_room(closest: NodeVerdict, name_in_messages: bool, reserve_cpu: Decimal,
              reserve_memory: Decimal, lead: str) -> str:
     short = closest.shortfalls
@@ -670,9 +689,12 @@ def _bound_pod(spec: dict[str, Any], node_name: str, view: ClusterView, requests
     if obj is None or key is None:
         return []
     node = _own(_class(key, reserve_cpu, reserve_memory), obj)
-    verdict = place_pod(spec, [NodeGroup(node)], requests, 1, decider=KUBELET)
+    verdict = place_pod(spec, [NodeGroup(node)], requests, 1, decider=KUBELET,
+                        name_closest=policy.nodes.name_in_messages)
     if verdict.fits:
         return []
+    if verdict.recovering:
+        return [_waits_for_recovery(f"{path}.nodeName", verdict)]
     closest = verdict.closest
     settings = policy.nodes
     where = node_reference(node, settings.name_in_messages)

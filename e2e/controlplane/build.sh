@@ -24,6 +24,11 @@
 #                               version matrix (SECOND_KUBERNETES_VERSION). etcd and helm are
 #                               built there too (the same pinned versions: from the Go build
 #                               cache, seconds), so either bin dir is a whole control plane.
+#   ENVELOPE_CONTROLPLANE_KUBELET=1  build only the kubelet (for the e2e node,
+#                               e2e/harness/node.py), at KUBERNETES_VERSION (or
+#                               ENVELOPE_CONTROLPLANE_KUBERNETES), under its own cache key, so
+#                               adding it never rebuilds the control plane. `make test` builds
+#                               it in the background prebuild.
 #   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
 #
 # Only the Go toolchain and the Go module proxy are needed: no Docker, no
@@ -47,6 +52,7 @@ KUBERNETES_ONLY="${ENVELOPE_CONTROLPLANE_KUBERNETES:-}"
 if [[ -n "${KUBERNETES_ONLY}" ]]; then
     KUBERNETES_VERSION="${KUBERNETES_ONLY}"
 fi
+KUBELET_ONLY="${ENVELOPE_CONTROLPLANE_KUBELET:-0}"
 
 log() { printf '[controlplane/build.sh] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -66,7 +72,9 @@ K8S_PATCH="${BASH_REMATCH[3]}"
 STAGING_VERSION="v0.${K8S_MINOR}.${K8S_PATCH}"
 
 KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_r${CONTROLPLANE_RECIPE}"
-if [[ -n "${APISERVER_ONLY}" ]]; then
+if [[ "${KUBELET_ONLY}" == "1" ]]; then
+    KEY="kubelet-${KUBERNETES_VERSION}_r${CONTROLPLANE_RECIPE}"
+elif [[ -n "${APISERVER_ONLY}" ]]; then
     KEY="kube-apiserver-${KUBERNETES_VERSION}_r${CONTROLPLANE_RECIPE}"
 elif [[ -n "${KUBERNETES_ONLY}" ]]; then
     KEY="kubernetes-${KUBERNETES_VERSION}_r${CONTROLPLANE_RECIPE}"
@@ -206,6 +214,7 @@ build_kubernetes_cmd() {
 build_kube_apiserver() { build_kubernetes_cmd kube-apiserver; }
 build_kube_scheduler() { build_kubernetes_cmd kube-scheduler; }
 build_kube_controller_manager() { build_kubernetes_cmd kube-controller-manager; }
+build_kubelet() { build_kubernetes_cmd kubelet; }
 
 # ------------------------------------------------------------- etcd, kubectl
 # A module of our own (its main.go is copied in by fresh_workdir) that requires one
@@ -281,6 +290,11 @@ ensure() {
         || die "${name} $* does not report ${version}"
 }
 
+if [[ "${KUBELET_ONLY}" == "1" ]]; then
+    ensure kubelet build_kubelet "${KUBERNETES_VERSION}" "Kubernetes ${KUBERNETES_VERSION}" --version
+    echo "${BIN}"
+    exit 0
+fi
 # Slowest first, so a failure there shows early. One at a time (2 cores).
 ensure kube-apiserver build_kube_apiserver "${KUBERNETES_VERSION}" "Kubernetes ${KUBERNETES_VERSION}" --version
 if [[ -n "${APISERVER_ONLY}" ]]; then

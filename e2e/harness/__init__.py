@@ -23,7 +23,7 @@ functions and classes so it can be reused outside pytest, e.g.::
 The package has one module per part, in the order they build on each other: ``base``
 (paths, names, errors), ``ports``, ``certificates``, ``processes``, ``binaries``,
 ``cluster`` (etcd + kube-apiserver), ``scheduler`` (kube-scheduler), ``controllers``
-(kube-controller-manager) and ``webhook``.
+(kube-controller-manager), ``webhook`` and ``node`` (containerd and a real kubelet).
 Everything is re-exported here, so ``import harness`` and ``from harness import
 Cluster`` are all a test needs.
 """
@@ -164,6 +164,21 @@ from .controllers import (
 )
 from .controllers import (
     start_controller_manager as start_controller_manager,
+)
+from .node import (
+    Node as Node,
+)
+from .node import (
+    kubelet_binary as kubelet_binary,
+)
+from .node import (
+    node_prerequisites as node_prerequisites,
+)
+from .node import (
+    running_node as running_node,
+)
+from .node import (
+    start_node as start_node,
 )
 from .ports import (
     free_port as free_port,

@@ -49,12 +49,16 @@ class ControllerManager(Component):
 
 def start_controller_manager(cluster: Cluster, workdir: Path,
                              controllers: Sequence[str] = CONVERGENCE_CONTROLLERS,
-                             *, timeout: float = 90.0) -> ControllerManager:
+                             *, timeout: float = 90.0, kubelets: bool = False) -> ControllerManager:
     """Start kube-controller-manager (the API server's own Kubernetes version) running
     ``controllers`` only, with the admin kubeconfig, no leader election and a high client
     QPS; return once it answers /healthz and its ResourceQuota controller has filled in the
-    status of a probe quota (so its informers have synced and it writes)."""
-    bad = sorted(set(controllers) & set(NEVER))
+    status of a probe quota (so its informers have synced and it writes).
+
+    ``kubelets``: the cluster's Nodes have real kubelets (e2e/harness/node.py), so the node
+    lifecycle controller may run; it notices a stopped kubelet within 12 s (its Lease is
+    renewed every 2.5 s there, harness.node.NODE_LEASE_SECONDS) instead of the default 50."""
+    bad = sorted(set(controllers) & set(NEVER) - ({"node-lifecycle-controller"} if kubelets else set()))
     if bad:
         raise HarnessError(f"{', '.join(bad)} cannot run without kubelets (see e2e/harness/controllers.py)")
     binary = cluster.bin_dir / "kube-controller-manager"
@@ -81,6 +85,9 @@ def start_controller_manager(cluster: Cluster, workdir: Path,
         "--concurrent-replicaset-syncs=10",
         "-v=1",
     ]
+    if kubelets:
+        cmd += ["--node-monitor-period=1s", "--node-monitor-grace-period=12s",
+                "--node-startup-grace-period=30s"]
     proc = start_process(cmd, workdir / "kube-controller-manager.log", name="kube-controller-manager")
     probe_ns = "envelope-e2e-kcm-probe"
     try:

@@ -38,13 +38,16 @@ def pod_schedule_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def start_scheduler(cluster: Cluster, workdir: Path, *, timeout: float = 60.0) -> Scheduler:
+def start_scheduler(cluster: Cluster, workdir: Path, *, timeout: float = 60.0,
+                    default_profile: bool = False) -> Scheduler:
     """Start kube-scheduler with a kubeconfig for the harness API server and wait
     until it has bound a probe Pod to a probe Node (both deleted again), so the
     caller knows its informers run and it binds.
 
     One profile, ``schedulerName: envelope-oracle``; no leader election; a high
-    client QPS so hundreds of scenarios are not throttled."""
+    client QPS so hundreds of scenarios are not throttled. ``default_profile``: also
+    ``default-scheduler`` (Pods that name no scheduler), on a control plane of its own
+    (the node's, e2e/conftest.py ``node_env``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = workdir / "kube-scheduler.yaml"
@@ -59,6 +62,7 @@ def start_scheduler(cluster: Cluster, workdir: Path, *, timeout: float = 60.0) -
         "  leaderElect: false\n"
         "profiles:\n"
         f"- schedulerName: {SCHEDULER_NAME}\n"
+        + ("- schedulerName: default-scheduler\n" if default_profile else "")
     )
     cmd: list[str | Path] = [
         cluster.bin_dir / "kube-scheduler",
