@@ -69,7 +69,7 @@ unit: $(STAMP)
 	ENVELOPE_CONTROLPLANE_CACHED_ONLY=1 $(UNIT_TESTS)
 
 # Everything on a real kube-apiserver + etcd: the scenarios in e2e/ and the chart's
-# install tests in tests/test_chart.py.
+# install tests in tests/chart/test_chart.py.
 e2e: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) \
 		$(PY) -m pytest e2e tests -m e2e
@@ -139,7 +139,7 @@ clean:
 
 # ---------------------------------------------------------------- chart and manifests
 # helm comes from the e2e control plane ($ENVELOPE_CONTROLPLANE_BIN, else built/cached
-# by e2e/controlplane/build.sh). tests/test_chart.py fails when manifests/install.yaml
+# by e2e/controlplane/build.sh). tests/chart/test_chart.py fails when manifests/install.yaml
 # is not what `make manifests` renders.
 CHART := charts/envelope
 MANIFEST_NAMESPACE := envelope-system

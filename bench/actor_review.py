@@ -5,7 +5,7 @@ Run by hand (``.venv/bin/python bench/actor_review.py``), not in the test suite.
 The engine judges a micro-VM ActorTemplate (every ActorTemplate rule that applies to
 a CREATE) against ``--pools`` WorkerPools of its class in its namespace, as
 ``engine.evaluate`` does for ``POST /validate``. Each review is a new template name,
-``--distinct`` distinct templates in turn (so the decode memo of ``app.actortypes``
+``--distinct`` distinct templates in turn (so the decode memo of ``app.crds.actortypes``
 sees repeats only after that many). Prints the best and the median of 5 rounds, in
 microseconds per review.
 """
@@ -22,10 +22,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import evaluate
+from app.core.config import Policy
+from app.core.engine import evaluate
+from app.core.ruleset import default_ruleset
 from app.rules.base import Subject
-from app.ruleset import default_ruleset
 
 NS = "team-a"
 

@@ -24,13 +24,13 @@ def load(repo: Path) -> tuple[Any, bytes]:
     sys.path.insert(0, str(repo / "bench"))
     from webhook import review_body  # type: ignore[import-not-found]
 
-    from app.config import Policy
-    from app.logs import admission_log
-    from app.server import create_app
+    from app.core.config import Policy
+    from app.serve.logs import admission_log
+    from app.serve.server import create_app
 
     admission_log.enabled = False  # as --log-level warning
     if "rules" in inspect.signature(create_app).parameters:
-        from app.ruleset import default_ruleset
+        from app.core.ruleset import default_ruleset
 
         return create_app(default_ruleset(), Policy()), review_body()
     return create_app(Policy()), review_body()

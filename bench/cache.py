@@ -30,9 +30,9 @@ from webhook import deployment  # noqa: E402
 from app.cli.check import subject_of  # noqa: E402
 from app.cluster.live import trim_node, trim_whole, trim_workload  # noqa: E402
 from app.cluster.view import Store  # noqa: E402
-from app.config import Policy  # noqa: E402
-from app.engine import evaluate  # noqa: E402
-from app.ruleset import default_ruleset  # noqa: E402
+from app.core.config import Policy  # noqa: E402
+from app.core.engine import evaluate  # noqa: E402
+from app.core.ruleset import default_ruleset  # noqa: E402
 
 RULES = default_ruleset()
 

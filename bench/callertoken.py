@@ -30,10 +30,10 @@ import jwt  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec, rsa  # noqa: E402
 from webhook import deployment  # noqa: E402
 
-from app.callerauth import CallerCheck, KeySource, verify  # noqa: E402
-from app.config import Policy  # noqa: E402
-from app.ruleset import default_ruleset  # noqa: E402
-from app.server import Metrics, create_app  # noqa: E402
+from app.core.config import Policy  # noqa: E402
+from app.core.ruleset import default_ruleset  # noqa: E402
+from app.serve.callerauth import CallerCheck, KeySource, verify  # noqa: E402
+from app.serve.server import Metrics, create_app  # noqa: E402
 
 ISSUER = "https://kubernetes.default.svc"
 BASE = "https://envelope.envelope.svc:443"

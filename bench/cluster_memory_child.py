@@ -30,7 +30,7 @@ def main() -> int:
     sys.path.insert(0, tree)
     import orjson
 
-    import app.server  # noqa: F401  (what serve imports: FastAPI, rules, engine)
+    import app.serve.server  # noqa: F401  (what serve imports: FastAPI, rules, engine)
     from app.cluster.kube import kube_configuration
     from app.cluster.live import RESOURCES, LiveView
 

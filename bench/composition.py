@@ -83,10 +83,10 @@ _WEBHOOK = r"""
 import statistics, sys, time
 import yaml
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import evaluate
+from app.core.config import Policy
+from app.core.engine import evaluate
 from app.rules.base import Subject
-from app.ruleset import default_ruleset
+from app.core.ruleset import default_ruleset
 rules = default_ruleset()
 objs = list(yaml.safe_load_all(open(sys.argv[1])))
 view = StaticView(objs)

@@ -33,10 +33,10 @@ from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.admission import BadReview, Decision, parse_review, review_response
-from app.config import Policy
-from app.ruleset import default_ruleset
-from app.server import ReviewEndpoint, create_app
+from app.core.config import Policy
+from app.core.ruleset import default_ruleset
+from app.serve.admission import BadReview, Decision, parse_review, review_response
+from app.serve.server import ReviewEndpoint, create_app
 
 IDLE_SECONDS = 120
 """Longer than the API server keeps an idle webhook connection (90 s, http.DefaultTransport
@@ -56,10 +56,10 @@ def _envelope_answer() -> tuple[bytes, bytes]:
     sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
     from objects import timed_deployment
 
-    from app.admission import decide
     from app.cli.check import subject_of
     from app.cluster.view import StaticView
-    from app.engine import evaluate
+    from app.core.engine import evaluate
+    from app.serve.admission import decide
 
     obj = timed_deployment()
     # As bench/apiserver.py sends it: its own metadata (name, namespace, labels only).
@@ -139,8 +139,8 @@ def floor_app(nodes: int = 0) -> FastAPI:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from app.logs import setup_logging
-    from app.tls import KeyPair, TlsState
+    from app.serve.logs import setup_logging
+    from app.serve.tls import KeyPair, TlsState
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("command", nargs="?", default="serve")

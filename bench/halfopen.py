@@ -9,7 +9,7 @@ the handshake timeout), waits for them all to go, and records RSS.
         [--view 30000] [--trim on|off]
 
 ``--tree`` runs another checkout's ``app`` (the code before a change); ``--trim off``
-sets ENVELOPE_MALLOC_TRIM=off (app/httplimits.py ``Trimmer``). Prints one line per
+sets ENVELOPE_MALLOC_TRIM=off (app/serve/httplimits.py ``Trimmer``). Prints one line per
 round and the full collection's pause (``gc.collect()`` timed in the server, from its
 log) when the server reports it.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.tls import write_self_signed  # noqa: E402
+from app.serve.tls import write_self_signed  # noqa: E402
 
 # A stand-in for the live view: ``n`` Deployment-shaped dicts kept for the process's
 # life, allocated before the server starts (so the TLS objects land among them).

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.tls import write_self_signed
+from app.serve.tls import write_self_signed
 
 REVIEW = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1",'
           b'"kind":{"group":"","version":"v1","kind":"ConfigMap"},"operation":"CREATE",'

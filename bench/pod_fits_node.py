@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.cluster.live import trim_node  # noqa: E402
 from app.cluster.view import ScopedView, StaticView  # noqa: E402
-from app.config import Policy  # noqa: E402
+from app.core.config import Policy  # noqa: E402
 from app.rules import namespace  # noqa: E402
 from app.rules.base import Subject  # noqa: E402
 from app.rules.namespace import pod_fits_node  # noqa: E402

@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.cluster.view import StaticView  # noqa: E402
-from app.config import Policy  # noqa: E402
-from app.engine import evaluate  # noqa: E402
+from app.core.config import Policy  # noqa: E402
+from app.core.engine import evaluate  # noqa: E402
+from app.core.ruleset import default_ruleset  # noqa: E402
 from app.rules.base import Subject  # noqa: E402
-from app.ruleset import default_ruleset  # noqa: E402
 
 RULES = default_ruleset()
 
@@ -77,7 +77,7 @@ def cluster(departments: int, pools: int, usage: bool = True) -> list[dict[str, 
 
 def _queues(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """KRM's generated Queues with KAI's status, for every Department and Project entry."""
-    from app.kai import queue_name
+    from app.crds.kai import queue_name
 
     out = []
     held: dict[tuple[str, str], float] = {}

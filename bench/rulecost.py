@@ -55,12 +55,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app import quantity  # noqa: E402
 from app.cluster.view import StaticView  # noqa: E402
-from app.config import Policy  # noqa: E402
-from app.engine import evaluate  # noqa: E402
+from app.core.config import Policy  # noqa: E402
+from app.core.engine import evaluate  # noqa: E402
+from app.core.ruleset import RuleSet, default_ruleset  # noqa: E402
+from app.k8s import quantity  # noqa: E402
 from app.rules.base import Rule, Subject  # noqa: E402
-from app.ruleset import RuleSet, default_ruleset  # noqa: E402
 
 RULES = default_ruleset()
 POLICY = Policy()

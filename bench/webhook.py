@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.tls import write_self_signed
+from app.serve.tls import write_self_signed
 
 
 def free_port() -> int:

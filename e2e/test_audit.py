@@ -24,8 +24,8 @@ import pytest
 
 from app.audit import JUDGED, Audit, judge, policy_reports
 from app.cluster.view import StaticView
-from app.config import load_policy
-from app.ruleset import default_ruleset
+from app.core.config import load_policy
+from app.core.ruleset import default_ruleset
 from harness import (
     ISOLATED_NAMESPACE_LABEL,
     REPO_ROOT,

@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 import harness
-from app.callerauth import audience_of
+from app.serve.callerauth import audience_of
 from harness import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent

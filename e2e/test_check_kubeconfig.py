@@ -16,9 +16,9 @@ import yaml
 from app.cli.check import subject_of
 from app.cluster.kube import kube_configuration
 from app.cluster.live import LiveView, resources_for
-from app.config import Policy
-from app.engine import check_object
-from app.ruleset import default_ruleset
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.ruleset import default_ruleset
 from builders import container, deployment
 from harness import Cluster
 
@@ -92,7 +92,7 @@ def test_an_unreachable_cluster_is_a_clean_exit_2(tmp_path: Path) -> None:
     assert "Traceback" not in down.stderr
 
 
-# --- check lists what the webhook watches (issue 21: the kinds come from app/kinds.py and
+# --- check lists what the webhook watches (issue 21: the kinds come from app/k8s/kinds.py and
 # the rules' reads, not from a hand-kept list that lacked Deployments, Karpenter
 # NodePools and more) -------------------------------------------------------------------
 

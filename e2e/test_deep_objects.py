@@ -17,10 +17,10 @@ import time
 import harness
 from app.cluster.kube import KubeClient, kube_configuration
 from app.cluster.live import RESOURCES, LiveView
-from app.config import Policy
-from app.engine import check_object
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.ruleset import default_ruleset
 from app.rules.base import Subject
-from app.ruleset import default_ruleset
 from harness import Cluster, Webhook
 
 WORKERPOOLS = "/apis/ate.dev/v1alpha1/namespaces/{}/workerpools"

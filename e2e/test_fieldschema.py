@@ -1,14 +1,14 @@
-"""Strict field validation offline (app/fieldschema.py) against the real thing.
+"""Strict field validation offline (app/cluster/fieldschema.py) against the real thing.
 
 1. The vendored schema is the e2e API server's own: rebuilt from its /openapi/v3 and
-   discovery, it equals ``app/data/fieldschema.json.gz``.
+   discovery, it equals ``app/cluster/data/fieldschema.json.gz``.
 2. ``envelope check`` refuses exactly what ``kubectl apply --dry-run=server
    --validate=strict`` refuses for a mistyped field or kind, over generated typos of
    valid objects of the kinds Envelope judges and reads (renamed struct fields at every
    depth, extra fields, case changes, kind and version typos, and untouched controls),
    and names the same unknown fields the API server names.
 3. The same for the KAI custom resources Envelope judges, whose schemas check vendors
-   from the published CRDs (app/data/crdschema.json.gz).
+   from the published CRDs (app/cluster/data/crdschema.json.gz).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 from conftest import oracle_cases
 
-from app.fieldschema import DATA, read_from_cluster
+from app.cluster.fieldschema import DATA, read_from_cluster
 from harness import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +39,8 @@ def test_vendored_schema_is_the_api_servers(cluster: Cluster) -> None:
     vendored = orjson.loads(gzip.decompress(DATA.read_bytes()))
     live = read_from_cluster(str(cluster.kubeconfig))
     assert live["kubernetesVersion"] == vendored["kubernetesVersion"]
-    assert live["kinds"] == vendored["kinds"], "run python -m app.fieldschema --kubeconfig K"
-    assert live["types"] == vendored["types"], "run python -m app.fieldschema --kubeconfig K"
+    assert live["kinds"] == vendored["kinds"], "run python -m app.cluster.fieldschema --kubeconfig K"
+    assert live["types"] == vendored["types"], "run python -m app.cluster.fieldschema --kubeconfig K"
 
 
 CONTAINER = {"name": "app", "image": "registry.example/app:1",
@@ -235,7 +235,7 @@ CRD_BASES: list[dict[str, Any]] = [
 ]
 """Valid objects of the KAI kinds; agent-substrate's are left out here: the session
 cluster serves the hand-written e2e/crds/ate-dev.yaml, whose spec keeps unknown fields
-(tests/test_fieldschema.py holds check to the published schemas for those)."""
+(tests/cluster/test_fieldschema.py holds check to the published schemas for those)."""
 
 
 def _crd_case(i: int, seed: int) -> tuple[dict[str, Any], str]:
@@ -266,7 +266,7 @@ def _crd_case(i: int, seed: int) -> tuple[dict[str, Any], str]:
 def test_check_refuses_what_kubectl_strict_refuses_for_judged_custom_resources(
         cluster: Cluster, oracle_seed: int, request: Any, tmp_path: Path) -> None:
     """The e2e cluster serves the KAI CRDs (e2e/crds/); check's schema is vendored from
-    the published ones (app/data/crdschema.json.gz): the same typos refused, the same
+    the published ones (app/cluster/data/crdschema.json.gz): the same typos refused, the same
     fields named."""
     count = oracle_cases(request, 80)
     cases = [_crd_case(i, oracle_seed) for i in range(count)]

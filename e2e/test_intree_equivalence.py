@@ -7,7 +7,7 @@ the guards off, ``memory-limit`` in warn mode, ``annotatePods`` and exceptions b
 and namespace labels), one Envelope webhook process serves two sets of namespaces:
 
 - ``webhook``: the mutating webhook with today's matchConditions
-  (``app.matchconditions``), no policy;
+  (``app.chart.matchconditions``), no policy;
 - ``intree``: the generated MutatingAdmissionPolicy + binding and the mutating webhook
   with the reduced condition (``Compiled.webhook_condition``).
 
@@ -49,11 +49,11 @@ import urllib3
 import yaml
 
 import harness
-from app.config import Policy
+from app.chart.matchconditions import mutate_match_conditions
+from app.core.config import Policy
+from app.core.ruleset import default_ruleset
 from app.intree import FACT_LABEL, FACT_VALUE, compile_in_tree
 from app.intree.validating import COMPILABLE, compile_validating, pod_level_clause, webhook_partition
-from app.matchconditions import mutate_match_conditions
-from app.ruleset import default_ruleset
 from harness import Cluster
 
 pytestmark = pytest.mark.e2e
@@ -182,7 +182,7 @@ def _annotations(rng: random.Random, keys: tuple[str, ...]) -> dict[str, str]:
 
 
 def generate(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
-    """Workloads of every kind Envelope judges (app/podspec.py POD_SPEC_PATHS)."""
+    """Workloads of every kind Envelope judges (app/k8s/podspec.py POD_SPEC_PATHS)."""
     keys = ("envelope.io/keep-cpu-limit", "example.com/keep-cpu")
     env_names = ("RESOURCE_LIMITS", "APP_LIMITS", "RESOURCE_REQUESTS")
     for i in range(count):
@@ -357,7 +357,7 @@ REFUSED_BY = re.compile(r"""^.*?(admission webhook "[^"]*" denied the request: |
 WARNED_BY = re.compile(r"^Validation failed for ValidatingAdmissionPolicy '[^']*' with binding '[^']*': ")
 """The API server's prefix of a Warn policy's warning (validating/dispatcher.go)."""
 FINDING = re.compile(r"(.*?) \[([a-z0-9-]+)\](?:; |$)")
-"""One finding of a refusal: ``<message> [<rule>]`` (app/admission.py ``decide``)."""
+"""One finding of a refusal: ``<message> [<rule>]`` (app/serve/admission.py ``decide``)."""
 _VOLATILE = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "namespace",
              "generation", "selfLink")
 

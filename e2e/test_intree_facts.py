@@ -28,10 +28,10 @@ import urllib3
 import yaml
 
 import harness
-from app.config import Policy
+from app.core.config import Policy
+from app.core.ruleset import default_ruleset
 from app.intree import FACT_LABEL, FACT_VALUE, compile_in_tree
 from app.intree.facts import FIELD_MANAGER
-from app.ruleset import default_ruleset
 from harness import Cluster
 from tests.helpers.chart import _sa_kubeconfig
 

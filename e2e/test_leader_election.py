@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from app.certs import LeaseElector
 from app.cluster.kube import KubeClient, kube_configuration
+from app.serve.certs import LeaseElector
 from harness import Cluster
 
 DURATION = 2

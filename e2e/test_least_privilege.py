@@ -7,7 +7,7 @@ fact), then acting as the ServiceAccount with a token the API server issued for 
   other write verb, resource or name fails the test;
 - the writes Envelope makes succeed: the fact label set to ``clear`` and removed (a
   merge patch as field manager envelope-facts, app/intree/facts.py), each webhook's
-  failurePolicy raised (app/failurepolicy.py) and its caBundle replaced (app/certs.py);
+  failurePolicy raised (app/serve/failurepolicy.py) and its caBundle replaced (app/serve/certs.py);
 - everything else those grants would allow is refused by the chart's
   ValidatingAdmissionPolicy (templates/privileges.yaml), with its message: another label
   (``pod-security.kubernetes.io/enforce=privileged``), another value of the fact label,

@@ -1,4 +1,4 @@
-"""The mutating webhook's matchConditions (app/matchconditions.py) never skip a write
+"""The mutating webhook's matchConditions (app/chart/matchconditions.py) never skip a write
 that Envelope's /mutate would have changed, warned about or denied.
 
 Differential, on the real kube-apiserver: a recording webhook is registered twice in one
@@ -37,12 +37,12 @@ import pytest
 import urllib3
 
 import harness
-from app.admission import parse_review
+from app.chart.matchconditions import mutate_match_conditions
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import evaluate
-from app.matchconditions import mutate_match_conditions
-from app.ruleset import default_ruleset
+from app.core.config import Policy
+from app.core.engine import evaluate
+from app.core.ruleset import default_ruleset
+from app.serve.admission import parse_review
 from harness import Cluster
 
 pytestmark = pytest.mark.e2e

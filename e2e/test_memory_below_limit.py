@@ -30,12 +30,12 @@ from typing import Any
 import pytest
 
 import harness
+from app.chart.matchconditions import mutate_match_conditions
 from app.cli import main
 from app.cluster.static import Loaded, load_text, split_documents
-from app.config import Policy
-from app.matchconditions import mutate_match_conditions
-from app.quantity import QuantityError, parse_quantity
-from app.ruleset import default_ruleset
+from app.core.config import Policy
+from app.core.ruleset import default_ruleset
+from app.k8s.quantity import QuantityError, parse_quantity
 from harness import Cluster
 
 pytestmark = pytest.mark.e2e

@@ -16,11 +16,11 @@ import pytest
 from conftest import NodeEnv
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import check_object
-from app.quantity import parse_quantity
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.ruleset import default_ruleset
+from app.k8s.quantity import parse_quantity
 from app.rules.base import Subject
-from app.ruleset import default_ruleset
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
 """The nodeName oracle: ``pod-fits-node``'s model of the kubelet's admission
-(app/scheduling.py, ``decider=KUBELET``) against the real kubelet (e2e/harness/node.py).
+(app/k8s/scheduling.py, ``decider=KUBELET``) against the real kubelet (e2e/harness/node.py).
 
 A pod with ``spec.nodeName`` meets no scheduler: the node's kubelet admits it or fails it
 (``pkg/kubelet/lifecycle/predicate.go`` at v1.37.2: OutOfcpu, OutOfmemory, NodeAffinity for
@@ -30,7 +30,7 @@ import nodepods as p
 import pytest
 from conftest import NodeEnv, oracle_cases
 
-from app.scheduling import KUBELET, SCHEDULER, NodeGroup, node_from_object, place_pod, pod_requests
+from app.k8s.scheduling import KUBELET, SCHEDULER, NodeGroup, node_from_object, place_pod, pod_requests
 from harness import HarnessError, Node
 
 pytestmark = pytest.mark.e2e

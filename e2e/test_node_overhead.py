@@ -1,7 +1,7 @@
 """RuntimeClass overhead in the pod's cgroups on the real kubelet: a RuntimeClass with the
 ``runc`` handler and ``overhead.podFixed``; the RuntimeClass admission plugin copies the
 overhead into the Pod, Envelope removes the CPU limit, and the kubelet sizes the pod's
-cgroup from the pod's request plus the overhead, as app/scheduling.py ``pod_requests``
+cgroup from the pod's request plus the overhead, as app/k8s/scheduling.py ``pod_requests``
 counts it (what ``pod-fits-node`` charges a node): ``cpu.shares`` of (requests + overhead),
 no quota, ``memory.limit_in_bytes`` of (limits + overhead)."""
 
@@ -11,7 +11,7 @@ import nodepods as p
 import pytest
 from conftest import NodeEnv
 
-from app.scheduling import pod_requests
+from app.k8s.scheduling import pod_requests
 
 pytestmark = pytest.mark.e2e
 

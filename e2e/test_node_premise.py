@@ -16,7 +16,7 @@ import nodepods as p
 import pytest
 from conftest import NodeEnv
 
-from app.podspec import qos_class
+from app.k8s.podspec import qos_class
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@ node: its kubelet stopped, the node lifecycle controller marks the Node NotReady
 Unknown) and taints it ``node.kubernetes.io/unreachable:NoSchedule``; a Deployment written
 then is admitted by Envelope (a warning naming the state), stays Pending while the node is
 down, and runs once the kubelet is back. A Deployment no node could take even recovered is
-still refused. The rule: app/scheduling.py ``LIFECYCLE_TAINT_KEYS``."""
+still refused. The rule: app/k8s/scheduling.py ``LIFECYCLE_TAINT_KEYS``."""
 
 from __future__ import annotations
 

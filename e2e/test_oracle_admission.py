@@ -15,7 +15,7 @@ A PriorityClass marked ``globalDefault`` exists for the whole run (issue 37, cla
 the Priority plugin gives it to every Pod that names no class, and the quotas' scopes
 (``PriorityClass In/NotIn/Exists/DoesNotExist``, the default class among the values)
 then match it. The prediction goes through the model of the plugins before the webhook
-(app/podmodel.py ``admit``), as ``quota-needs-cpu-limits`` does.
+(app/k8s/podmodel.py ``admit``), as ``quota-needs-cpu-limits`` does.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from oracle import (
     status_message,
 )
 
-from app.defaulting import default_pod
-from app.envelope import move_cpu_limit_to_request
-from app.namespace_policy import cpu_limit_needs, cpu_limit_needs_in_order, limit_range_orders
-from app.podmodel import Admission, admit
+from app.k8s.defaulting import default_pod
+from app.k8s.namespace_policy import cpu_limit_needs, cpu_limit_needs_in_order, limit_range_orders
+from app.k8s.podmodel import Admission, admit
+from app.rules.envelope import move_cpu_limit_to_request
 from harness import Cluster, Webhook
 
 DEFAULT_CASES = 420

@@ -1,4 +1,4 @@
-"""Quantity and defaulting oracles: app/quantity.py and app/defaulting.default_pod
+"""Quantity and defaulting oracles: app/k8s/quantity.py and app/defaulting.default_pod
 against what the real kube-apiserver accepts and stores (``dryRun=All`` creates,
 in a namespace the Envelope webhook does not see).
 
@@ -26,9 +26,9 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
-from app.defaulting import default_pod, effective_pod_requests
-from app.quantity import QuantityError, parse_quantity
-from app.scheduling import pod_requests
+from app.k8s.defaulting import default_pod, effective_pod_requests
+from app.k8s.quantity import QuantityError, parse_quantity
+from app.k8s.scheduling import pod_requests
 from harness import Cluster
 
 DEFAULT_QUANTITY_CASES = 400
@@ -104,7 +104,7 @@ def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fix
         ours, our_value = _ours(text)
         if ours != kind or (kind == "accepted" and our_value != value):
             disagreements.append(f"{text!r}: API server {kind} {detail!r} (value {value}); "
-                                 f"app/quantity.py {ours} (value {our_value})")
+                                 f"app/k8s/quantity.py {ours} (value {our_value})")
     print(f"quantity oracle: {len(texts)} strings, seed {oracle_seed}, {counts}, "
           f"{len(disagreements)} disagreements")
     assert counts.get("accepted", 0) > len(texts) / 4 and counts.get("refused", 0) > len(texts) / 10
@@ -125,7 +125,7 @@ def _long_quantity_strings(rng: random.Random) -> list[str]:
 
 
 def test_quantity_oracle_long_strings(cluster: Cluster, oracle_seed: int) -> None:
-    """The API server takes CRD and sizeLimit quantities of any length: app/quantity.py
+    """The API server takes CRD and sizeLimit quantities of any length: app/k8s/quantity.py
     gives the same verdict and value for long ones (parsed in linear time)."""
     rng = random.Random(oracle_seed)
     texts = _long_quantity_strings(rng)
@@ -138,7 +138,7 @@ def test_quantity_oracle_long_strings(cluster: Cluster, oracle_seed: int) -> Non
         ours, our_value = _ours(text)
         if ours != kind or (kind == "accepted" and our_value != value):
             disagreements.append(f"{text[:60]!r}... ({len(text)} chars): API server {kind} "
-                                 f"{detail[:200]!r}; app/quantity.py {ours}")
+                                 f"{detail[:200]!r}; app/k8s/quantity.py {ours}")
     print(f"long quantity oracle: {len(texts)} strings, seed {oracle_seed}, {counts}, "
           f"{len(disagreements)} disagreements")
     assert counts.get("accepted", 0) > len(texts) / 3

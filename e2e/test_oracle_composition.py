@@ -37,10 +37,10 @@ from oracle import (
 )
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import check_object
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.ruleset import default_ruleset
 from app.rules.base import Subject
-from app.ruleset import default_ruleset
 from harness import Cluster
 
 DEFAULT_CASES = 160

@@ -35,7 +35,7 @@ from oracle import create, parallel, status_message
 
 import harness
 from app.cluster.view import ScopedView, StaticView
-from app.config import Policy
+from app.core.config import Policy
 from app.rules import namespace as namespace_rules
 from app.rules.base import Subject
 from app.rules.namespace import pod_fits_node

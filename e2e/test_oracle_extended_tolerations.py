@@ -1,4 +1,4 @@
-"""ExtendedResourceToleration oracle (issue 37, class 8): app/podmodel.py's model of the
+"""ExtendedResourceToleration oracle (issue 37, class 8): app/k8s/podmodel.py's model of the
 plugin — on when the policy's ``admissionPlugins`` lists it, as GKE runs it — against a
 kube-apiserver started with ``--enable-admission-plugins=ExtendedResourceToleration``.
 
@@ -24,7 +24,7 @@ from conftest import EXTERNAL_KUBECONFIG, oracle_cases
 from oracle import create, parallel, status_message
 
 import harness
-from app.podmodel import EXTENDED_RESOURCE_TOLERATION, pod_of
+from app.k8s.podmodel import EXTENDED_RESOURCE_TOLERATION, pod_of
 from harness import Cluster
 
 DEFAULT_CASES = 80

@@ -22,8 +22,8 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
-from app.defaulting import LIMIT_RANGER_ANNOTATION, default_pod, limit_ranger_pod
-from app.quantity import parse_quantity
+from app.k8s.defaulting import LIMIT_RANGER_ANNOTATION, default_pod, limit_ranger_pod
+from app.k8s.quantity import parse_quantity
 from harness import Cluster
 
 DEFAULT_CASES = 280

@@ -1,5 +1,5 @@
 """Pod-construction oracle: Envelope's model of the Pods a template makes
-(app/podmodel.py ``pod_of``, ``concurrent``) against the Pods a real
+(app/k8s/podmodel.py ``pod_of``, ``concurrent``) against the Pods a real
 kube-controller-manager and kube-apiserver make (issue #28).
 
 Generated Deployments, StatefulSets, DaemonSets and Jobs (parallelism, completions,
@@ -29,8 +29,8 @@ from conftest import RUNTIME_CLASS, Converging, oracle_cases
 from oracle import global_default_priority_class, parallel, priority_classes, status_message
 
 import harness
-from app.podmodel import concurrent, pod_of
-from app.quantity import parse_quantity
+from app.k8s.podmodel import concurrent, pod_of
+from app.k8s.quantity import parse_quantity
 
 DEFAULT_CASES = 80
 LABEL = "envelope.test/podc"

@@ -37,7 +37,7 @@ from conftest import oracle_cases
 from oracle import isolated_namespace, parallel, status_message
 
 import harness
-from app.quantity import parse_quantity
+from app.k8s.quantity import parse_quantity
 from harness import Cluster, Webhook
 
 DEFAULT_CASES = 120

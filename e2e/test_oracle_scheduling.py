@@ -1,4 +1,4 @@
-"""Scheduling oracle: app/scheduling.py's verdict against the real kube-scheduler.
+"""Scheduling oracle: app/k8s/scheduling.py's verdict against the real kube-scheduler.
 
 Each generated scenario is 1-3 Node objects (cpu, memory, ephemeral-storage,
 pods, nvidia.com/gpu, example.com/fpga; labels; NoSchedule / NoExecute /
@@ -26,8 +26,8 @@ import pytest
 from conftest import oracle_cases
 from oracle import create, isolated_namespace, parallel, status_message
 
-from app.defaulting import default_pod, effective_pod_requests
-from app.scheduling import (
+from app.k8s.defaulting import default_pod, effective_pod_requests
+from app.k8s.scheduling import (
     NodeGroup,
     node_from_object,
     place_pod,
@@ -105,7 +105,7 @@ def _resources(rng: random.Random, *, allow_gpu: bool) -> dict[str, Any]:
 
 
 def _q(text: str) -> Any:
-    from app.quantity import parse_quantity
+    from app.k8s.quantity import parse_quantity
 
     return parse_quantity(text)
 
@@ -238,7 +238,7 @@ def _ensure_runtime_class(cluster: Cluster) -> None:
 
 
 def _model(scn: Scenario, minor: int) -> tuple[bool, str]:
-    """app/scheduling.py on exactly what was submitted (plus the RuntimeClass
+    """app/k8s/scheduling.py on exactly what was submitted (plus the RuntimeClass
     overhead the RuntimeClass admission plugin adds)."""
     spec = dict(scn.pod["spec"])
     if spec.get("runtimeClassName") == RUNTIME_CLASS:

@@ -19,10 +19,10 @@ import yaml
 from hypothesis import HealthCheck, given, seed, settings
 
 import harness
-from app.config import Policy
+from app.core.config import Policy
+from app.core.ruleset import default_ruleset
 from app.quotaview.plan import plan as quota_plan
 from app.quotaview.plancommands import command_of
-from app.ruleset import default_ruleset
 from builders import department, gpu_node, nodepool, project
 from harness import Cluster, Webhook
 from tests.helpers.quotaplan import CHILD_QUEUES, DEPARTMENTS, POOLS, PROJECTS, tenancies

@@ -1,6 +1,6 @@
 """ReplicationControllers reach both workload webhooks through the real API server
 (issue 21: the rules judged them in `check` and `audit`, but the chart's webhook rules,
-written by hand, never sent them; they are now generated from app/kinds.py and the
+written by hand, never sent them; they are now generated from app/k8s/kinds.py and the
 rules)."""
 
 from __future__ import annotations

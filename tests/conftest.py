@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import Evaluation, check_object, evaluate
-from app.podspec import POD_SPEC_PATHS
+from app.core.config import Policy
+from app.core.engine import Evaluation, check_object, evaluate
+from app.core.ruleset import default_ruleset
+from app.k8s.podspec import POD_SPEC_PATHS
 from app.rules.base import Subject
-from app.ruleset import default_ruleset
 from tests.helpers.chart import REPO, bin_dir
 
 API = {("", "Pod"): "v1", ("", "ReplicationController"): "v1"}

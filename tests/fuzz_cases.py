@@ -28,10 +28,10 @@ from typing import Any
 import orjson
 import yaml
 
-from app.admission import BadReview, Decision, Request, RuleHandler, parse_review, review_response
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import InternalError
+from app.core.config import Policy
+from app.core.engine import InternalError
+from app.serve.admission import BadReview, Decision, Request, RuleHandler, parse_review, review_response
 from tests.conftest import RULES, container, workload
 from tests.helpers.actors import pool, template
 
@@ -295,7 +295,7 @@ def answer(body: bytes, phase: str, view: StaticView, policy: Policy | None = No
         uid, subject = parse_review(body)
     except BadReview:
         return Answer(None, None, [], time.perf_counter() - started, b"")
-    # The server's own handler (app/admission.py RuleHandler): the metadata check it makes
+    # The server's own handler (app/serve/admission.py RuleHandler): the metadata check it makes
     # before the engine, then evaluate and decide.
     handled = RuleHandler(RULES, policy, view).handle(Request(uid, subject, phase))  # type: ignore[arg-type]
     decision = handled.decision

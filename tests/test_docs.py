@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from app.config import ActorSettings, NodeSettings, Policy
+from app.core.config import ActorSettings, NodeSettings, Policy
 from tests.conftest import RULES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

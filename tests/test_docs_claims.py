@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from app.httplimits import MAX_BODY, MIB
+from app.serve.httplimits import MAX_BODY, MIB
 from tests.helpers.chart import CHART, helm
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 from prometheus_client import generate_latest
 
-from app.config import Policy
-from app.server import Metrics, create_app
+from app.core.config import Policy
+from app.serve.server import Metrics, create_app
 from tests.conftest import RULES, container, workload
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
@@ -40,7 +40,7 @@ def exercised_metrics() -> str:
                                last_heard=0.0, stale_for=lambda now: 0.0)
     metrics.watches.view = SimpleNamespace(informers=[informer], staleness=60)
     metrics.cert_expiry.set(1.0)
-    from app.failurepolicy import PolicyMetrics  # registered by `serve` beside these
+    from app.serve.failurepolicy import PolicyMetrics  # registered by `serve` beside these
 
     policy_metrics = PolicyMetrics(metrics.registry)
     policy_metrics.lowered.labels("envelope", "workloads.validate.envelope.io").set(0)

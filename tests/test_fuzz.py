@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.cluster.view import StaticView
-from app.config import Mode, Policy
-from app.engine import check_object
+from app.core.config import Mode, Policy
+from app.core.engine import check_object
 from app.rules.base import Subject
 from tests import fuzz_cases
 from tests.conftest import RULES
@@ -49,8 +49,8 @@ review_values = st.recursive(
 def test_any_body_is_a_review_or_a_bad_review(body: Any) -> None:
     import orjson
 
-    from app.admission import BadReview, decide, parse_review, review_response
-    from app.engine import evaluate
+    from app.core.engine import evaluate
+    from app.serve.admission import BadReview, decide, parse_review, review_response
 
     data = body if not isinstance(body, dict) else {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", **body}
@@ -306,8 +306,8 @@ def _deep(depth: int, leaf: Any) -> Any:
 def test_deep_documents_copy_and_patch() -> None:
     """engine.json_copy and jsonpatch.diff at 5,000 levels (past C recursion and
     orjson's 255-level writer): both raised before."""
-    from app.engine import json_copy
-    from app.jsonpatch import diff
+    from app.core.engine import json_copy
+    from app.k8s.jsonpatch import diff
 
     a, b, c = _deep(5000, "x"), _deep(5000, "x"), _deep(5000, "y")
     copied = json_copy(a)
@@ -320,7 +320,7 @@ def test_deep_documents_copy_and_patch() -> None:
 
 
 def test_same_compares_at_any_depth() -> None:
-    from app.util import same
+    from app.k8s.util import same
 
     a, b = _deep(5000, "x"), _deep(5000, "x")
     assert same(a, b) and not same(a, _deep(5000, "y")) and not same(a, _deep(4999, "x"))

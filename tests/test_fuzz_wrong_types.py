@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.admission import decide
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import check_object
+from app.core.config import Policy
+from app.core.engine import check_object
 from app.rules.base import Subject
+from app.serve.admission import decide
 from tests.conftest import RULES, container, workload
 from tests.helpers.actors import pool, template
 from tests.helpers.quotas import base

@@ -41,12 +41,12 @@ import orjson
 from app.cluster.kube import ApiError, KubeClient, pages
 from app.cluster.live import resources_for
 from app.cluster.view import Store
-from app.config import Policy
-from app.engine import check_object
-from app.exemptions import needs_namespaces
-from app.kinds import KINDS, Kind
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.exemptions import needs_namespaces
+from app.core.ruleset import RuleSet
+from app.k8s.kinds import KINDS, Kind
 from app.rules.base import Subject
-from app.ruleset import RuleSet
 
 AUDIT_SCHEMA = "audit/v1"
 """``schemaVersion`` of ``audit -o json`` (docs/schemas/audit-output.v1.json)."""
@@ -75,7 +75,7 @@ def judged_for(rules: RuleSet) -> tuple[Judged, ...]:
     missing = wanted - {j.ref for j in JUDGED}
     if missing:
         raise ValueError(f"no list path for judged kind(s) {sorted(missing)}; add them to "
-                         f"KINDS in app/kinds.py")
+                         f"KINDS in app/k8s/kinds.py")
     return tuple(j for j in JUDGED if j.ref in wanted)
 
 

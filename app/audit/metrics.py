@@ -1,5 +1,5 @@
 """The audit's gauges (``envelope_audit_*``), set from each successful audit, and the
-quota-tree gauges beside them (:mod:`app.quotametrics`)."""
+quota-tree gauges beside them (:mod:`app.audit.quotametrics`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class AuditMetrics:
                               "Audits that failed since the last success",
                               registry=self.registry)
         self._series: set[tuple[str, str, str]] = set()
-        from app.quotametrics import QuotaMetrics  # the quota-tree gauges (app/quotametrics.py)
+        from app.audit.quotametrics import QuotaMetrics  # the quota-tree gauges (app/audit/quotametrics.py)
 
         self.quotas = QuotaMetrics(self.registry)
 

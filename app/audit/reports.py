@@ -36,8 +36,8 @@ rule reference does (docs/rules/)."""
 
 @cache
 def _families() -> dict[str, str]:
+    from app.core.ruleset import default_ruleset
     from app.ruledocs import family
-    from app.ruleset import default_ruleset
 
     return {r.id: family(r) for r in default_ruleset().values()}
 

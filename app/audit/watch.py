@@ -17,8 +17,8 @@ from app.audit.reports import policy_reports, write_reports
 from app.cluster.kube import KubeClient
 from app.cluster.live import Informer, Resource, resources_for
 from app.cluster.view import Store
-from app.config import Policy
-from app.ruleset import RuleSet
+from app.core.config import Policy
+from app.core.ruleset import RuleSet
 
 log = logging.getLogger("envelope.audit")
 

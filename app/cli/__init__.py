@@ -1,6 +1,6 @@
 """The ``envelope`` command: its top-level parser and the dispatch to the subcommands, one
 module each (check, serve, audit_cmd, fix_cmd, reference; ``quotas`` in app/quotaview/,
-``gitops-config`` in app/gitops.py)."""
+``gitops-config`` in app/chart/gitops.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from app.cli.check import VALIDATE_ALIASES, _check_parser, _version, run_check
 from app.cli.fix_cmd import _fix_parsers, _run_fix
 from app.cli.reference import _reference_parsers, run_explain, run_rules, run_webhook_config
 from app.cli.serve import _serve_parser, _serve_problem, run_serve
-from app.config import ConfigError, did_you_mean, load_policy
+from app.core.config import ConfigError, did_you_mean, load_policy
+from app.core.ruleset import default_ruleset
 from app.quotaview.command import add_parser as quotaview_parser
 from app.quotaview.command import run as run_quotaview
-from app.ruleset import default_ruleset
 
 __all__ = ["main"]
 
@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                              "answers (needed, and refused without it, when a compiled "
                              "validate rule is in warn mode; empty list otherwise)")
     _reference_parsers(sub)
-    from app.gitops import add_parser as add_gitops_parser  # envelope gitops-config
+    from app.chart.gitops import add_parser as add_gitops_parser  # envelope gitops-config
 
     add_gitops_parser(sub)
     return parser
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                                   excluded=args.exclude_namespace or [],
                                   split_patch=args.split_patch)
     if args.command == "gitops-config":
-        from app.gitops import run_gitops_config
+        from app.chart.gitops import run_gitops_config
 
         return run_gitops_config(args, rules, policy)
     problem = _serve_problem(args)

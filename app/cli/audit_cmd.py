@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from app.config import Policy
-from app.ruleset import RuleSet
+from app.core.config import Policy
+from app.core.ruleset import RuleSet
 
 
 def _audit_parser(sub: Any) -> None:
@@ -59,7 +59,7 @@ def run_audit(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if args.watch:
         from prometheus_client import start_http_server
 
-        from app.logs import setup_logging
+        from app.serve.logs import setup_logging
 
         setup_logging(args.log_level)
         metrics = AuditMetrics()

@@ -10,21 +10,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app import kinds
 from app.cli.chart_render import HelmOptions, find_helm, no_helm_message, render_charts
+from app.cluster.fieldschema import FIELDS_RULE
 from app.cluster.static import Manifest, Skipped, load
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.defaulting import limit_ranger_pod
-from app.engine import check_object
-from app.exemptions import needs_namespaces
-from app.fieldschema import FIELDS_RULE
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.exemptions import needs_namespaces
+from app.core.ruleset import RuleSet
+from app.crds.substrate import as_crd_template, is_current_template, read_current_template
+from app.k8s import kinds
+from app.k8s.defaulting import limit_ranger_pod
+from app.k8s.util import visible
 from app.render import FORMATS, render, render_input_errors
-from app.reports import FailOn, ObjectResult, Report, not_evaluated
+from app.render.reports import FailOn, ObjectResult, Report, not_evaluated
 from app.rules.base import Finding, Severity, Subject
-from app.ruleset import RuleSet
-from app.substrate import as_crd_template, is_current_template, read_current_template
-from app.util import visible
 
 
 def _check_parser(sub: Any) -> None:
@@ -132,7 +132,7 @@ def _validate_fields(manifests: list[Manifest], validate: str
     object judged without them (what the server stores); ignore: dropped silently. An
     unknown kind or version of a built-in group is refused in every mode (kubectl cannot
     map it)."""
-    from app.fieldschema import default_schema, prune
+    from app.cluster.fieldschema import default_schema, prune
 
     schema = default_schema()
     out: list[tuple[Manifest | ObjectResult, list[Finding]]] = []
@@ -183,7 +183,7 @@ def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView
 def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
                              rules: RuleSet, policy: Policy) -> ObjectResult:
     """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion), converted before the
-    engine runs into the ``ate.dev`` ActorTemplate the rules judge (``app.substrate``):
+    engine runs into the ``ate.dev`` ActorTemplate the rules judge (``app.crds.substrate``):
     what the conversion could not read becomes ``actor-limits`` findings given to the
     engine, so that rule's mode and the exemptions apply to them as to its own. The
     document's labels and annotations are kept, for exceptions and the exemption
@@ -216,9 +216,9 @@ ACTOR_LIMITS = "actor-limits"
 
 
 def _kinds(objects: list[dict[str, Any]]) -> set[str]:
-    """The view names (``app.kinds``) of the kinds among ``objects``: a Karpenter
+    """The view names (``app.k8s.kinds``) of the kinds among ``objects``: a Karpenter
     NodePool is not KAI's."""
-    from app.kinds import name_of, ref_of
+    from app.k8s.kinds import name_of, ref_of
 
     return {name_of(*ref_of(o)) for o in objects}
 

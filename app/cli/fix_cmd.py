@@ -1,5 +1,5 @@
-"""``envelope fix`` and ``envelope krm-fn``: their flags and dispatch (app/fix.py,
-app/krmfn.py)."""
+"""``envelope fix`` and ``envelope krm-fn``: their flags and dispatch (app/fix/edit.py,
+app/fix/krmfn.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import os
 import sys
 from typing import Any
 
-from app.config import Policy
-from app.ruleset import RuleSet
+from app.core.config import Policy
+from app.core.ruleset import RuleSet
 
 
 def _fix_parsers(sub: Any) -> None:
-    """``envelope fix`` and ``envelope krm-fn`` (app/fix.py, app/krmfn.py)."""
+    """``envelope fix`` and ``envelope krm-fn`` (app/fix/edit.py, app/fix/krmfn.py)."""
     fix = sub.add_parser(
         "fix", help="rewrite manifests in place so they are what Envelope would store",
         description="Write the mutations `envelope check` reports into the manifest files "
@@ -53,10 +53,10 @@ def _fix_parsers(sub: Any) -> None:
 
 def _run_fix(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     if args.command == "krm-fn":
-        from app.krmfn import run_krm_fn
+        from app.fix.krmfn import run_krm_fn
 
         return run_krm_fn(rules, policy)
-    from app.fix import run_fix, with_memory_action
+    from app.fix.edit import run_fix, with_memory_action
 
     paths = [*args.paths, *args.filenames]
     if not paths:

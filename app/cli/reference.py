@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
-from app.config import Policy, did_you_mean
-from app.ruleset import RuleSet
+from app.core.config import Policy, did_you_mean
+from app.core.ruleset import RuleSet
 
 
 def _reference_parsers(sub: Any) -> None:
@@ -71,10 +71,10 @@ API group does not serve. The API server refuses such a write with `kubectl appl
 
 Why: `envelope check` reads files, so without this a typo passes the pull request and
 fails at apply time, or (with --validate=false) is silently dropped. Built-in kinds are
-checked against the API server's own field structure (app/data/fieldschema.json.gz);
+checked against the API server's own field structure (app/cluster/data/fieldschema.json.gz);
 the custom resources Envelope judges (KAI NodePool, Department, Project, Queue;
 agent-substrate ActorTemplate, WorkerPool) against their published CRD schemas
-(app/data/crdschema.json.gz). Other custom resources are not checked.
+(app/cluster/data/crdschema.json.gz). Other custom resources are not checked.
 
 Fix: correct or remove the field the finding names (it suggests the nearest known name).
 
@@ -82,11 +82,11 @@ Modes: --validate strict (default; the object is refused and not judged), warn (
 the object judged without the field, as the server stores it), ignore (dropped silently).
 Metadata of the wrong type and unknown kinds are refused in every mode.
 """
-"""``envelope explain fields``: what check's ``fields`` findings are (app/fieldschema.py)."""
+"""``envelope explain fields``: what check's ``fields`` findings are (app/cluster/fieldschema.py)."""
 
 
 def run_explain(rules: RuleSet, rule_id: str) -> int:
-    from app.fieldschema import FIELDS_RULE
+    from app.cluster.fieldschema import FIELDS_RULE
     from app.ruledocs import page
 
     if rule_id == FIELDS_RULE:
@@ -107,7 +107,7 @@ of its ValidatingWebhookConfiguration."""
 
 def run_webhook_config(rules: RuleSet, policy: Policy, output: str, *, in_tree: bool = False,
                        excluded: Sequence[str] = (), split_patch: str | None = None) -> int:
-    from app.matchconditions import UnknownRule, webhook_config_patch
+    from app.chart.matchconditions import UnknownRule, webhook_config_patch
     docs: list[dict[str, Any]]
     try:
         if in_tree:

@@ -12,11 +12,11 @@ from typing import Any
 
 from app.cli.serve_tls import _caller_check, _tls, lease_elector
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.exemptions import needs_namespaces
-from app.httplimits import add_arguments as add_limit_arguments
-from app.httplimits import limits_from_args, uvicorn_options
-from app.ruleset import RuleSet
+from app.core.config import Policy
+from app.core.exemptions import needs_namespaces
+from app.core.ruleset import RuleSet
+from app.serve.httplimits import add_arguments as add_limit_arguments
+from app.serve.httplimits import limits_from_args, uvicorn_options
 
 
 def _serve_parser(sub: Any) -> None:
@@ -168,14 +168,14 @@ def _raise_failure_policies(args: argparse.Namespace, checks: dict[str, Any],
                             configuration: Any, where: str, registry: Any = None) -> None:
     """With the webhook configurations named, raise their webhooks to the failurePolicy
     the chart recorded once this replica is ready and reachable through them
-    (``app.failurepolicy``)."""
+    (``app.serve.failurepolicy``)."""
     configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
                                    ("validatingwebhookconfigurations", args.validating_config))
                if n]
     if not configs:
         return
     from app.cluster.kube import KubeClient
-    from app.failurepolicy import PolicyMetrics, PolicyRaiser
+    from app.serve.failurepolicy import PolicyMetrics, PolicyRaiser
 
     if configuration is None:  # no cluster: nothing to raise
         print(f"envelope serve: cannot raise failure policies: {where}", file=sys.stderr)
@@ -235,7 +235,7 @@ def _cluster_configuration(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 #: The packages whose versions the start line names: the server's own internals
-#: (app/httplimits.py subclasses uvicorn's and uvloop's private classes), so a log says
+#: (app/serve/httplimits.py subclasses uvicorn's and uvloop's private classes), so a log says
 #: whether what runs is what requirements.lock pins (issue 35).
 SERVING_PACKAGES = ("envelope", "uvicorn", "uvloop", "httptools", "fastapi", "starlette")
 
@@ -260,10 +260,10 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
     import uvicorn
 
     from app.cluster.kube import ClusterConfigError
-    from app.logs import setup_logging
-    from app.metrics_server import MetricsServer
-    from app.server import Metrics, create_app
-    from app.serving import Server
+    from app.serve.logs import setup_logging
+    from app.serve.metrics_server import MetricsServer
+    from app.serve.server import Metrics, create_app
+    from app.serve.serving import Server
 
     setup_logging(args.log_level)
     _log_versions()

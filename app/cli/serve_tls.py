@@ -17,7 +17,7 @@ def lease_elector(args: argparse.Namespace, client: Any) -> Any:
     (``--in-tree-facts``): one identity, one Lease, one leader for both."""
     import socket
 
-    from app.certs import LeaseElector
+    from app.serve.certs import LeaseElector
 
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     return LeaseElector(client, args.namespace, args.lease_name, identity)
@@ -33,9 +33,9 @@ def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
     import datetime as dt
     import logging
 
-    from app.certs import SelfManaged
     from app.cluster.kube import KubeClient
-    from app.tls import (
+    from app.serve.certs import SelfManaged
+    from app.serve.tls import (
         SELF_SIGNED_NAMES,
         FileWatcher,
         KeyPair,
@@ -145,8 +145,8 @@ def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
 def _caller_check(args: argparse.Namespace, metrics: Any, configuration: Any,
                   where: str) -> tuple[Any, dict[str, Any]] | None:
     """The KEP-6060 token check and its readiness check (None: cannot start it)."""
-    from app.callerauth import CallerCheck, KeySource
     from app.cluster.kube import KubeClient
+    from app.serve.callerauth import CallerCheck, KeySource
 
     configs = [(r, n) for r, n in (("mutatingwebhookconfigurations", args.mutating_config),
                                    ("validatingwebhookconfigurations", args.validating_config))

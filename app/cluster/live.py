@@ -24,7 +24,7 @@ Authentication and TLS come from the official client's configuration (in-cluster
 service account, or a kubeconfig); the HTTP is its urllib3 pool.
 
 Why one module of ~430 lines: list, watch, re-list after 410 Gone, bookmarks, liveness
-and the trims are one informer's state per kind; the table of kinds is ``app/kinds.py``.
+and the trims are one informer's state per kind; the table of kinds is ``app/k8s/kinds.py``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from kubernetes.client import Configuration
 
 from app.cluster.kube import ApiError, KubeClient, loads, pages
 from app.cluster.view import Index, Store
-from app.kinds import KINDS, Kind, read_kinds
-from app.namespace_policy import pods_at_once
+from app.k8s.kinds import KINDS, Kind, read_kinds
+from app.k8s.namespace_policy import pods_at_once
 
 __all__ = ["LIVENESS_GRACE", "RESOURCES", "TRIMS", "Informer", "LiveView", "Resource", "Shared",
            "resources_for", "share"]
@@ -141,8 +141,8 @@ def _trim_pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("initContainers"):
         out["initContainers"] = containers(spec["initContainers"],
                                            ("name", "resources", "restartPolicy"))
-    # What a quota's scopes read of a pod (app/namespace_policy.py quota_matches_pod), and
-    # the RuntimeClass whose overhead it is charged (app/podmodel.py admit).
+    # What a quota's scopes read of a pod (app/k8s/namespace_policy.py quota_matches_pod), and
+    # the RuntimeClass whose overhead it is charged (app/k8s/podmodel.py admit).
     for key in ("overhead", "resources", "nodeSelector", "activeDeadlineSeconds", "priorityClassName",
                 "runtimeClassName"):
         if key in spec:
@@ -223,7 +223,7 @@ def trim_whole(kind: str, status: tuple[str, ...] = ()) -> Trim:
 
 
 def trim_karpenter_nodepool(obj: dict[str, Any]) -> dict[str, Any]:
-    """What ``pod-fits-node`` reads of a Karpenter NodePool (app/autoscaling.py): the
+    """What ``pod-fits-node`` reads of a Karpenter NodePool (app/crds/autoscaling.py): the
     node template's labels, taints and requirements, ``spec.limits`` and
     ``status.resources``."""
     out = _base(obj, "NodePool")
@@ -261,7 +261,7 @@ class Resource:
     @classmethod
     def of(cls, kind: Kind) -> Resource:
         if kind.trim is None:
-            raise ValueError(f"{kind.name} has no trim in app/kinds.py: the view cannot keep it")
+            raise ValueError(f"{kind.name} has no trim in app/k8s/kinds.py: the view cannot keep it")
         trim = trim_whole(kind.kind, kind.status) if kind.trim == "whole" else TRIMS[kind.trim](kind.kind)
         return cls(kind.name, kind.path, trim, kind.optional)
 
@@ -273,7 +273,7 @@ RESOURCES: tuple[Resource, ...] = tuple(Resource.of(k) for k in KINDS if k.trim 
 def resources_for(kinds: Iterable[str]) -> tuple[Resource, ...]:
     """What to watch for rules that read ``kinds``: a rule set's reads decide the watch
     list, so a rule that reads a new kind gets its watch without a second edit (and a
-    kind nobody reads is not watched). A kind with no entry in ``app/kinds.py`` raises."""
+    kind nobody reads is not watched). A kind with no entry in ``app/k8s/kinds.py`` raises."""
     return tuple(Resource.of(k) for k in read_kinds(kinds))
 
 

@@ -2,7 +2,7 @@
 
 The manifests come from files; the objects they are judged against come from a live
 cluster, read once, page by page: exactly the kinds the rules read (what the webhook
-watches, ``app.kinds`` and ``Rule.reads``), trimmed as the webhook's live view trims
+watches, ``app.k8s.kinds`` and ``Rule.reads``), trimmed as the webhook's live view trims
 them, so a manifest meets the cluster the webhook would judge it against (a ReplicaSet
 of a Deployment is counted through its Deployment, as the webhook counts it). A
 manifest replaces the cluster's object of the same (group, kind), namespace and name:
@@ -17,7 +17,7 @@ from typing import Any
 
 from app.cluster.kube import ApiError, KubeClient, pages
 from app.cluster.live import Resource
-from app.kinds import KINDS, Kind, read_kinds, ref_of
+from app.k8s.kinds import KINDS, Kind, read_kinds, ref_of
 
 __all__ = ["Snapshot", "context_kinds", "merge", "snapshot"]
 

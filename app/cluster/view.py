@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Protocol
 
-from app.kinds import name_of, ref_of
+from app.k8s.kinds import name_of, ref_of
 
 __all__ = ["NODE_LABEL", "ClusterView", "Index", "ScopedView", "StaticView", "Store",
            "UndeclaredRead"]
@@ -123,7 +123,7 @@ def _key(obj: dict[str, Any]) -> Key:
 
 class Store:
     """Objects by kind and key, with indexes kept up to date on every change. A kind is
-    its view name (``app.kinds``: one name per (group, kind)); an object added without
+    its view name (``app.k8s.kinds``: one name per (group, kind)); an object added without
     one is filed by its apiVersion and kind (:func:`kind_key`).
 
     Safe for one writer thread per kind (a watch) and many readers: writes take a lock,

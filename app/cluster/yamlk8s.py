@@ -23,7 +23,7 @@ This module resolves plain scalars with go-yaml v2's ``resolve()`` (resolve.go) 
 builds mappings with its ``decoder.mapping``/``merge`` (decode.go), then applies
 sigs.k8s.io/yaml's ``convertToJSONableObject`` to keys and what JSON and
 Kubernetes' unstructured decoding do to numbers (integers that fit int64 stay
-integers, everything else is a float). ``tests/test_cluster_static.py`` checks it against
+integers, everything else is a float). ``tests/cluster/test_static.py`` checks it against
 the real kubectl over generated scalars.
 """
 

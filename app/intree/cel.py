@@ -13,10 +13,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from app.config import Policy, RuleException
-from app.kinds import KINDS
-from app.podspec import WORKLOAD_KINDS
-from app.selectors import LabelSelector
+from app.core.config import Policy, RuleException
+from app.k8s.kinds import KINDS
+from app.k8s.podspec import WORKLOAD_KINDS
+from app.k8s.selectors import LabelSelector
 
 __all__ = ["annotation_value", "exception_matches", "exception_requirements", "exemption_clauses",
            "has_path", "in_section", "labels_of", "lit", "namespace_only", "namespace_selector",
@@ -51,7 +51,7 @@ def annotation_value(meta: str, key: str) -> tuple[str, str]:
 
 
 def selector_matches(selector: LabelSelector, labels: str) -> str:
-    """``metav1.LabelSelector`` matching (``app.selectors``) over a CEL labels map."""
+    """``metav1.LabelSelector`` matching (``app.k8s.selectors``) over a CEL labels map."""
     parts = [f"({lit(k)} in {labels} && {labels}[{lit(k)}] == {lit(v)})"
              for k, v in (selector.match_labels or {}).items()]
     for req in selector.match_expressions or []:

@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from app.config import Policy
+from app.core.config import Policy
+from app.core.ruleset import RuleSet, default_ruleset
 from app.intree.compile import compile_in_tree
 from app.intree.validating import compile_validating, partition
-from app.ruleset import RuleSet, default_ruleset
 
 __all__ = ["CHART_FILE", "policy_json", "render", "stale"]
 

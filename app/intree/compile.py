@@ -9,7 +9,7 @@ holds only where the policy's patch is exactly the patch ``/mutate`` would answe
 same stored object, the same ``envelope.io/mutations`` annotation, and no warning or
 refusal that only the webhook could give. The domain is the policy's
 ``matchConditions``; what depends on the namespace is the binding's namespaceSelector.
-The policy runs before the mutating webhooks, whose own condition (``app.matchconditions``)
+The policy runs before the mutating webhooks, whose own condition (``app.chart.matchconditions``)
 is then false for what it changed; where the binding selects every namespace the webhook
 does, the reduced webhook condition is the old one *and not* the domain. Outside the
 domain nothing is approximated: the write goes to the webhook as before.
@@ -31,7 +31,7 @@ What is compiled (``enforce`` mode only; see docs/in-tree.md for the rest and wh
 Left out of the domain (answered by the webhook):
 
 - every UPDATE: the webhook patches no pod template an UPDATE left as stored and no part
-  of a Job's template the API server holds (``app/engine.py``, issue 28), and judges a
+  of a Job's template the API server holds (``app/core/engine.py``, issue 28), and judges a
   Pod UPDATE only for the resources it changes;
 - a pod-level CPU limit without a pod-level CPU request when some container asks for
   CPU: the request the webhook writes is the containers' aggregate
@@ -66,7 +66,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config import Mode, Policy
+from app.chart.matchconditions import MEMORY_APART, MUTATING_WEBHOOK, mutate_expression
+from app.core.config import Mode, Policy
+from app.core.ruleset import RuleSet
 from app.intree.cel import (
     annotation_value,
     exception_requirements,
@@ -78,9 +80,7 @@ from app.intree.cel import (
     resource_rules,
     template_exists,
 )
-from app.matchconditions import MEMORY_APART, MUTATING_WEBHOOK, mutate_expression
-from app.podspec import WORKLOAD_KINDS
-from app.ruleset import RuleSet
+from app.k8s.podspec import WORKLOAD_KINDS
 
 __all__ = ["FACT_LABEL", "FACT_LEASE_CONDITION", "FACT_VALUE", "POLICY_NAME", "Compiled",
            "NotCompilable", "compile_in_tree", "fact_lease_expression"]
@@ -293,7 +293,7 @@ def _domain(on: dict[str, Mode], compiled: Sequence[str], policy: Policy) -> str
                     f"(has(s.resources) && {_memory_without_limit('s.resources')}))")
     parts = [
         # UPDATEs stay in the webhook: it patches no template an UPDATE left as stored
-        # and no part of a Job's template the API server holds (app/engine.py), which
+        # and no part of a Job's template the API server holds (app/core/engine.py), which
         # this policy does not express (the equivalence oracle found the difference).
         "request.operation == \"CREATE\"",
         _plain_annotation("object.metadata", opt_out) if "cpu-limits" in compiled else "true",

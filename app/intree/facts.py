@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from app.cluster.kube import ApiError, KubeClient, pages
 from app.intree.compile import FACT_LABEL, FACT_VALUE
-from app.selectors import LabelSelector
+from app.k8s.selectors import LabelSelector
 
 __all__ = ["FACT_KINDS", "FACT_LEASE_SECONDS", "FIELD_MANAGER", "FactKeeper", "FactLease",
            "FactMetrics", "Leadership",

@@ -16,7 +16,7 @@ validating chain stops at the first refusal (``k8s.io/apiserver/pkg/admission/ch
 webhook; one it admits in its domain draws no finding of the rule from the webhook
 either. For ``warn`` the webhook must not warn a second time: the validating webhook is
 split per namespace fact so that writes in the domain go to ``/validate/in-tree/<ids>``,
-which skips the compiled rules (:func:`webhook_partition`, ``app.server``).
+which skips the compiled rules (:func:`webhook_partition`, ``app.serve.server``).
 
 Compiled: ``memory-request-equals-limit``
 (``app.rules.workloads.memory_request_equals_limit``), on CREATE (an UPDATE ratchets:
@@ -53,7 +53,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config import Mode, Policy
+from app.core.config import Mode, Policy
+from app.core.ruleset import RuleSet
 from app.intree.cel import (
     exception_requirements,
     exemption_clauses,
@@ -66,9 +67,8 @@ from app.intree.cel import (
     template_exists,
 )
 from app.intree.compile import FACT_LABEL, FACT_VALUE
-from app.podspec import WORKLOAD_KINDS
-from app.ruleset import RuleSet
-from app.util import WARNING_LIMIT
+from app.k8s.podspec import WORKLOAD_KINDS
+from app.k8s.util import WARNING_LIMIT
 
 __all__ = [
     "COMPILABLE",
@@ -90,7 +90,7 @@ COMPILABLE = ("memory-request-equals-limit",)
 """Validate rules the compiler can write as a ValidatingAdmissionPolicy."""
 VALIDATE_PATH = "/validate/in-tree/"
 """The validating webhook path that skips the rules named after it (comma-separated):
-the writes a Warn policy answers (``app.server``)."""
+the writes a Warn policy answers (``app.serve.server``)."""
 DOMAIN_CONDITION = "envelope-in-tree"
 _TAIL = "; memory cannot be borrowed back, so request must equal limit"
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
-from app.config import Policy
-from app.kai import RESOURCES
+from app.core.config import Policy
+from app.core.ruleset import RuleSet
+from app.crds.kai import RESOURCES
 from app.quotaview.model import QUOTA_KINDS, Tree, as_json, compare, tree_of
-from app.ruleset import RuleSet
 
 __all__ = ["add_parser", "run"]
 
@@ -90,7 +90,7 @@ def _read(paths: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
 
 def _cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[str]]:
     # The listing of `check --kubeconfig` (app.cluster.snapshot), restricted to what the
-    # tree reads. (The kind registry app/kinds.py, when merged, is the one place to list.)
+    # tree reads. (The kind registry app/k8s/kinds.py, when merged, is the one place to list.)
     from app.cluster.kube import KubeClient, kube_configuration
     from app.cluster.snapshot import context_kinds, snapshot
 

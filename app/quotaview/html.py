@@ -12,9 +12,9 @@ from __future__ import annotations
 from decimal import Decimal
 from html import escape
 
-from app.kai import RESOURCES, UNLIMITED, ZERO, Resource, describe, shortfall
+from app.crds.kai import RESOURCES, UNLIMITED, ZERO, Resource, describe, shortfall
+from app.k8s.util import plain_number
 from app.quotaview.model import Numbers, Pool, Tree, TreeNode
-from app.util import plain_number
 
 __all__ = ["DEFAULT_COLLAPSE", "render_html"]
 

@@ -21,9 +21,11 @@ from decimal import Decimal
 from typing import Any
 
 from app.cluster.view import ClusterView, StaticView
-from app.config import Policy
-from app.engine import check_object
-from app.kai import DEFAULT_POOL, RESOURCES, Resource, exceeds, total
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.ruleset import RuleSet
+from app.crds.kai import DEFAULT_POOL, RESOURCES, Resource, exceeds, total
+from app.k8s.util import plain_number
 from app.rules.base import Subject
 from app.rules.quotas.objects import (
     POOL,
@@ -39,8 +41,6 @@ from app.rules.quotas.objects import (
 from app.rules.quotas.sums import overflow, pool_demand
 from app.rules.quotas.tree import Slot, all_slots, pool_capacity, slots
 from app.rules.quotas.usage import read_usage
-from app.ruleset import RuleSet
-from app.util import plain_number
 
 __all__ = ["QUOTAS_SCHEMA", "Numbers", "Pool", "Tree", "TreeNode", "allocated", "as_json",
            "build", "compare", "judge"]

@@ -37,12 +37,12 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import Evaluation, check_object, json_copy
+from app.core.config import Policy
+from app.core.engine import Evaluation, check_object, json_copy
+from app.core.ruleset import RuleSet
+from app.k8s.util import same
 from app.rules.base import Subject
 from app.rules.quotas.objects import is_ours, krm_owned, name_of
-from app.ruleset import RuleSet
-from app.util import same
 
 __all__ = ["PLANNED_KINDS", "Blocker", "Key", "Plan", "Step", "admits", "apply_step", "key_of",
            "plan", "state_of"]

@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from app.config import ConfigError, Policy, load_policy
+from app.core.config import ConfigError, Policy, load_policy
+from app.core.ruleset import RuleSet, default_ruleset
 from app.quotaview.plan import PLANNED_KINDS, Plan, key_of, plan
 from app.quotaview.plancommands import command_of
-from app.ruleset import RuleSet, default_ruleset
 
 __all__ = ["SCHEMA", "gitops_owners", "main", "parser", "plan_json"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from app.kinds import by_ref
+from app.k8s.kinds import by_ref
 from app.quotaview.plan import Step
 
 __all__ = ["Command", "command_of", "patch_ops", "resource_of"]

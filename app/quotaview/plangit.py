@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from app.cluster.static import Loaded, load_text
-from app.fix import fix_text
+from app.fix.edit import fix_text
 from app.quotaview.plan import Key, key_of
 from app.quotaview.plancommands import patch_ops
 

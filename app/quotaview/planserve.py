@@ -18,11 +18,11 @@ from decimal import Decimal, InvalidOperation
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from app.config import Policy
+from app.core.config import Policy
+from app.core.ruleset import RuleSet
 from app.quotaview.model import as_json, tree_of
 from app.quotaview.plan import GUARANTEE, plan
 from app.quotaview.plancommands import command_of
-from app.ruleset import RuleSet
 
 __all__ = ["Planner", "apply_edits", "serve"]
 

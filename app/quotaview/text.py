@@ -12,9 +12,9 @@ from __future__ import annotations
 import textwrap
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from app.kai import UNLIMITED, ZERO, Resource, describe, shortfall
+from app.crds.kai import UNLIMITED, ZERO, Resource, describe, shortfall
+from app.k8s.util import plain_number
 from app.quotaview.model import Numbers, Pool, Tree, TreeNode
-from app.util import plain_number
 
 __all__ = ["MIN_WIDTH", "bar", "render_text"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 from app.cluster.static import LoadError
 from app.render import github, json, junit, sarif, text
-from app.reports import FailOn, Report
+from app.render.reports import FailOn, Report
 
 __all__ = ["FORMATS", "INPUT_ERRORS", "RENDERERS", "Renderer", "render", "render_input_errors"]
 

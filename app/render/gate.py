@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import orjson
 
-from app.reports import FailOn, Located, ObjectResult, Report
-from app.util import cut
+from app.k8s.util import cut
+from app.render.reports import FailOn, Located, ObjectResult, Report
 
 __all__ = ["FIX_HINT", "change_gate_failures", "change_gate_github", "change_gate_level",
            "change_gate_text"]

@@ -7,9 +7,9 @@ import os
 from collections.abc import Iterable
 
 from app.cluster.static import LoadError
+from app.k8s.util import visible
 from app.render.gate import change_gate_github
-from app.reports import FailOn, Report
-from app.util import visible
+from app.render.reports import FailOn, Report
 
 __all__ = ["input_errors", "render"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from app.reports import FailOn, Report
+from app.render.reports import FailOn, Report
 
 __all__ = ["CHECK_SCHEMA", "as_json", "render"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from app.k8s.util import visible
 from app.render.gate import change_gate_failures
-from app.reports import FailOn, Report
-from app.util import visible
+from app.render.reports import FailOn, Report
 
 __all__ = ["render"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from app.render.gate import change_gate_level
-from app.reports import FailOn, Report
+from app.render.reports import FailOn, Report
 
 __all__ = ["SARIF_SCHEMA", "as_sarif", "render"]
 

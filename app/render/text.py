@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from app.fieldschema import FIELDS_RULE
+from app.cluster.fieldschema import FIELDS_RULE
+from app.k8s.util import visible
 from app.render.gate import change_gate_text
-from app.reports import FailOn, Report
-from app.util import visible
+from app.render.reports import FailOn, Report
 
 __all__ = ["explain_line", "render"]
 

@@ -3,8 +3,8 @@
 import sys
 from pathlib import Path
 
+from app.core.ruleset import default_ruleset
 from app.ruledocs import write_pages
-from app.ruleset import default_ruleset
 
 directory = Path(sys.argv[1] if len(sys.argv) > 1 else
                  Path(__file__).resolve().parent.parent.parent / "docs" / "rules")

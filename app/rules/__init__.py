@@ -2,6 +2,6 @@
 envelopes), ``namespace`` (workload rules that read the namespace and the nodes),
 ``quotas`` (KAI quota trees) and ``actors`` (agent-substrate sandboxes).
 
-Each declares its rules with :func:`app.rules.base.rule`; :mod:`app.ruleset` collects
+Each declares its rules with :func:`app.rules.base.rule`; :mod:`app.core.ruleset` collects
 them. Importing this package registers nothing.
 """

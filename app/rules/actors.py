@@ -13,7 +13,7 @@ objects only through the indexes declared here. See ``docs/actors.md``.
 
 Why one module of ~480 lines: one family of nine rules over two kinds that share the
 reading (decoded once, ``app.actortypes.decode``), the indexes and the placement; the
-typed models and the arithmetic are ``app/actortypes.py``.
+typed models and the arithmetic are ``app/crds/actortypes.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.actortypes import (
+from app.cluster.after import AfterWrite
+from app.cluster.view import ClusterView, Index
+from app.core.config import Mode, Policy
+from app.crds.actortypes import (
     ACTOR_RESOURCES,
     GPU,
     GROUP,
@@ -48,13 +51,10 @@ from app.actortypes import (
     show_bytes,
     worker_capacity,
 )
-from app.cluster.after import AfterWrite
-from app.cluster.view import ClusterView, Index
-from app.config import Mode, Policy
-from app.quantity import SHOWN, QuantityError, parse_quantity, shown
+from app.crds.substrate import pool_sandbox_classes, read_pool_classes
+from app.k8s.quantity import SHOWN, QuantityError, parse_quantity, shown
+from app.k8s.util import Memo, dig, digest, dotted, same
 from app.rules.base import Finding, Subject, error, rule, warning
-from app.substrate import pool_sandbox_classes, read_pool_classes
-from app.util import Memo, dig, digest, dotted, same
 
 __all__ = ["INDEXES", "POOLS_BY_CLASS", "TEMPLATES_BY_CLASS", "microvm_floor"]
 

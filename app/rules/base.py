@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from app.config import Mode
-from app.util import cut_middle
+from app.core.config import Mode
+from app.k8s.util import cut_middle
 
 if TYPE_CHECKING:
     from app.cluster.view import ClusterView
-    from app.config import Policy
+    from app.core.config import Policy
 
 __all__ = ["MESSAGE_LIMIT", "PATH_LIMIT", "Finding", "Phase", "Ratchet", "Rule", "Subject",
            "change", "error", "rule", "rules_of", "warning"]

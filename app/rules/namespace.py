@@ -7,8 +7,8 @@ somewhere: on a node, and in the namespace's memory budget.
 
 Why one module of ~440 lines: five rules that read the namespace and the nodes; most of
 the length is ``pod-fits-node``'s node grouping, kept beside the class index it reads.
-The pod-spec helpers are ``app/podspec.py``, the arithmetic ``app/namespace_policy.py``
-and ``app/scheduling.py``.
+The pod-spec helpers are ``app/k8s/podspec.py``, the arithmetic ``app/k8s/namespace_policy.py``
+and ``app/k8s/scheduling.py``.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 
 import orjson
 
-from app.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
 from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
-from app.config import Mode, Policy
-from app.defaulting import default_pod, effective_pod_requests
-from app.disclosure import node_reference
-from app.dra import (
+from app.core.config import Mode, Policy
+from app.crds.autoscaling import KARPENTER_NODEPOOL, karpenter_pools, policy_nodes, pool_shape, scale_up
+from app.k8s.defaulting import default_pod, effective_pod_requests
+from app.k8s.disclosure import node_reference
+from app.k8s.dra import (
     DeviceClass,
     DeviceRequest,
     DeviceState,
@@ -40,8 +40,7 @@ from app.dra import (
     pod_claim_requests,
     selector_references,
 )
-from app.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
-from app.namespace_policy import (
+from app.k8s.namespace_policy import (
     CpuLimitNeed,
     cpu_limit_needs,
     managed_elsewhere,
@@ -50,8 +49,8 @@ from app.namespace_policy import (
     quota_matches_pod,
     quota_scope_key,
 )
-from app.podmodel import Admission, admit, daemon_tolerations
-from app.podspec import (
+from app.k8s.podmodel import Admission, admit, daemon_tolerations
+from app.k8s.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
@@ -59,10 +58,8 @@ from app.podspec import (
     pod_spec,
     well_formed,
 )
-from app.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
-from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
-from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
-from app.scheduling import (
+from app.k8s.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.k8s.scheduling import (
     CORDONED,
     KUBELET,
     SCHEDULER,
@@ -78,8 +75,11 @@ from app.scheduling import (
     node_selector_matches,
     place_pod,
 )
-from app.scheduling import Node as SchedNode
-from app.util import Memo, digest, footprint
+from app.k8s.scheduling import Node as SchedNode
+from app.k8s.util import Memo, digest, footprint
+from app.rules.base import Finding, Ratchet, Subject, error, rule, warning
+from app.rules.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit, pod_amount
+from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
 
 __all__ = ["INDEXES", "MAX_NODE_GROUPS", "NODE_CLASS"]
 
@@ -126,7 +126,7 @@ def _cpu_limit_needs(subject: Subject, obj: dict[str, Any], view: ClusterView,
         stripped = _without_cpu_limits(spec)
         if quotas:
             # The Pods' PriorityClass as the Priority plugin sets it (quota scopes read it;
-            # app/podmodel.py ``admit``); LimitRanger's defaults are cpu_limit_needs', in
+            # app/k8s/podmodel.py ``admit``); LimitRanger's defaults are cpu_limit_needs', in
             # each order it may apply them.
             stripped = admit(stripped, Admission(priority_classes=view.list("PriorityClass")),
                              limit_ranger=False)[0]
@@ -220,7 +220,7 @@ def limitrange_default_below_request(subject: Subject, obj: dict[str, Any], view
 
 
 def _node_of(node: dict[str, Any]) -> SchedNode | None:
-    """A Node as app.scheduling sees it (None when a quantity of it does not parse: such a
+    """A Node as app.k8s.scheduling sees it (None when a quantity of it does not parse: such a
     node is not judged). The view holds no Pods, so nodes are judged empty; a node that
     reports no ``pods`` allocatable is not limited by pod count."""
     status = node.get("status") or {}
@@ -237,7 +237,7 @@ def _node_class(node: dict[str, Any]) -> list[str]:
     return [] if built is None else [class_key(built)]
 
 
-#: Nodes by class (app.scheduling ``class_key``: everything the filters read but the
+#: Nodes by class (app.k8s.scheduling ``class_key``: everything the filters read but the
 #: name and per-node labels), kept current by the view on every watch event: a review
 #: judges one node per class, so its cost follows the number of node shapes.
 NODE_CLASS = Index("Node", "class", _node_class)
@@ -280,7 +280,7 @@ def _own(stand_in: SchedNode, obj: dict[str, Any]) -> SchedNode:
 
 
 DRA_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate")
-"""resource.k8s.io/v1 kinds ``pod-fits-node`` reads (app/dra.py)."""
+"""resource.k8s.io/v1 kinds ``pod-fits-node`` reads (app/k8s/dra.py)."""
 
 
 def _slice_read(obj: dict[str, Any]) -> list[str]:
@@ -342,7 +342,7 @@ def _groups(view: ClusterView, spec: dict[str, Any], reserve_cpu: int,
             reserve_memory: int, keys: frozenset[str] | None = None) -> Iterator[NodeGroup]:
     """The nodes to judge, built as ``place_pod`` asks for them: each node the pod mentions
     (a name in ``matchFields``, a per-node label value) on its own, then one stand-in per
-    class for the rest (app.scheduling ``place_pod``). ``keys``: the pod asks for DRA
+    class for the rest (app.k8s.scheduling ``place_pod``). ``keys``: the pod asks for DRA
     devices (the attributes its selectors read): classes are split by their members'
     devices, and each node carries its own."""
     counts = view.index_counts(NODE_CLASS)
@@ -400,7 +400,7 @@ _classes_memo: Memo[int, tuple[dict[str, DeviceClass], dict[str, str]]] = Memo(8
 
 def _device_demand(subject: Subject, spec: dict[str, Any], view: ClusterView,
                    requests: Mapping[str, Decimal]) -> DeviceDemand:
-    """What the pod asks of DRA devices (app/dra.py): its claims' requests, and each
+    """What the pod asks of DRA devices (app/k8s/dra.py): its claims' requests, and each
     extended resource it requests that a DeviceClass maps."""
     if not view.count("DeviceClass"):
         return DeviceDemand()  # no class: no claim can be allocated, nothing is mapped
@@ -420,7 +420,7 @@ def _device_demand(subject: Subject, spec: dict[str, Any], view: ClusterView,
 
 def _scheduled_spec(subject: Subject, spec: dict[str, Any], view: ClusterView,
                     policy: Policy) -> dict[str, Any]:
-    """The pod spec the scheduler will see for a template's pods (app/podmodel.py ``admit``,
+    """The pod spec the scheduler will see for a template's pods (app/k8s/podmodel.py ``admit``,
     checked by the pod-construction oracle): the DaemonSet controller's tolerations, then
     DefaultTolerationSeconds, ExtendedResourceToleration when the policy's
     ``admissionPlugins`` has it, and RuntimeClass admission (overhead, node selector,
@@ -468,7 +468,7 @@ def _mapped_names(view: ClusterView) -> set[str]:
 
 
 def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
-    """Karpenter NodePools, filed by (group, kind) in every view (``app.kinds``):
+    """Karpenter NodePools, filed by (group, kind) in every view (``app.k8s.kinds``):
     KAI's NodePools and a stale KAI NodePool watch never reach this rule."""
     return karpenter_pools(view.list(KARPENTER_NODEPOOL), [])
 
@@ -560,12 +560,12 @@ def pod_fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
                policy: Policy) -> list[Finding]:
-    """kube-scheduler's filters one node at a time (app/scheduling.py, checked against
+    """kube-scheduler's filters one node at a time (app/k8s/scheduling.py, checked against
     the real kube-scheduler by the scheduling oracle): schedulable, nodeSelector and
     required node affinity, NoSchedule/NoExecute taints vs tolerations, and the pod's
     effective request (sidecars, init containers, overhead, pod-level resources) on
     cpu, memory, ephemeral-storage and every extended resource, and the DRA devices its
-    claims and its DeviceClass-mapped extended resources ask for (app/dra.py). Refused
+    claims and its DeviceClass-mapped extended resources ask for (app/k8s/dra.py). Refused
     when no node takes it; the message names the closest node and what it lacks.
 
     A template's pods are judged as the RuntimeClass admission plugin and the DaemonSet
@@ -574,7 +574,7 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     e.g. KAI's) by the kubelet's checks on every node (docs/fidelity.md). A DaemonSet whose
     selection takes no node makes no pod: never refused for that.
 
-    Autoscaled clusters (class 10, app/autoscaling.py): a pod no current node takes but
+    Autoscaled clusters (class 10, app/crds/autoscaling.py): a pod no current node takes but
     a node the autoscaler can create would (``nodes.autoscaledShapes``, Karpenter
     NodePools in the view) gets a warning, never a refusal."""
     spec = pod_spec(subject, obj)
@@ -655,7 +655,7 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
 def _waits_for_recovery(path: str, verdict: PodPlacement) -> Finding:
     """No node takes the pods now, but some would once out of a state the node leaves on its
-    own (app.scheduling ``LIFECYCLE_TAINT_KEYS``: not ready, unreachable, under pressure,
+    own (app.k8s.scheduling ``LIFECYCLE_TAINT_KEYS``: not ready, unreachable, under pressure,
     cordoned): kube-scheduler leaves them Pending meanwhile, so this is not refused. The
     first clause says it all (a webhook warning keeps ~120 characters, app.util.brief)."""
     states = sorted({"cordoned" if r == CORDONED else
@@ -765,7 +765,7 @@ class _Pods:
 
 def _admission(view: ClusterView, namespace: str, policy: Policy) -> Admission:
     """What the admission plugins before the webhook read for a Pod of ``namespace``
-    (app/podmodel.py ``admit``): its LimitRanges (in the view's order; LimitRanger's own
+    (app/k8s/podmodel.py ``admit``): its LimitRanges (in the view's order; LimitRanger's own
     is a Go map's), the PriorityClasses and RuntimeClasses."""
     return Admission(view.list("LimitRange", namespace), view.list("PriorityClass"),
                      {_name(rc): rc for rc in view.list("RuntimeClass")},

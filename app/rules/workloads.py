@@ -1,13 +1,13 @@
 """Workload envelopes: strip CPU limits, keep memory request == limit.
 
 Applies to Pods and every kind that carries a pod template (where each kind keeps
-it, and the helpers that read it: ``app/podspec.py``). Each rule is a pure
+it, and the helpers that read it: ``app/k8s/podspec.py``). Each rule is a pure
 function ``(subject, obj, view, policy) -> findings``; mutating rules change
 ``obj`` (a copy the engine owns) and report what they changed.
 
 Why one module of ~470 lines: the six rules of one family and the string-envelope
 helpers only two of them use; the pod-spec helpers every workload rule reads are
-``app/podspec.py``.
+``app/k8s/podspec.py``.
 """
 
 from __future__ import annotations
@@ -18,20 +18,10 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from app.cluster.view import ClusterView
-from app.config import Mode, Policy
-from app.defaulting import apply_limit_range_defaults, default_pod, limit_range_default
-from app.envelope import (
-    EnvelopeString,
-    PairError,
-    compare_quantities,
-    is_integer_cpu,
-    move_cpu_limit_to_request,
-    move_pod_level_cpu_limit,
-    parse_envelope_string,
-    without_written_cpu,
-)
-from app.envexpand import EnvValue, container_env, references
-from app.podspec import (
+from app.core.config import Mode, Policy
+from app.k8s.defaulting import apply_limit_range_defaults, default_pod, limit_range_default
+from app.k8s.envexpand import EnvValue, container_env, references
+from app.k8s.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
     containers,
@@ -46,9 +36,19 @@ from app.podspec import (
     well_formed,
     with_pod_spec,
 )
-from app.quantity import QuantityError, format_bytes, parse_quantity
+from app.k8s.quantity import QuantityError, format_bytes, parse_quantity
+from app.k8s.util import cut, dig, dotted, shown
 from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
-from app.util import cut, dig, dotted, shown
+from app.rules.envelope import (
+    EnvelopeString,
+    PairError,
+    compare_quantities,
+    is_integer_cpu,
+    move_cpu_limit_to_request,
+    move_pod_level_cpu_limit,
+    parse_envelope_string,
+    without_written_cpu,
+)
 
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "keeps_cpu_limit", "memory_below_limit_applies"]
 
@@ -920,7 +920,7 @@ def env_envelope_consistency(subject: Subject, obj: dict[str, Any], view: Cluste
                              policy: Policy) -> list[Finding]:
     """The two string envelopes agree on memory; a remaining CPU limit covers the request.
     Each is judged as the container will see it: the last entry of its name, after the
-    kubelet's ``$(VAR)`` expansion (app/envexpand.py). ``valueFrom`` is not judged; a
+    kubelet's ``$(VAR)`` expansion (app/k8s/envexpand.py). ``valueFrom`` is not judged; a
     value still holding an unresolved ``$(VAR)`` is left as written with a warning."""
     findings: list[Finding] = []
     names = policy.envelope_env

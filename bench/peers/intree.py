@@ -15,7 +15,7 @@ bench's API server: the rounds ``intree-map`` and ``envelope-intree`` of bench/a
   namespaces carry ``in-tree.envelope.io/cpu-limit-guards=clear`` because they hold no
   LimitRange and no ResourceQuota, not because the bench wrote the label.
 
-The helpers above :class:`InTreeSetup` are pure (tests/test_intree_bench.py).
+The helpers above :class:`InTreeSetup` are pure (tests/intree/test_intree_bench.py).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.cluster.kube import KubeClient, kube_configuration  # noqa: E402
-from app.config import Policy  # noqa: E402
+from app.core.config import Policy  # noqa: E402
+from app.core.ruleset import default_ruleset  # noqa: E402
 from app.intree import Compiled, compile_in_tree  # noqa: E402
 from app.intree.facts import FactKeeper  # noqa: E402
-from app.ruleset import default_ruleset  # noqa: E402
 
 INTREE_ROUNDS = ("intree-map", "envelope-intree")
 MUTATING = "MutatingWebhookConfiguration"

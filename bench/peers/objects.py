@@ -21,9 +21,9 @@ from webhook import deployment  # noqa: E402
 
 from app.cli.check import subject_of  # noqa: E402
 from app.cluster.view import StaticView  # noqa: E402
-from app.config import Policy  # noqa: E402
-from app.engine import check_object  # noqa: E402
-from app.ruleset import default_ruleset  # noqa: E402
+from app.core.config import Policy  # noqa: E402
+from app.core.engine import check_object  # noqa: E402
+from app.core.ruleset import default_ruleset  # noqa: E402
 
 STRING_ENVELOPES = ("RESOURCE_LIMITS",)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build kustomize from the upstream Go module, to run `envelope krm-fn` as a real
-# exec KRM function (tests/test_krmfn.py, e2e marker: `kustomize build
+# exec KRM function (tests/fix/test_krmfn.py, e2e marker: `kustomize build
 # --enable-alpha-plugins --enable-exec` with a `transformers:` function config).
 #
 # kustomize is published as the Go module sigs.k8s.io/kustomize/kustomize/v5 (tags

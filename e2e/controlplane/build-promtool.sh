@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build promtool (Prometheus' rule and config checker) from the upstream Go module, to
-# check the chart's PrometheusRule (tests/test_chart.py, e2e marker).
+# check the chart's PrometheusRule (tests/chart/test_chart.py, e2e marker).
 #
 # Prometheus v3.X.Y is published as the Go module github.com/prometheus/prometheus at
 # v0.3XX.Y (its go.mod has no replace directives, so `go install` builds it as is).

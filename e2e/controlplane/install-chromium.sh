@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install headless Chromium from Debian's own archive (the `chromium` package), for the
-# browser test of `envelope quotas -o html` (tests/test_quotaview_browser.py).
+# browser test of `envelope quotas -o html` (tests/quotaview/test_browser.py).
 #
 # No download outside the package registry: `apt-get install` from the configured Debian
 # mirror; `apt-get update` only when the install fails (stale lists). Concurrent callers

@@ -6,8 +6,8 @@ from typing import Any
 
 from app.audit import JUDGED, Audit, judge
 from app.cluster.view import StaticView
-from app.config import load_policy
-from app.ruleset import default_ruleset
+from app.core.config import load_policy
+from app.core.ruleset import default_ruleset
 
 RULES = default_ruleset()
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from app.audit.quotametrics import QuotaMetrics
 from app.cluster.view import StaticView
-from app.quotametrics import QuotaMetrics
 from tests.conftest import RULES
 
 KRM = "kai.resources/v1alpha1"

@@ -13,12 +13,12 @@ import jsonpatch
 from hypothesis import strategies as st
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import check_object
+from app.core.config import Policy
+from app.core.engine import check_object
+from app.core.ruleset import RuleSet
 from app.quotaview.plan import Plan, key_of
 from app.quotaview.plancommands import command_of
 from app.rules.base import Subject
-from app.ruleset import RuleSet
 
 KRM = "kai.resources/v1alpha1"
 KAI = "scheduling.run.ai/v2"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.cluster.view import StaticView
-from app.config import Policy
-from app.engine import Evaluation, check_object
+from app.core.config import Policy
+from app.core.engine import Evaluation, check_object
 from app.rules.base import Subject
 from tests.conftest import RULES
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.tls import write_self_signed
+from app.serve.tls import write_self_signed
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from app.podspec import POD_SPEC_PATHS
-from app.quantity import parse_quantity
+from app.k8s.podspec import POD_SPEC_PATHS
+from app.k8s.quantity import parse_quantity
 
 KINDS = [kind for _, kind in POD_SPEC_PATHS]
 

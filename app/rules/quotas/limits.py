@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from app.kai import (
+from app.crds.kai import (
     RESOURCES,
     UNLIMITED,
     KaiQueueSpec,

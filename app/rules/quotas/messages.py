@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from app.kai import (
+from app.crds.kai import (
     UNLIMITED,
     Resource,
     describe,
     effective,
     shortfall,
 )
+from app.k8s.util import brief
 from app.rules.base import Finding, error
 from app.rules.quotas.tree import Slot
-from app.util import brief
 
 
 def plural(count: int, word: str) -> str:

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from app.cluster.after import AfterWrite
 from app.cluster.view import NODE_LABEL, ClusterView, Index
-from app.config import Policy
-from app.kai import (
+from app.core.config import Policy
+from app.crds.kai import (
     KAI_GROUP,
     KRM_GROUP,
     SPEC_MODELS,

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from app.cluster.view import ClusterView
-from app.config import Mode, Policy
-from app.kai import (
+from app.core.config import Mode, Policy
+from app.crds.kai import (
     SPEC_MODELS,
     ProjectSpec,
     parse,
     project_namespace,
     unknown_fields,
 )
+from app.k8s.util import brief
 from app.rules.base import Finding, Ratchet, Subject, rule, warning
 from app.rules.quotas.limits import TREE_CHECKS
 from app.rules.quotas.messages import NUMBER_HINT, names_list, plural, quota_error
@@ -52,7 +53,6 @@ from app.rules.quotas.sums import (
     queue_shrink,
     queue_sum,
 )
-from app.util import brief
 
 #: What every rule that skips KRM-generated Queues reads to tell them (their owner must
 #: exist: ``objects.krm_owned``).

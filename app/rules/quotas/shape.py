@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-from app.kai import (
+from app.crds.kai import (
     DEFAULT_POOL,
     INT32,
     RESOURCES,
@@ -18,11 +18,11 @@ from app.kai import (
     describe,
     exceeds,
 )
+from app.k8s.util import brief
 from app.rules.base import Finding, warning
 from app.rules.quotas.messages import quota_error
 from app.rules.quotas.objects import NODEPOOL_LABEL, After, name_of, typed_spec
 from app.rules.quotas.tree import Slot, pool_exists, slots
-from app.util import brief
 
 
 def structure_of_queues(after: After, kind: str, entries: tuple[Slot, ...]) -> Iterator[Finding]:

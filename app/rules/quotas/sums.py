@@ -7,7 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from app.kai import (
+from app.crds.kai import (
     DEFAULT_POOL,
     RESOURCES,
     KaiQueueSpec,
@@ -20,6 +20,7 @@ from app.kai import (
     grew,
     total,
 )
+from app.k8s.util import brief
 from app.rules.base import Finding, Subject, warning
 from app.rules.quotas.messages import excess, holders_text, names_list, plural, quota_error
 from app.rules.quotas.objects import POOL, PROJECT_PARENT, QUEUE_PARENT, After, typed_spec
@@ -33,7 +34,6 @@ from app.rules.quotas.tree import (
     pool_exists,
     slots,
 )
-from app.util import brief
 
 
 def raised(prev: Slot | None, slot: Slot, resource: Resource) -> bool:

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.cluster.view import NODE_LABEL
-from app.kai import (
+from app.crds.kai import (
     DEFAULT_POOL,
     RESOURCES,
     ZERO,
@@ -21,9 +21,9 @@ from app.kai import (
     node_labels,
     queue_name,
 )
+from app.k8s.util import Memo, digest
 from app.rules.base import Subject
 from app.rules.quotas.objects import NODE_CARDS, After, is_ours, name_of, spec_input, typed_spec
-from app.util import Memo, digest
 
 
 @dataclass(eq=False, slots=True)

@@ -42,8 +42,8 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from typing import Any, cast
 
 from app.cluster.view import ClusterView
-from app.config import Mode, Policy
-from app.kai import (
+from app.core.config import Mode, Policy
+from app.crds.kai import (
     RESOURCES,
     UNLIMITED,
     ZERO,
@@ -52,7 +52,8 @@ from app.kai import (
     effective,
     status_resource,
 )
-from app.quantity import QuantityError, parse_quantity
+from app.k8s.quantity import QuantityError, parse_quantity
+from app.k8s.util import Memo, brief, digest
 from app.rules.base import Finding, Subject, rule, warning
 from app.rules.quotas.messages import names_list, plural
 from app.rules.quotas.objects import (
@@ -65,7 +66,6 @@ from app.rules.quotas.objects import (
     spec,
 )
 from app.rules.quotas.tree import Slot, by_pool, old_slots, slots
-from app.util import Memo, brief, digest
 
 __all__ = ["FIELDS", "Usage", "check_usage_children", "check_usage_guarantee",
            "check_usage_limit", "queue_usage", "read_usage"]

@@ -231,7 +231,7 @@ envelope.io/failure-policies: {{ $wanted | toJson | quote }}
 {{- end -}}
 
 {{/* The failurePolicy to render: with webhooks.safeInstall every webhook starts as
-Ignore, and a ready replica raises it to the wanted one (app/failurepolicy.py). */}}
+Ignore, and a ready replica raises it to the wanted one (app/serve/failurepolicy.py). */}}
 {{- define "envelope.failurePolicy" -}}
 {{- if .root.Values.webhooks.safeInstall -}}Ignore{{- else -}}{{ .want }}{{- end -}}
 {{- end -}}
@@ -246,8 +246,8 @@ timeoutSeconds: {{ .Values.webhooks.timeoutSeconds }}
 
 {{/*
 The workloads' mutating webhook's matchConditions: the CEL expression that
-app/matchconditions.py generates for .Values.policy (`envelope webhook-config` prints
-it; tests/test_matchconditions.py checks that both say the same, byte for byte). True
+app/chart/matchconditions.py generates for .Values.policy (`envelope webhook-config` prints
+it; tests/chart/test_matchconditions.py checks that both say the same, byte for byte). True
 when some mutate-phase rule could act on the write; the API server does not call the
 webhook otherwise. Default modes: cpu-limits, env-envelope-cpu, memory-limit,
 template-opt-outs, memory-below-limit (which acts only with policy.memoryBelowLimit) enforce;

@@ -1,0 +1,1 @@
+"""The policy, the rule set and the engine that judges one write."""

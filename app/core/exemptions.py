@@ -1,0 +1,92 @@
+"""Which rules do not apply to one object: the policy's exceptions and the object's own
+exemption annotation. Pure: the view is read only for the Namespace's labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.cluster.view import ClusterView
+from app.core.config import Policy, RuleException
+from app.k8s.podspec import POD_SPEC_PATHS, pod_template
+from app.rules.base import Finding, Subject
+
+__all__ = ["ALL", "exemptions", "needs_namespaces", "unreached"]
+
+ALL = "*"
+
+
+def needs_namespaces(policy: Policy) -> bool:
+    """Whether the view must hold Namespaces for the policy's exceptions (or for where
+    ``memoryBelowLimit`` applies)."""
+    choice = policy.memory_below_limit
+    return any(e.namespace_selector is not None for e in policy.exceptions) or \
+        (choice is not None and choice.namespace_selector is not None)
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def _matches(exception: RuleException, subject: Subject, view: ClusterView) -> bool:
+    if exception.kinds and not ({subject.kind, f"{subject.group}/{subject.kind}"} & set(exception.kinds)):
+        return False
+    if exception.namespaces and subject.namespace not in exception.namespaces:
+        return False
+    if exception.object_selector is not None and not exception.object_selector.matches(
+            _labels(subject.obj if subject.obj is not None else subject.old)):
+        return False
+    if exception.namespace_selector is not None:
+        namespace = view.get("Namespace", subject.namespace) if subject.namespace else None
+        if namespace is None or not exception.namespace_selector.matches(_labels(namespace)):
+            return False  # an unknown namespace exempts nothing
+    return True
+
+
+def _annotated(subject: Subject, policy: Policy) -> list[str]:
+    obj = subject.obj if subject.obj is not None else subject.old
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return _exempted_by(meta, policy)
+
+
+def _exempted_by(meta: Any, policy: Policy) -> list[str]:
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    value = annotations.get(policy.exempt_annotation) if isinstance(annotations, dict) else None
+    if not isinstance(value, str):
+        return []
+    return [part.strip() for part in value.split(",") if part.strip() not in ("", ALL)]
+
+
+def exemptions(subject: Subject, view: ClusterView, policy: Policy) -> dict[str, str]:
+    """Rule id (or ``"*"``) -> why it does not apply to this object."""
+    found: dict[str, str] = {}
+    for i, exception in enumerate(policy.exceptions):
+        if _matches(exception, subject, view):
+            why = f"policy exceptions[{i}]" + (f": {exception.reason}" if exception.reason else "")
+            for rule_id in exception.rules:
+                found.setdefault(rule_id, why)
+    if policy.allow_object_exemptions:
+        for rule_id in _annotated(subject, policy):
+            found.setdefault(rule_id, f"annotation {policy.exempt_annotation}")
+    return found
+
+
+def unreached(subject: Subject, policy: Policy) -> list[Finding]:
+    """A warning for each rule a workload's own exemption annotation names but its pod
+    template's does not: only the template's metadata reaches the Pods its controller
+    makes (app/k8s/podmodel.py), so those Pods are judged by the rule when they are created
+    although the workload itself was not (issue #28, class 3)."""
+    if not policy.allow_object_exemptions or subject.obj is None:
+        return []
+    mine = _annotated(subject, policy)
+    if not mine or (subject.group, subject.kind) not in POD_SPEC_PATHS or subject.kind == "Pod":
+        return []
+    template = pod_template(subject, subject.obj)
+    reaching = set(_exempted_by(template.get("metadata") if template else None, policy))
+    return [Finding("warning", rule_id, "metadata.annotations",
+                    f"{policy.exempt_annotation} exempts this {subject.kind} from {rule_id}, but its "
+                    f"Pods only get the annotations of its pod template: {rule_id} still judges every "
+                    f"Pod it makes; put {policy.exempt_annotation}: \"{rule_id}\" on the template's "
+                    f"metadata.annotations too")
+            for rule_id in mine if rule_id not in reaching]

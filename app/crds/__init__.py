@@ -1,0 +1,1 @@
+"""The custom resources Envelope judges or reads: KAI, agent-substrate, Karpenter."""

@@ -1,0 +1,1 @@
+"""Writing the webhook's patches into files: envelope fix and the KRM function."""

@@ -1,0 +1,1 @@
+"""The webhook process: HTTPS and its limits, TLS, callers, answers, logs, metrics."""

@@ -1,0 +1,147 @@
+"""Git mode of ``envelope quotas plan``: the change written into the tenancy files at a ref,
+value by value (comments and columns kept), one commit on a new local branch through git
+plumbing; the working tree, the index and HEAD untouched; nothing pushed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.quotaview.plangit import realign
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository whose main branch holds the demo tenancy (research at its projects'
+    48 h100 cards), with an uncommitted edit in the working tree and one staged."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "examples/tenancy", repo / "tenancy")
+    departments = repo / "tenancy/departments.yaml"
+    departments.write_text(departments.read_text().replace("deserved: 56, ", "deserved: 48, "))
+    research = repo / "tenancy/projects/research.yaml"
+    text = research.read_text()
+    end = "overQuotaWeight: 2}"
+    at = text.index(end, text.index("name: research-train-h100")) + len(end)
+    research.write_text(f"# research: reviewed by the GPU council\n{text[:at]}  # agreed in Q3{text[at:]}")
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "tenancy")
+    (repo / "notes.txt").write_text("staged\n")
+    git(repo, "add", "notes.txt")
+    (repo / "tenancy/nodes.yaml").write_text((repo / "tenancy/nodes.yaml").read_text() + "# wip\n")
+    return repo
+
+
+def target(tmp_path: Path, train: str, evaluation: str) -> Path:
+    """research.yaml with research-train's and research-eval's h100 gpu guarantee set."""
+    text = (ROOT / "examples/tenancy/projects/research.yaml").read_text()
+    lines = text.splitlines(keepends=True)
+    for name, value in (("research-train-h100", train), ("research-eval-h100", evaluation)):
+        i = next(k for k, line in enumerate(lines) if f"name: {name}" in line)
+        j = next(k for k in range(i, len(lines)) if "gpu:" in lines[k])
+        lines[j] = lines[j].replace("deserved: 8,       ", f"deserved: {value},{' ' * (8 - len(value))}")
+    out = tmp_path / f"research-{train}-{evaluation}.yaml"
+    out.write_text("".join(lines))
+    return out
+
+
+def plan(repo: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["quotas", "plan", "--repo", str(repo), "--git-ref", "main", "--git-path", "tenancy",
+                 *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def state(repo: Path) -> tuple[str, str, str, str]:
+    return (git(repo, "rev-parse", "HEAD"), git(repo, "status", "--porcelain"),
+            git(repo, "diff", "--cached"), git(repo, "diff"))
+
+
+def test_one_commit_on_a_new_branch_changes_only_the_values(repo: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    before = state(repo)
+    code, out, err = plan(repo, capsys, "--to", str(target(tmp_path, "9", "7")), "--branch", "quota-move",
+                          "-o", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["source"]["base"].startswith("git main (")
+    assert [s["name"] for s in report["steps"]] == ["research-eval", "research-train"]
+    assert state(repo) == before  # HEAD, index and working tree as they were
+    assert git(repo, "rev-parse", "quota-move") == report["git"]["commit"] + "\n"
+    assert git(repo, "rev-parse", "quota-move^") == before[0]
+    assert git(repo, "diff", "--name-only", "main", "quota-move") == "tenancy/projects/research.yaml\n"
+    changed = [line for line in git(repo, "diff", "-U0", "main", "quota-move").splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == [
+        "-        gpu:    {deserved: 8,       limit: 32,  overQuotaWeight: 2}  # agreed in Q3",
+        "+        gpu:    {deserved: 9,       limit: 32,  overQuotaWeight: 2}  # agreed in Q3",
+        "-        gpu:    {deserved: 8,       limit: 32,  overQuotaWeight: 2}",
+        "+        gpu:    {deserved: 7,       limit: 32,  overQuotaWeight: 2}",
+    ]
+    assert git(repo, "branch", "--list", "quota-move").strip() == "quota-move"
+    assert git(repo, "remote") == ""
+    # The branch exists now: a second run refuses it and commits nothing.
+    code, _, err = plan(repo, capsys, "--to", str(target(tmp_path, "9", "7")), "--branch", "quota-move")
+    assert code == 2 and "nothing committed" in err
+
+
+def test_a_wider_value_keeps_the_columns_after_it(repo: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """research-train 8 -> 10, research-eval 8 -> 6: `limit` stays in its column."""
+    code, _, err = plan(repo, capsys, "--to", str(target(tmp_path, "10", "6")), "--branch", "wider")
+    assert code == 0, err
+    text = git(repo, "show", "wider:tenancy/projects/research.yaml")
+    assert "        gpu:    {deserved: 10,      limit: 32,  overQuotaWeight: 2}  # agreed in Q3\n" in text
+    assert "        gpu:    {deserved: 6,       limit: 32,  overQuotaWeight: 2}\n" in text
+    original = git(repo, "show", "main:tenancy/projects/research.yaml")
+    assert [line.split("#", 1)[1] for line in text.splitlines() if "#" in line] == \
+        [line.split("#", 1)[1] for line in original.splitlines() if "#" in line] == \
+        [" research: reviewed by the GPU council", " agreed in Q3"]
+
+
+def test_a_target_that_does_not_pass_commits_nothing(repo: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(repo, capsys, "--to", str(target(tmp_path, "9", "8")), "--branch", "too-much")
+    assert code == 1 and "kai-guarantee-sum" in out
+    assert git(repo, "branch", "--list", "too-much") == ""
+
+
+def test_a_file_at_the_ref_that_does_not_parse_is_named(repo: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    (repo / "tenancy/broken.yaml").write_text("kind: Project\nspec: [\n")
+    git(repo, "add", "tenancy/broken.yaml")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "broken")
+    code, _, err = plan(repo, capsys, "--to", str(target(tmp_path, "9", "7")), "--branch", "b")
+    assert code == 2 and "main:tenancy/broken.yaml:" in err
+    code, _, err = main_code(repo, capsys, "--git-ref", "no-such-ref")
+    assert code == 2 and "no-such-ref" in err
+
+
+def main_code(repo: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["quotas", "plan", "--repo", str(repo), "--to", str(repo / "tenancy"), *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(("old", "new", "want"), [
+    ("{deserved: 8,       limit: 32}", "{deserved: 10,       limit: 32}", "{deserved: 10,      limit: 32}"),
+    ("{deserved: 10,      limit: 32}", "{deserved: 9,      limit: 32}", "{deserved: 9,       limit: 32}"),
+    ("{deserved: 8, limit: 32}", "{deserved: 10, limit: 32}", "{deserved: 10, limit: 32}"),
+    ("a: 8       # why", "a: 10       # why", "a: 10      # why"),
+])
+def test_realign_keeps_the_next_column(old: str, new: str, want: str) -> None:
+    assert realign(old, new) == want
