@@ -1,9 +1,10 @@
 """Tests a newcomer can find (docs/testing.md, "Where a test goes").
 
-- A unit test file is named after the module of ``app/`` it tests, its path with ``_``
-  for ``/`` and an optional aspect: ``test_rules_quotas.py`` tests ``app/rules/quotas/``,
-  ``test_limits_probes.py`` an aspect of ``app/limits.py``. Tests of what is not a module
-  of ``app/`` are named after one of TOPICS.
+- Unit tests mirror the wings: ``tests/<wing>/test_<module>[_<aspect>].py`` tests
+  ``app/<wing>/<module>.py`` (``tests/rules/test_quotas_usage.py`` tests
+  ``app/rules/quotas/usage.py``, ``tests/serve/test_httplimits_probes.py`` an aspect of
+  ``app/serve/httplimits.py``). What is not a module of ``app/`` is named after one of
+  TOPICS, at the top of ``tests/`` or in the wing it belongs to.
 - No test file imports another: shared builders are in ``tests/helpers/`` (and
   ``e2e/builders.py``, ``e2e/harness/``), shared fixtures in a ``conftest.py``.
 - ``request.getfixturevalue`` names a fixture of a conftest.py or of its own file.
@@ -31,15 +32,16 @@ TOPICS = {
 }
 
 
-def module_stems() -> set[str]:
-    """``rules_quotas_tree``, ``rules_quotas``, ``cluster_view``, ``quantity``, ...: every
-    module and package of app/ as a test file would name it."""
-    stems: set[str] = set()
-    for path in APP.rglob("*.py"):
-        parts = path.relative_to(APP).with_suffix("").parts
+def module_stems(app: Path = APP) -> set[str]:
+    """``quotas_tree``, ``quotas``, ``view``, ``quantity``, ...: every module and package
+    below ``app`` as a test file would name it (its path with ``_`` for ``/``), and the
+    folder itself by its own name."""
+    stems: set[str] = {app.name}
+    for path in app.rglob("*.py"):
+        parts = path.relative_to(app).with_suffix("").parts
         if parts[-1] in ("__init__", "__main__"):
             parts = parts[:-1]
-        for n in range(1, len(parts) + 1):  # packages too: rules, rules_quotas
+        for n in range(1, len(parts) + 1):  # packages too: quotas, quotas_tree
             stems.add("_".join(parts[:n]))
     return stems
 
@@ -48,21 +50,46 @@ def names_what_it_tests(stem: str, allowed: set[str]) -> bool:
     return any(stem == a or stem.startswith(a + "_") for a in allowed)
 
 
-def test_unit_test_files_are_named_after_a_module_or_a_topic() -> None:
-    allowed = module_stems() | set(TOPICS)
-    wrong = sorted(p.name for p in TESTS.glob("test_*.py")
-                   if not names_what_it_tests(p.stem.removeprefix("test_"), allowed))
-    assert not wrong, (f"name these after the app/ module they test (test_<path with _>[_<aspect>].py) "
-                       f"or a topic of {sorted(TOPICS)} in tests/test_layout.py: {wrong}")
+def misplaced(tests: Path = TESTS, app: Path = APP) -> list[str]:
+    """Test files that are neither a topic at the top of tests/ nor, in tests/<wing>/,
+    named after a module of app/<wing>/ (or a topic)."""
+    wrong: list[str] = []
+    for path in sorted(tests.rglob("test_*.py")):
+        rel = path.relative_to(tests)
+        stem = path.stem.removeprefix("test_")
+        if len(rel.parts) == 1:
+            allowed = set(TOPICS)
+        else:
+            wing = app.joinpath(*rel.parts[:-1])
+            allowed = (module_stems(wing) if wing.is_dir() else set()) | set(TOPICS)
+        if not names_what_it_tests(stem, allowed):
+            wrong.append(rel.as_posix())
+    return wrong
+
+
+def test_unit_test_files_mirror_the_wings() -> None:
+    wrong = misplaced()
+    assert not wrong, ("a unit test of app/<wing>/<module>.py is tests/<wing>/test_<module>[_<aspect>].py; "
+                       f"at the top of tests/ only the topics of tests/test_layout.py: {wrong}")
 
 
 def test_the_naming_rule_can_refuse() -> None:
-    allowed = {"rules_quotas", "limits", "chart"}
-    assert names_what_it_tests("rules_quotas_properties", allowed)
+    allowed = {"quotas", "limits", "chart"}
+    assert names_what_it_tests("quotas_properties", allowed)
     assert names_what_it_tests("limits", allowed)
     assert not names_what_it_tests("limitsx", allowed)
-    assert not names_what_it_tests("quotas", allowed)
-    assert "rules_quotas_tree" in module_stems() and "cluster_view" in module_stems()
+    assert not names_what_it_tests("quota", allowed)
+    assert "quotas_tree" in module_stems(APP / "rules") and "view" in module_stems(APP / "cluster")
+
+
+def test_a_test_in_the_wrong_wing_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "app" / "k8s").mkdir(parents=True)
+    (tmp_path / "app" / "k8s" / "quantity.py").write_text("")
+    (tmp_path / "tests" / "k8s").mkdir(parents=True)
+    (tmp_path / "tests" / "rules").mkdir(parents=True)
+    for name in ("k8s/test_quantity_parse.py", "rules/test_quantity.py", "test_quantity.py", "test_docs.py"):
+        (tmp_path / "tests" / name).write_text("")
+    assert misplaced(tmp_path / "tests", tmp_path / "app") == ["rules/test_quantity.py", "test_quantity.py"]
 
 
 def _test_files() -> list[Path]:
