@@ -330,7 +330,7 @@ def measure(quick: bool, only: str | None) -> list[Row]:
                     continue
                 if not _applies(rule, subject0) or (case.reads and not case.reads & rule.reads):
                     continue
-                one = RuleSet([rule], RULES.copiers, RULES.indexes)
+                one = RuleSet([rule], RULES.copiers, RULES.indexes, RULES.updates)
                 gc.collect()
                 times = [_time(one, rule, subject, view) for subject, view in built]
                 calls = [_calls(one, rule, subject, view) for subject, view in built]

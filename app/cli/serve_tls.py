@@ -23,8 +23,10 @@ def lease_elector(args: argparse.Namespace, client: Any) -> Any:
     return LeaseElector(client, args.namespace, args.lease_name, identity)
 
 
-def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,
+def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,  # noqa: PLR0915
          after_start: list[Any], elector: Any = None) -> tuple[Any, dict[str, Any]] | None:
+    # Each --tls-mode's wiring in one place, in the order serve starts them (issue 34 lists
+    # it for a split by mode).
     """The server's TLS state and its readiness check, per ``--tls-mode``. What must
     wait until the server is listening (writing new ``--self-signed`` files, watching
     them) is appended to ``after_start``: a start that fails before leaves the files it

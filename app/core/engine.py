@@ -5,10 +5,10 @@ The same engine serves ``/mutate``, ``/validate`` and ``envelope check``. For ea
 that applies to the subject's kind, phase and operation it
 
 1. skips the rule when its mode is ``off``, or when an UPDATE leaves the part of the
-   object the rule judges (``Rule.judges``; in the mutate phase, a pod template's
-   resources and env on every workload kind) as it was, or when a guard that ran
-   earlier holds it back (``Rule.holds_back``), or when the object is a child its
-   controller compares with the parent (a Deployment's ReplicaSet);
+   object the rule judges (``Rule.judges``, or in the mutate phase what the kind's
+   family maps it to: ``KindUpdates.mutate_parts``) as it was, or when a guard that ran
+   earlier holds it back (``Rule.holds_back``), or when the family says the object is
+   left as its controller wrote it (``KindUpdates.owned``);
 2. hands the rule a view of the kinds it declared (``Rule.reads``) and nothing else,
    and does not run it when what it reads is stale: in ``enforce`` mode that is an
    internal error (answered per the failure mode), in ``warn`` mode a warning;
@@ -16,8 +16,8 @@ that applies to the subject's kind, phase and operation it
    refused again;
 4. applies the mode: ``enforce`` keeps errors and changes, ``warn`` turns both into
    warnings and drops the changes;
-5. undoes a mutating rule's change on an UPDATE where it reaches a part of the pod
-   spec the API server keeps as stored (a Job's template, a ``pods/resize``'s env):
+5. undoes a mutating rule's change on an UPDATE where it reaches a part the API server
+   keeps as stored (``KindUpdates.held``: a Job's template, a ``pods/resize``'s env):
    never a patch the API server refuses;
 6. turns a rule's crash into an internal error (an :class:`InternalError` record: the
    rule's id and what happened) that leaves no half-made patch.
@@ -48,17 +48,10 @@ from app.core.config import Mode, Policy
 from app.core.exemptions import ALL, exemptions, unreached
 from app.core.ruleset import RuleSet
 from app.k8s.jsonpatch import diff
-from app.k8s.podspec import (
-    WORKLOAD_KINDS,
-    Held,
-    compared_by_controller,
-    held_on_update,
-    pod_resources,
-    template_part,
-)
+from app.k8s.podspec import Held
 from app.k8s.quantity import QuantityError
 from app.k8s.util import deep_copy, dig, same, undotted
-from app.rules.base import Finding, Part, Phase, Ratchet, Rule, Subject
+from app.rules.base import Finding, KindUpdates, Part, Phase, Ratchet, Rule, Subject
 
 __all__ = ["Evaluation", "InternalError", "check_object", "evaluate", "json_copy"]
 
@@ -141,24 +134,22 @@ def _apply_mode(found: list[Finding], mode: Mode, out: Evaluation, announces: bo
             out.findings.append(Finding("warning", f.rule, f.path, f.as_warning or f.message))
 
 
-def _part(rule: Rule, phase: Phase) -> Part | None:
-    """What an UPDATE must change for the rule to run. In the mutate phase a workload
-    rule that judges ``pod_resources`` judges the pod template's resources and env on
-    every kind (``template_part``): a patch never rewrites a part of a pod template that
-    the UPDATE left as stored — on a Deployment that is a rollout nobody asked for, on a
-    Job a refused UPDATE ("field is immutable"). Validations keep ``pod_resources``
-    (every write of a template is judged, and ratcheted)."""
-    if phase == "mutate" and rule.judges is pod_resources:
-        return template_part
+def _part(rule: Rule, phase: Phase, kind: KindUpdates | None) -> Part | None:
+    """What an UPDATE must change for the rule to run: ``Rule.judges``, or in the mutate
+    phase what the kind's family maps it to (``KindUpdates.mutate_parts``: a workload's
+    pod template resources and env, so a patch never rewrites what the UPDATE left as
+    stored — on a Deployment a rollout nobody asked for, on a Job a refused UPDATE)."""
+    if phase == "mutate" and kind is not None and rule.judges is not None:
+        return kind.mutate_parts.get(rule.judges, rule.judges)
     return rule.judges
 
 
 def _unchanged(rule: Rule, subject: Subject, obj: dict[str, Any] | None,
-               phase: Phase = "validate") -> bool:
+               phase: Phase = "validate", kind: KindUpdates | None = None) -> bool:
     """An UPDATE that leaves what the rule judges as it was. Compared at any depth;
     when the judged part cannot even be taken (a ``judges`` that recurses, or fails),
     it counts as changed: the rule runs, inside its own isolation, and answers."""
-    part = _part(rule, phase)
+    part = _part(rule, phase, kind)
     if part is None or subject.operation != "UPDATE" or not isinstance(subject.old, dict):
         return False
     try:
@@ -190,8 +181,10 @@ def _ratchet(rule: Rule, subject: Subject, found: list[Finding], view: ClusterVi
             for f in found]
 
 
-def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy,
+def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy,  # noqa: C901, PLR0915
              phase: Phase, given: Sequence[Finding] = ()) -> Evaluation:
+    # One pass over the rules in order, every step of the module docstring inline: it is
+    # the hot path of every review (a helper call per rule per step was measured slower).
     """Run the ``phase`` rules of ``rules`` for the subject's kind and operation.
     ``given``: findings a conversion of the input made for a rule (stamped with its id),
     added to what that rule finds when it runs (see the module's docstring)."""
@@ -209,12 +202,13 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
         out.findings.extend(unreached(subject, policy))
     gates: dict[object, bool] = {}
     results = out.results
-    owned = compared_by_controller(subject, original)
-    kept = held_on_update(subject, original, subject.old, subject.subresource) \
-        if update and phase == "mutate" and original is not None and \
-        (subject.group, subject.kind) in WORKLOAD_KINDS else None
+    kind = rules.updates.get((subject.group, subject.kind))
+    owned = kind.owned(subject, original) if kind is not None and kind.owned else None
+    kept = kind.held(subject, original, subject.old, subject.subresource) \
+        if kind is not None and kind.held and update and phase == "mutate" and original is not None \
+        else None
     for rule, mode in applicable:
-        if (held and rule.id in held) or (update and _unchanged(rule, subject, original, phase)):
+        if (held and rule.id in held) or (update and _unchanged(rule, subject, original, phase, kind)):
             results[rule.id] = "skip"
             continue
         if owned is not None:
@@ -319,7 +313,7 @@ def _pointer(path: str) -> tuple[str | int, ...]:
 def _keep_held(kept: Held, before: dict[str, Any], after: dict[str, Any],
                found: list[Finding]) -> tuple[list[Finding], bool]:
     """A mutating rule's findings on an UPDATE where the API server keeps part of the
-    pod spec as stored (``podspec.held_on_update``): when its changes reach that part,
+    object as stored (``KindUpdates.held``): when its changes reach that part,
     they are undone (the caller restores ``before``) — a Job's template, a resize's
     env — and said as warnings (``Held.why``), or dropped silently when the API server
     would have dropped them itself. Returns the findings and whether to undo."""

@@ -2,8 +2,9 @@
 judges (the webhook, ``envelope check``) and to policy loading.
 
 A family module (``app/rules/*.py``) declares its rules with :func:`app.rules.base.rule`,
-and may declare ``COPIERS`` (how to copy its kinds before mutating rules change them)
-and ``INDEXES`` (lookups its rules need from the view). :func:`default_ruleset`
+and may declare ``COPIERS`` (how to copy its kinds before mutating rules change them),
+``UPDATES`` (what an UPDATE of its kinds holds or leaves alone: ``KindUpdates``) and
+``INDEXES`` (lookups its rules need from the view). :func:`default_ruleset`
 collects the four families; tests build smaller sets from the same declarations.
 """
 
@@ -17,7 +18,7 @@ from app.cluster.view import Index, ScopedView, StaticView
 from app.core.config import Mode, Policy, capped
 from app.k8s.kinds import KARPENTER_NODEPOOL
 from app.rules import actors, namespace, workloads
-from app.rules.base import Phase, Rule, Subject, rules_of
+from app.rules.base import KindUpdates, Phase, Rule, Subject, rules_of
 from app.rules.quotas import objects as quota_objects
 from app.rules.quotas import rules as quotas
 from app.rules.quotas import usage as quota_usage
@@ -56,7 +57,8 @@ class RuleSet(Mapping[str, Rule]):
     what they read."""
 
     def __init__(self, rules: Iterable[Rule], copiers: Mapping[tuple[str, str], Copier] | None = None,
-                 indexes: Iterable[Index] = ()) -> None:
+                 indexes: Iterable[Index] = (),
+                 updates: Mapping[tuple[str, str], KindUpdates] | None = None) -> None:
         self.rules: dict[str, Rule] = {}
         for r in rules:
             if r.id in self.rules:
@@ -64,6 +66,7 @@ class RuleSet(Mapping[str, Rule]):
             self.rules[r.id] = r
         self.copiers: dict[tuple[str, str], Copier] = dict(copiers or {})
         self.indexes: tuple[Index, ...] = tuple(dict.fromkeys(indexes))
+        self.updates: dict[tuple[str, str], KindUpdates] = dict(updates or {})
         self._by_kind: dict[tuple[str, str, str], list[Rule]] = {}
         self._modes: dict[int, tuple[Policy, dict[str, Mode]]] = {}
         self._applicable: dict[tuple[str, str, str, str, int], list[tuple[Rule, Mode]]] = {}
@@ -74,11 +77,13 @@ class RuleSet(Mapping[str, Rule]):
         rules: list[Rule] = []
         copiers: dict[tuple[str, str], Copier] = {}
         indexes: list[Index] = []
+        updates: dict[tuple[str, str], KindUpdates] = {}
         for module in modules:
             rules.extend(rules_of(vars(module)))
             copiers.update(getattr(module, "COPIERS", {}))
             indexes.extend(getattr(module, "INDEXES", ()))
-        return cls(rules, copiers, indexes)
+            updates.update(getattr(module, "UPDATES", {}))
+        return cls(rules, copiers, indexes, updates)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.rules)

@@ -32,7 +32,7 @@ from typing import Any
 
 from app.k8s import kinds
 from app.k8s.disclosure import pool_reference, pool_room
-from app.k8s.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.k8s.quantity import QuantityError, format_units, parse_quantity
 from app.k8s.scheduling import (
     NOT_SELECTED,
     Node,
@@ -272,15 +272,7 @@ def _without_keys(spec: Mapping[str, Any], keys: set[str]) -> dict[str, Any]:
 
 def _reason(verdict: NodeVerdict, room: str = "allocatable") -> str:
     parts = list(verdict.blocked)
-    parts += [f"{s.resource} {_shown(s.resource, s.requested)} requested, "
-              f"{_shown(s.resource, max(s.free, 0))} {room}"
+    parts += [f"{s.resource} {format_units(s.resource, s.requested)} requested, "
+              f"{format_units(s.resource, max(s.free, 0))} {room}"
               for s in verdict.shortfalls]
     return "; ".join(parts)
-
-
-def _shown(resource: str, units: int) -> str:
-    if resource == "cpu":
-        return format_cpu(Decimal(units) / 1000)
-    if resource == "memory" or resource == "ephemeral-storage" or resource.startswith("hugepages-"):
-        return format_bytes(Decimal(units))
-    return str(units)

@@ -448,9 +448,11 @@ def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str
     return allocated
 
 
-def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
+def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],  # noqa: C901
                        nodes: Iterable[tuple[str, Callable[[Mapping[str, Any]], bool]]],
                        keys: frozenset[str]) -> dict[str, DeviceState]:
+    # Follows the DRA allocator's walk over slices, pools and devices in one pass, as
+    # upstream writes it, so it can be read beside the cited code.
     """Each node's ``DeviceState``: ``nodes`` gives each node's name and a function that
     says whether a NodeSelector matches it (``app.scheduling.node_selector_matches``)."""
     allocated = allocated_devices(claims)

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from app.k8s.util import Memo, plain_number
 
-__all__ = ["QuantityError", "format_bytes", "format_cpu", "parse_quantity", "shown"]
+__all__ = ["QuantityError", "format_bytes", "format_cpu", "format_units", "parse_quantity", "shown"]
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -295,3 +295,14 @@ def format_cpu(value: Decimal) -> str:
     if value == value.to_integral_value():
         return plain_number(value)
     return f"{plain_number(value * 1000)}m"
+
+
+def format_units(resource: str, units: int) -> str:
+    """A resource's amount in the integer units the scheduler counts (mCPU for ``cpu``,
+    bytes for memory, ephemeral storage and hugepages, a count otherwise), as messages
+    show it: ``7``, ``250m``, ``29Gi``, ``2``."""
+    if resource == "cpu":
+        return format_cpu(Decimal(units) / 1000)
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        return format_bytes(Decimal(units))
+    return str(units)

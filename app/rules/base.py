@@ -9,19 +9,20 @@ engine stamps them with the id of the rule that returned them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.core.config import Mode
+from app.k8s.podspec import Held
 from app.k8s.util import cut_middle
 
 if TYPE_CHECKING:
     from app.cluster.view import ClusterView
     from app.core.config import Policy
 
-__all__ = ["MESSAGE_LIMIT", "PATH_LIMIT", "Finding", "Phase", "Ratchet", "Rule", "Subject",
+__all__ = ["MESSAGE_LIMIT", "PATH_LIMIT", "Finding", "KindUpdates", "Phase", "Ratchet", "Rule", "Subject",
            "change", "error", "rule", "rules_of", "warning"]
 
 Severity = Literal["error", "warning", "change"]
@@ -118,6 +119,27 @@ class Subject:
 RuleFn = Callable[["Subject", dict[str, Any], "ClusterView", "Policy"], list[Finding]]
 Part = Callable[["Subject", dict[str, Any]], Any]
 """The part of an object a rule judges (see :attr:`Rule.judges`)."""
+
+
+@dataclass(frozen=True)
+class KindUpdates:
+    """What one kind's writes hold or leave alone, as the family that judges the kind
+    declares it (``UPDATES``, beside ``COPIERS``): the engine applies it and knows no
+    kind by name.
+
+    - ``mutate_parts``: in the mutate phase, the part an UPDATE must change for a rule
+      judging ``Rule.judges`` to run (a workload's pod template resources and env for
+      ``pod_resources``: a patch never rewrites what the UPDATE left as stored);
+    - ``held``: what the API server keeps as stored on this UPDATE (a mutating rule's
+      change reaching it is undone: a Job's template, a ``pods/resize``'s env);
+    - ``owned``: why an object is left as its controller wrote it (a Deployment's
+      ReplicaSet), or None.
+    """
+
+    mutate_parts: Mapping[Part, Part] = field(default_factory=dict)
+    held: Callable[[Subject, dict[str, Any], dict[str, Any] | None, str], Held | None] | None = None
+    owned: Callable[[Subject, dict[str, Any] | None], str | None] | None = None
+
 
 
 class Ratchet(Enum):

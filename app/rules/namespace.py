@@ -58,7 +58,7 @@ from app.k8s.podspec import (
     pod_spec,
     well_formed,
 )
-from app.k8s.quantity import QuantityError, format_bytes, format_cpu, parse_quantity
+from app.k8s.quantity import QuantityError, format_bytes, format_cpu, format_units, parse_quantity
 from app.k8s.scheduling import (
     CORDONED,
     KUBELET,
@@ -452,14 +452,6 @@ def _decider(spec: dict[str, Any]) -> str:
     return SCHEDULER
 
 
-def _units(resource: str, units: int) -> str:
-    if resource == "cpu":
-        return format_cpu(Decimal(units) / 1000)
-    if resource == "memory" or resource == "ephemeral-storage" or resource.startswith("hugepages-"):
-        return format_bytes(Decimal(units))
-    return str(units)
-
-
 def _mapped_names(view: ClusterView) -> set[str]:
     """The extended resource names DeviceClasses map to DRA devices (``_device_demand``
     has read them for this version of the classes)."""
@@ -671,8 +663,8 @@ def _waits_for_recovery(path: str, verdict: PodPlacement) -> Finding:
 def _no_room(closest: NodeVerdict, name_in_messages: bool, reserve_cpu: Decimal,
              reserve_memory: Decimal, lead: str) -> str:
     short = closest.shortfalls
-    needs = " and ".join(f"{_units(s.resource, s.requested)} {s.resource}" for s in short)
-    offers = " and ".join(f"{_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
+    needs = " and ".join(f"{format_units(s.resource, s.requested)} {s.resource}" for s in short)
+    offers = " and ".join(f"{format_units(s.resource, max(s.free, 0))} {s.resource}" for s in short)
     reserve = f"reserve {format_cpu(reserve_cpu)} cpu, {format_bytes(reserve_memory)} memory"
     where = node_reference(closest.node, name_in_messages, (s.resource for s in short))
     return f"each pod needs {needs}; {lead} ({where}) offers {offers} ({reserve})"

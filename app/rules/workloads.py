@@ -24,7 +24,9 @@ from app.k8s.envexpand import EnvValue, container_env, references
 from app.k8s.podspec import (
     POD_SPEC_PATHS,
     WORKLOAD_KINDS,
+    compared_by_controller,
     containers,
+    held_on_update,
     holders,
     pod_resources,
     pod_spec,
@@ -33,12 +35,13 @@ from app.k8s.podspec import (
     shape_problems,
     spec_text,
     stored_qos,
+    template_part,
     well_formed,
     with_pod_spec,
 )
 from app.k8s.quantity import QuantityError, format_bytes, parse_quantity
 from app.k8s.util import cut, dig, dotted, shown
-from app.rules.base import Finding, Ratchet, Subject, change, error, rule, warning
+from app.rules.base import Finding, KindUpdates, Ratchet, Subject, change, error, rule, warning
 from app.rules.envelope import (
     EnvelopeString,
     PairError,
@@ -50,7 +53,7 @@ from app.rules.envelope import (
     without_written_cpu,
 )
 
-__all__ = ["COPIERS", "CPU_LIMIT_RULES", "keeps_cpu_limit", "memory_below_limit_applies"]
+__all__ = ["COPIERS", "CPU_LIMIT_RULES", "UPDATES", "keeps_cpu_limit", "memory_below_limit_applies"]
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
 """The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
@@ -1003,3 +1006,10 @@ def copy_for_mutation(subject: Subject, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 COPIERS = dict.fromkeys(WORKLOAD_KINDS, copy_for_mutation)
+
+UPDATES = dict.fromkeys(WORKLOAD_KINDS, KindUpdates(
+    mutate_parts={pod_resources: template_part}, held=held_on_update, owned=compared_by_controller))
+"""Every workload kind's writes: in the mutate phase the pod template's resources and env
+must change for a rule judging ``pod_resources`` to run (``template_part``); the parts
+the API server keeps on an UPDATE (``held_on_update``); a Deployment's ReplicaSets left
+as their controller wrote them (``compared_by_controller``)."""

@@ -81,7 +81,7 @@ def test_an_unknown_mutate_rule_refuses_generation() -> None:
         return []
 
     rules = RuleSet([*RULES.values(), *rules_of({"new_mutation": new_mutation})],
-                    RULES.copiers, RULES.indexes)
+                    RULES.copiers, RULES.indexes, RULES.updates)
     with pytest.raises(UnknownRule, match="new-mutation"):
         mutate_expression(rules, Policy())
     # Off, it is not asked about.

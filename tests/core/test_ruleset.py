@@ -241,7 +241,7 @@ def test_a_lost_watch_of_what_a_rule_reads_is_answered_per_the_failure_mode(
     run; that is an internal error, denied under failureMode deny (with the reason) and
     let through with a warning under allow. In warn mode it is a warning, never a denial."""
     rule = RULES[rule_id]
-    alone = RuleSet([rule], RULES.copiers)
+    alone = RuleSet([rule], RULES.copiers, updates=RULES.updates)
     subject = _subjects(rule)[0]
     view = LostWatch(_cluster(), kind)
     reason = f"{rule_id}: cluster view not current ({kind} watch lost 120s ago)"

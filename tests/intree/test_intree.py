@@ -186,7 +186,7 @@ def test_an_unknown_mutate_rule_refuses_compilation() -> None:
         return []
 
     rules = RuleSet([*RULES.values(), *rules_of({"new_mutation": new_mutation})],
-                    RULES.copiers, RULES.indexes)
+                    RULES.copiers, RULES.indexes, RULES.updates)
     with pytest.raises(NotCompilable, match="new-mutation"):
         compile_in_tree(rules, Policy())
     assert compile_in_tree(rules, policy(new_mutation="off")).rules == ("cpu-limits", "memory-limit")

@@ -225,7 +225,7 @@ def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) ->
         raise RuntimeError("boom")
 
     crashing = RuleSet([replace(r, fn=half_then_crash) if r.id == "memory-limit" else r
-                        for r in RULES.values()], RULES.copiers)
+                        for r in RULES.values()], RULES.copiers, updates=RULES.updates)
     obj = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"cpu": "2"})])
     result = evaluate(crashing, subject(obj), StaticView(), Policy(), "mutate")
     assert result.patch == [] and result.obj is obj

@@ -313,7 +313,7 @@ def test_an_internal_error_quoting_the_object_is_cut(capsys: pytest.CaptureFixtu
         raise ValueError(f"cannot read {obj['metadata']['name']}")  # a bug quoting the object
 
     crashing = RuleSet([replace(r, fn=crash) if r.id == "memory-limit" else r
-                        for r in RULES.values()], RULES.copiers)
+                        for r in RULES.values()], RULES.copiers, updates=RULES.updates)
     obj = workload("Deployment", [container()], name="n" * BIG)
     answer = _post(create_app(crashing, Policy(failure_mode="deny")), "/mutate",
                    _review(obj, "u-crash"))

@@ -290,7 +290,7 @@ def test_an_answer_that_cannot_be_encoded_is_a_denial_with_the_uid() -> None:
         obj["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": _nested(400)}}
         return [change("spec.template.spec.containers[0].resources", "nested")]
 
-    rules = RuleSet([replace(RULES["memory-limit"], fn=deepens)], RULES.copiers)
+    rules = RuleSet([replace(RULES["memory-limit"], fn=deepens)], RULES.copiers, updates=RULES.updates)
     app = create_app(rules, Policy())
     body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                        "request": {"uid": "u-enc", "kind": {"group": "apps", "version": "v1",

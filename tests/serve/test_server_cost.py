@@ -288,7 +288,7 @@ def test_a_department_with_thousands_of_queue_entries_is_judged_in_linear_time()
     from tests.helpers.quotas import department, nodepool
 
     rule = RULES["kai-queue-name-unique"]
-    one = RuleSet([rule], RULES.copiers, RULES.indexes)
+    one = RuleSet([rule], RULES.copiers, RULES.indexes, RULES.updates)
     obj = department("big", *(entry(f"e{i}", pool="rtx") for i in range(2000)))
     view = StaticView([nodepool("rtx")], RULES.indexes)
     subject = Subject("kai.resources", "v1alpha1", "Department", "CREATE", "", "big", obj, None)
