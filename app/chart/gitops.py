@@ -38,6 +38,7 @@ from app.cluster.view import StaticView
 from app.core.config import Policy
 from app.core.engine import evaluate
 from app.core.ruleset import RuleSet
+from app.k8s.jsonpatch import tokens as pointer_tokens
 from app.k8s.podspec import POD_SPEC_PATHS
 from app.rules.base import Subject
 
@@ -115,10 +116,6 @@ def _probe(group: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
 def _leaves(path: list[str], value: Any) -> list[list[str]]:
     """An ``add`` of a map adds each of its leaves (``/metadata/annotations`` with one key)."""
     if isinstance(value, dict) and value:
@@ -169,7 +166,7 @@ def touched_paths(rules: RuleSet, policy: Policy) -> list[Touched]:
             result = evaluate(rules, subject, view, policy, "mutate")
             by_path = {c.path: c.rule for c in result.changes}
             for op in result.patch:
-                tokens = [_unescape(t) for t in op["path"].split("/")[1:]]
+                tokens = pointer_tokens(op["path"])
                 for leaf in _leaves(tokens, op.get("value")) if op["op"] == "add" else [tokens]:
                     path = _jq(leaf, obj)
                     dotted = ".".join(f"[{t}]" if t.isdigit() else t for t in leaf).replace(".[", "[")

@@ -34,6 +34,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from app.cluster.yamlk8s import PLAIN, YamlValueError, build
+from app.k8s.jsonpatch import tokens as pointer_tokens
 
 __all__ = ["LoadError", "Loaded", "Manifest", "Skipped", "decode", "load", "load_manifests"]
 
@@ -154,8 +155,7 @@ def _walk(node: Node, path: str) -> int:
     may themselves hold dots (``limits.nvidia.com/gpu``): the longest key that fits wins."""
     line = node.start_mark.line
     if path.startswith("/"):
-        for part in path[1:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
+        for part in pointer_tokens(path):
             if isinstance(node, SequenceNode) and part.isdigit() and int(part) < len(node.value):
                 node = node.value[int(part)]
                 line = node.start_mark.line

@@ -47,7 +47,7 @@ from app.cluster.view import ClusterView, ScopedView
 from app.core.config import Mode, Policy
 from app.core.exemptions import ALL, exemptions, unreached
 from app.core.ruleset import RuleSet
-from app.k8s.jsonpatch import diff
+from app.k8s.jsonpatch import diff, path_of
 from app.k8s.podspec import Held
 from app.k8s.quantity import QuantityError
 from app.k8s.util import deep_copy, dig, same, undotted
@@ -303,13 +303,6 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     return out
 
 
-def _pointer(path: str) -> tuple[str | int, ...]:
-    """A JSON Pointer as a path of keys and indexes."""
-    parts = path.split("/")[1:]
-    return tuple(int(p) if p.isdigit() else p.replace("~1", "/").replace("~0", "~")
-                 for p in parts)
-
-
 def _keep_held(kept: Held, before: dict[str, Any], after: dict[str, Any],
                found: list[Finding]) -> tuple[list[Finding], bool]:
     """A mutating rule's findings on an UPDATE where the API server keeps part of the
@@ -317,7 +310,7 @@ def _keep_held(kept: Held, before: dict[str, Any], after: dict[str, Any],
     they are undone (the caller restores ``before``) — a Job's template, a resize's
     env — and said as warnings (``Held.why``), or dropped silently when the API server
     would have dropped them itself. Returns the findings and whether to undo."""
-    if not any(not kept.allows(_pointer(op["path"])) for op in diff(before, after)):
+    if not any(not kept.allows(path_of(op["path"])) for op in diff(before, after)):
         return found, False
     if kept.why is None:
         return [f for f in found if f.severity != "change"], True

@@ -65,6 +65,8 @@ from app.core.config import MemoryBelowLimit, Mode, Policy
 from app.core.engine import check_object
 from app.core.ruleset import RuleSet
 from app.crds.substrate import is_current_template
+from app.k8s.jsonpatch import escape
+from app.k8s.jsonpatch import tokens as pointer_tokens
 from app.k8s.util import visible
 from app.rules.base import Subject
 
@@ -109,11 +111,10 @@ class FixError(ValueError):
 # --- the patch on objects (RFC 6902 add/remove/replace: what app.jsonpatch.diff emits) ---
 
 def _tokens(pointer: str) -> list[str]:
-    if not pointer:
-        return []
-    if not pointer.startswith("/"):
-        raise FixError(f"not a JSON pointer: {pointer!r}")
-    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+    try:
+        return pointer_tokens(pointer)
+    except ValueError as exc:
+        raise FixError(str(exc)) from None
 
 
 def _step(doc: Any, token: str) -> Any:
@@ -591,8 +592,7 @@ def _patch_by_item(text: str, patch: list[dict[str, Any]]) -> tuple[str, list[di
             continue
         prefix, node = found
         groups.setdefault(prefix, (node, []))[1].append(
-            {**op, "path": "/" + "/".join(t.replace("~", "~0").replace("/", "~1")
-                                          for t in tokens[len(prefix):])})
+            {**op, "path": "/" + "/".join(escape(t) for t in tokens[len(prefix):])})
     if not groups:
         return None
     for tokens, _ in rest:
