@@ -21,37 +21,12 @@ from app.config import ConfigError, Mode, Policy
 from app.policyreload import PolicyReloader, ReloadMetrics
 from app.server import InTreeEndpoint, Metrics, create_app
 from tests.conftest import RULES, container, workload
+from tests.helpers.configmap import ConfigMapVolume
 
 RULE = "memory-request-equals-limit"
 ENFORCED = f"rules:\n  {RULE}: enforce\n"
 WARNED = (f"rules:\n  {RULE}: warn\nexceptions:\n  - rules: [cpu-limits]\n"
           f"    namespaces: [team-b]\n    reason: live\n")
-
-
-class ConfigMapVolume:
-    """A directory laid out as the kubelet's atomic writer lays out a ConfigMap volume
-    (kubernetes pkg/volume/util/atomic_writer.go): ``policy.yaml -> ..data/policy.yaml``,
-    ``..data -> ..<timestamp>``; an update writes a new timestamped directory and renames
-    a new ``..data_tmp`` symlink over ``..data``."""
-
-    def __init__(self, root: Path, text: str) -> None:
-        self.root = root
-        self.n = 0
-        self.update(text)
-        (root / "policy.yaml").symlink_to("..data/policy.yaml")
-
-    def update(self, text: str) -> None:
-        self.n += 1
-        payload = self.root / f"..2026_12_05_{self.n:02d}"
-        payload.mkdir()
-        (payload / "policy.yaml").write_text(text)
-        tmp = self.root / "..data_tmp"
-        tmp.symlink_to(payload.name)
-        os.rename(tmp, self.root / "..data")
-
-    @property
-    def path(self) -> Path:
-        return self.root / "policy.yaml"
 
 
 class Holder:
