@@ -2,8 +2,9 @@
 steady stream of dry-run Deployment creates goes through the API server to a webhook
 started with ``--config`` on a ConfigMap-shaped volume; the file is changed (a rule's
 mode enforce -> warn and an exception added), then replaced by a bad file, then put
-back. No admission fails; every review that starts after ``/readyz`` shows the new
-generation is answered by the new policy; the bad file changes nothing.
+back. No admission fails; every review that starts after ``/metrics`` shows the new
+generation is answered by the new policy; the bad file changes nothing; ``/readyz``
+names the generation serving.
 
 Own webhook process and configurations, scoped to a namespace labelled
 ``envelope.test/isolated`` (which the session webhook leaves alone)."""
@@ -11,6 +12,7 @@ Own webhook process and configurations, scoped to a namespace labelled
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
 import time
 import urllib.request
@@ -186,6 +188,10 @@ def test_policy_reload_under_load_fails_no_admission(cluster: Cluster, reloading
         ranks = [order[g] for g in window]
         assert ranks == sorted(ranks), window
         assert window.count("mixed") <= 1, window
+    status, body = harness.https_get(f"{webhook.url}/readyz",
+                                    harness.tls_context(webhook.ca_file), timeout=5)
+    digest = hashlib.sha256(ENFORCED.encode()).hexdigest()[:12]
+    assert (status, body) == (200, f"ok (policy generation 3 sha256 {digest})")
     log = webhook.log_path.read_text()
     refused = [line for line in log.splitlines() if "policy reload refused" in line]
     assert len(refused) == 1, refused

@@ -199,3 +199,31 @@ def test_reviews_metrics_and_readyz_follow_the_generation(tmp_path: Path) -> Non
     assert "envelope_policy_reload_failures_total 1.0" in text
     assert (f'envelope_policy_info{{file="{volume.path}",sha256="{reloader.sha256[:12]}"}} 1.0'
             in text)
+
+
+def test_serve_refuses_a_namespace_selector_its_live_view_cannot_answer(tmp_path: Path) -> None:
+    """``serve`` opens the Namespace watch at start only for a policy that selects
+    namespaces by label: a reload adding one is refused, not served blind."""
+    from types import SimpleNamespace
+
+    from app.cli.serve import _policy_reloader
+
+    volume = ConfigMapVolume(tmp_path, ENFORCED)
+    args = SimpleNamespace(config=str(volume.path), policy_reload_interval=2.0)
+
+    def informer(kind: str) -> Any:
+        return SimpleNamespace(resource=SimpleNamespace(kind=kind))
+
+    selecting = ("exceptions:\n  - rules: [cpu-limits]\n"
+                 "    namespaceSelector: {matchLabels: {team: a}}\n")
+    for kinds, loads in ((["Node"], False), (["Node", "Namespace"], True)):
+        if volume.path.read_text() != ENFORCED:
+            volume.update(ENFORCED)
+        view = SimpleNamespace(informers=[informer(k) for k in kinds])
+        reloader = _policy_reloader(args, RULES, view, Metrics())  # type: ignore[arg-type]
+        reloader.environ = {}
+        reloader.load_initial()
+        volume.update(selecting)
+        assert reloader.check() is loads, kinds
+        if not loads:
+            assert "restart the pods" in reloader.last_error
