@@ -42,6 +42,8 @@ log = logging.getLogger("envelope")
 
 #: Hex digits of the sha256 shown in metrics, logs and /readyz (as git's short ids).
 DIGEST_SHOWN = 12
+#: Every this many polls the file is read and digested even when its stat is unchanged.
+DIGEST_EVERY = 30
 
 
 def _stat_key(path: Path) -> tuple[int, int, int, int] | None:
@@ -105,11 +107,14 @@ class PolicyReloader:
         self._refused = None
         self.last_error = ""
 
-    def check(self) -> bool:
-        """One poll: True when a new policy was installed. Never raises."""
+    def check(self, *, digest_anyway: bool = False) -> bool:
+        """One poll: True when a new policy was installed. Never raises. The file is
+        read when its stat changed, or with ``digest_anyway`` (the thread does so every
+        ``DIGEST_EVERY`` polls: an edit in place within the clock's resolution keeps
+        the stat)."""
         with self._lock:
             key = _stat_key(self.path)
-            if key is not None and key == self._stat:
+            if key is not None and key == self._stat and not digest_anyway:
                 return False
             try:
                 data = self._read()
@@ -163,8 +168,10 @@ class PolicyReloader:
         self._thread.start()
 
     def _run(self) -> None:
+        polls = 0
         while not self._stop.wait(self.interval):
-            self.check()
+            polls += 1
+            self.check(digest_anyway=polls % DIGEST_EVERY == 0)
 
     def stop(self) -> None:
         self._stop.set()

@@ -88,6 +88,18 @@ def test_a_bad_file_is_refused_once_with_the_old_policy_kept(
     assert reloader.check() is True and reloader.generation == 2 and reloader.last_error == ""
 
 
+def test_an_edit_that_keeps_the_stat_is_seen_by_the_digest(tmp_path: Path) -> None:
+    volume, reloader, holder = reloader_on(tmp_path)
+    target = volume.path.resolve()
+    before = os.stat(target)
+    edited = ENFORCED.replace("enforce", "warn   ")  # same size
+    target.write_text(edited)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert reloader.check() is False  # the stat alone says nothing changed
+    assert reloader.check(digest_anyway=True) is True
+    assert holder.policy is not None and holder.policy.rules[RULE] is Mode.WARN
+
+
 def test_a_removed_file_keeps_the_policy_and_says_so(tmp_path: Path,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     volume, reloader, holder = reloader_on(tmp_path)
