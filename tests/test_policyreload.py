@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,21 @@ def test_serve_refuses_a_namespace_selector_its_live_view_cannot_answer(tmp_path
         assert reloader.check() is loads, kinds
         if not loads:
             assert "restart the pods" in reloader.last_error
+
+
+def test_the_metrics_port_readyz_names_the_generation_too(tmp_path: Path) -> None:
+    """With mTLS on the HTTPS port the kubelet probes the metrics port (app/metrics_server.py)."""
+    from app.metrics_server import MetricsServer
+
+    volume, reloader, _ = reloader_on(tmp_path)
+    server = MetricsServer(Metrics().registry, "127.0.0.1", 0, ready=lambda: [],
+                           serving=reloader.describe)
+    server.start()
+    try:
+        volume.update(WARNED)
+        reloader.check()
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz", timeout=5) as r:
+            body = r.read().decode()
+    finally:
+        server.stop()
+    assert body == f"ok (policy generation 2 sha256 {reloader.sha256[:12]})"

@@ -313,7 +313,8 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
             return [f"{name}: {problem}" for name, check in all_checks.items() for problem in check()]
 
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port,
-                      ready=failing).start()
+                      ready=failing,
+                      serving=reloader.describe if reloader is not None else None).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=args.shutdown_timeout,
