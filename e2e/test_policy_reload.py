@@ -125,14 +125,18 @@ def test_policy_reload_under_load_fails_no_admission(cluster: Cluster, reloading
     assert generation(webhook) == (1, 0)
 
     answers: list[tuple[float, float, str]] = []  # (started, ended, answer)
-    done = threading.Event()
+    done, stop = threading.Event(), threading.Event()
 
     def stream() -> None:
+        """One admission at a time until told to stop (after at least TOTAL, and 40
+        after the last switch)."""
         try:
-            for i in range(TOTAL):
+            i = 0
+            while not stop.is_set():
                 started = time.monotonic()
                 got = answer(*cluster.api("POST", path, deployment(ns, i)))
                 answers.append((started, time.monotonic(), got))
+                i += 1
         finally:
             done.set()
 
@@ -163,20 +167,25 @@ def test_policy_reload_under_load_fails_no_admission(cluster: Cluster, reloading
             time.sleep(0.05)
         after(len(answers) + 40)
         to_old = switch(ENFORCED, 3)
+        after(len(answers) + 40)
+        after(TOTAL)
     finally:
+        stop.set()
         runner.join(300)
     assert not runner.is_alive()
-    assert len(answers) == TOTAL
+    assert len(answers) >= TOTAL
 
     failed = [a for a in answers if a[2] not in ("old", "new", "mixed")]
     assert failed == [], failed[:5]
     assert generation(webhook) == (3, 1)
 
     def phase(lo: float, hi: float) -> list[str]:
-        return [got for started, _, got in answers if lo < started and started < hi]
+        """Reviews sent after ``lo`` and answered before ``hi`` (one answered after a
+        write may have met the new policy: the reloader may poll at once)."""
+        return [got for started, ended, got in answers if lo < started and ended < hi]
 
-    # Before the first write: all old. Every review started after /metrics said the new
-    # generation serves: the new policy, also while the bad file was there.
+    # Answered before the first write: all old. Every review sent after /metrics said
+    # the new generation serves: the new policy, also while the bad file was there.
     assert set(phase(0, to_new[0])) == {"old"}
     assert set(phase(to_new[1], to_old[0])) == {"new"}
     assert set(phase(to_old[1], float("inf"))) == {"old"}
@@ -198,6 +207,6 @@ def test_policy_reload_under_load_fails_no_admission(cluster: Cluster, reloading
     assert str(volume.path) in refused[0] and f"rules.{RULE}" in refused[0]
     lag = {name: len([a for a in answers if a[0] >= w[0] and a[0] < w[1]])
            for name, w in (("to new", to_new), ("back", to_old))}
-    print(f"\n{TOTAL} admissions, 0 failed; reviews started between the write and the new "
+    print(f"\n{len(answers)} admissions, 0 failed; reviews started between the write and the new "
           f"generation showing: {lag}; switch latency "
           f"{to_new[1] - to_new[0]:.2f} s / {to_old[1] - to_old[0]:.2f} s")
