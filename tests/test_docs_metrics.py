@@ -50,6 +50,9 @@ def exercised_metrics() -> str:
     fact_metrics = FactMetrics(metrics.registry)
     fact_metrics.rounds.labels("ok").inc()
     fact_metrics.writes.labels("added").inc()
+    from app.serve.policyreload import PolicyReloader, ReloadMetrics  # `serve --config`
+
+    ReloadMetrics(PolicyReloader("policy.yaml", RULES, lambda p: None), metrics.registry)
     app = create_app(RULES, Policy(), metrics=metrics)
     obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"})],
                    annotations={"envelope.io/exempt": "pod-fits-node"})

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.cli.serve_tls import _caller_check, _tls, lease_elector
 from app.cluster.view import StaticView
-from app.core.config import Policy
+from app.core.config import ConfigError, Policy
 from app.core.exemptions import needs_namespaces
 from app.core.ruleset import RuleSet
 from app.serve.httplimits import add_arguments as add_limit_arguments
@@ -44,6 +44,12 @@ def _serve_parser(sub: Any) -> None:
                        help="plain-HTTP Prometheus port; 0 disables it")
     serve.add_argument("--config", default=os.environ.get("ENVELOPE_CONFIG"),
                        help='policy file (docs/configuration.md) (env ENVELOPE_CONFIG)')
+    serve.add_argument("--policy-reload-interval", type=float,
+                       default=float(os.environ.get("ENVELOPE_POLICY_RELOAD_INTERVAL", 2.0)),
+                       help="seconds between checks of the --config file; a changed file "
+                            "that loads replaces the policy for new reviews, a bad one is "
+                            "refused with a log line and the old policy keeps serving "
+                            "(env ENVELOPE_POLICY_RELOAD_INTERVAL)")
     serve.add_argument("--log-level", default=os.environ.get("ENVELOPE_LOG_LEVEL", "info"),
                        help="debug, info, warning or error; below info the per-review line is "
                             "off (env ENVELOPE_LOG_LEVEL)")
@@ -222,6 +228,29 @@ def _start_fact_keeper(args: argparse.Namespace, view: Any, elector: Any,
     return True
 
 
+def _policy_reloader(args: argparse.Namespace, rules: RuleSet, view: Any,
+                     metrics: Any) -> Any:
+    """The reloader of ``--config`` (app/serve/policyreload.py), its metrics registered. A new
+    policy whose exceptions select namespaces by label is refused when this start's
+    live view does not watch Namespaces (none of the policy read at start did)."""
+    from app.serve.policyreload import PolicyReloader, ReloadMetrics
+
+    watched = {i.resource.kind for i in getattr(view, "informers", ())}
+    live = bool(getattr(view, "informers", ()))
+
+    def accept(new: Policy) -> str | None:
+        if live and "Namespace" not in watched and needs_namespaces(new):
+            return ("an exception's namespaceSelector needs the Namespace watch, which this "
+                    "replica started without (no exception of the policy it started with "
+                    "selected namespaces): restart the pods to apply this policy")
+        return None
+
+    reloader = PolicyReloader(args.config, rules, lambda new: None, accept=accept,
+                              interval=args.policy_reload_interval)
+    ReloadMetrics(reloader, metrics.registry)
+    return reloader
+
+
 def _cluster_configuration(args: argparse.Namespace) -> tuple[Any, str]:
     """The cluster configuration every part of ``serve`` uses, decided once
     (``app.cluster.kube.serve_configuration``); raises ClusterConfigError."""
@@ -304,13 +333,27 @@ def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         caller, caller_checks = made
         all_checks.update(caller_checks)
     _raise_failure_policies(args, all_checks, configuration, where, metrics.registry)
-    app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics, caller=caller)
+    reloader = None
+    if args.config:
+        reloader = _policy_reloader(args, rules, view, metrics)
+    app = create_app(rules, policy, view, ready_checks=all_checks, metrics=metrics, caller=caller,
+                     serving=reloader.describe if reloader is not None else None)
+    if reloader is not None:
+        handler = app.state.handler
+        reloader.apply = lambda new: setattr(handler, "policy", new)
+        try:
+            handler.policy = reloader.load_initial()  # the same file, read as it is now
+        except ConfigError as exc:
+            print(f"envelope: invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        reloader.start()
     if args.metrics_port:
         def failing() -> list[str]:
             return [f"{name}: {problem}" for name, check in all_checks.items() for problem in check()]
 
         MetricsServer(metrics.registry, args.metrics_host or args.host, args.metrics_port,
-                      ready=failing).start()
+                      ready=failing,
+                      serving=reloader.describe if reloader is not None else None).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=args.shutdown_timeout,
@@ -331,6 +374,9 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
         return (f"unknown log level {args.log_level!r}; use one of debug, info, warning, "
                 f"error, critical")
+    if not args.policy_reload_interval > 0:
+        return (f"--policy-reload-interval {args.policy_reload_interval:g}: give a number of "
+                f"seconds above 0")
     if args.tls_mode == "self" and args.ca_overlap_seconds < 4 * args.tls_interval:
         return (f"--ca-overlap-seconds {args.ca_overlap_seconds:g} is shorter than 4x "
                 f"--tls-interval ({4 * args.tls_interval:g} s): replicas reload the Secret "

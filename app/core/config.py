@@ -32,7 +32,8 @@ from pydantic import (
 from app.k8s.quantity import parse_quantity
 from app.k8s.selectors import StrictLabelSelector
 
-__all__ = ["ConfigError", "KnownRules", "MemoryBelowLimit", "Mode", "Policy", "capped", "load_policy"]
+__all__ = ["ConfigError", "KnownRules", "MemoryBelowLimit", "Mode", "Policy", "capped", "load_policy",
+           "parse_policy"]
 
 
 class KnownRules(Protocol):
@@ -278,20 +279,30 @@ def _describe(error: ValidationError) -> str:
 def load_policy(path: str | Path | None, environ: Mapping[str, str] | None, rules: KnownRules) -> Policy:
     """Read the policy file (if any), then apply environment overrides; every rule id
     must be one of ``rules``."""
-    data: dict[str, Any] = {}
-    source = "defaults"
+    text: str | None = None
     if path:
-        source = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    return parse_policy(text, str(path) if path else "defaults", environ, rules)
+
+
+def parse_policy(text: str | bytes | None, source: str, environ: Mapping[str, str] | None,
+                 rules: KnownRules) -> Policy:
+    """:func:`load_policy` on a file's contents already read (``None``: no file), errors
+    naming ``source``: the one loader, also for ``serve``'s reloads (app/serve/policyreload.py),
+    which digest and parse the same bytes."""
+    data: dict[str, Any] = {}
+    if text is not None:
+        try:
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
+            raise ConfigError(f"{source}: expected a mapping at the top level")
         data = loaded
     overrides = _env_overrides(os.environ if environ is None else environ, rules)
     if overrides:

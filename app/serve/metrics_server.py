@@ -44,11 +44,14 @@ class MetricsServer:
     def __init__(self, registry: CollectorRegistry, host: str, port: int, *,
                  max_connections: int = 64, read_timeout: float = 2.0,
                  write_timeout: float = 10.0, max_request: int = 8192,
-                 ready: Callable[[], list[str]] | None = None) -> None:
+                 ready: Callable[[], list[str]] | None = None,
+                 serving: Callable[[], str] | None = None) -> None:
         self.registry = registry
         self.ready = ready
         """With it, ``/healthz`` and ``/readyz`` are served here too: the kubelet presents
         no client certificate, so with mTLS on the HTTPS port its probes come here."""
+        self.serving = serving
+        """Which policy serves, said in ``/readyz``'s body as on the HTTPS port."""
         self.host, self.port = host, port
         self.max_connections = max_connections
         self.slots = Slots(max_connections)
@@ -146,7 +149,9 @@ class MetricsServer:
         elif self.ready is not None and target.split(b"?", 1)[0] in (b"/healthz", b"/readyz"):
             failing = self.ready() if target.startswith(b"/readyz") else []
             status = b"503 Service Unavailable" if failing else b"200 OK"
-            body = (("not ready: " + "; ".join(failing)) if failing else "ok").encode()
+            which = f" ({self.serving()})" if self.serving is not None and \
+                target.startswith(b"/readyz") else ""
+            body = ((("not ready: " + "; ".join(failing)) if failing else "ok") + which).encode()
             ctype = b"text/plain"
         elif target.split(b"?", 1)[0] != b"/metrics":
             status, body, ctype = b"404 Not Found", b"metrics are at /metrics\n", b"text/plain"

@@ -255,12 +255,14 @@ class InTreeEndpoint:
     ``app.intree.validating`` compiles may be named: anything else is answered 400, so a
     configuration can never switch off a rule no policy answers for."""
 
-    def __init__(self, rules: RuleSet, policy: Policy, view: ClusterView, metrics: Metrics,
+    def __init__(self, rules: RuleSet, handler: RuleHandler, metrics: Metrics,
                  known_kinds: frozenset[str], caller: CallerCheck | None) -> None:
-        self.rules, self.policy, self.view = rules, policy, view
+        self.rules, self.handler, self.view = rules, handler, handler.view
         self.metrics, self.known_kinds, self.caller = metrics, known_kinds, caller
         self.allowed = frozenset(rid for rid in COMPILABLE if rid in rules.rules)
-        self.endpoints: dict[frozenset[str], ReviewEndpoint] = {}
+        # Per list, the policy serving when its endpoint was made: a reloaded policy
+        # (app/serve/policyreload.py swaps ``handler.policy``) makes a new one.
+        self.endpoints: dict[frozenset[str], tuple[Policy, ReviewEndpoint]] = {}
 
     def endpoint(self, names: str) -> ReviewEndpoint | str:
         """The endpoint for a path's list, or why the list is refused."""
@@ -269,14 +271,16 @@ class InTreeEndpoint:
         if wrong or not names:
             return (f"{VALIDATE_PATH}<rules> names rules compiled in-tree, one of "
                     f"{', '.join(sorted(self.allowed))}; got {', '.join(wrong) or 'none'}")
-        found = self.endpoints.get(skipped)
-        if found is None:
-            policy = self.policy.model_copy(update={"rules": {
-                **self.policy.rules, **dict.fromkeys(skipped, Mode.OFF)}})
-            handler = RuleHandler(self.rules, policy, self.view)
-            found = self.endpoints[skipped] = ReviewEndpoint(
-                Reviews("validate", handler, self.metrics, self.known_kinds),
-                self.metrics.malformed("validate"), self.caller)
+        serving = self.handler.policy
+        made = self.endpoints.get(skipped)
+        if made is not None and made[0] is serving:
+            return made[1]
+        policy = serving.model_copy(update={"rules": {
+            **serving.rules, **dict.fromkeys(skipped, Mode.OFF)}})
+        handler = RuleHandler(self.rules, policy, self.view)
+        found = ReviewEndpoint(Reviews("validate", handler, self.metrics, self.known_kinds),
+                               self.metrics.malformed("validate"), self.caller)
+        self.endpoints[skipped] = (serving, found)
         return found
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
@@ -358,10 +362,13 @@ def create_app(
     ready_checks: dict[str, Callable[[], list[str]]] | None = None,
     metrics: Metrics | None = None,
     caller: CallerCheck | None = None,
+    serving: Callable[[], str] | None = None,
 ) -> FastAPI:
     """Build the webhook app. ``ready_checks`` gate ``/readyz``: each returns its
     problems (caches not synced, no certificate), empty when ready. ``caller``: check
-    KEP-6060 caller tokens on the review paths (``app.serve.callerauth``)."""
+    KEP-6060 caller tokens on the review paths (``app.serve.callerauth``). ``serving``: which
+    policy serves (``PolicyReloader.describe``), said in ``/readyz``'s body. The policy
+    serving is ``app.state.handler.policy``: one assignment swaps it."""
     app = FastAPI(title="Envelope", docs_url=None, redoc_url=None, openapi_url=None, **_NO_OTEL)
     metrics = app.state.metrics = metrics or Metrics()
     handler = app.state.handler = RuleHandler(rules, policy, view or StaticView())
@@ -376,10 +383,11 @@ def create_app(
     async def readyz(request: Request_) -> Response_:
         failing = [f"{name}: {problem}" for name, check in checks.items()
                    for problem in check()]
+        which = f" ({serving()})" if serving is not None else ""
         if failing:
-            return Response_(("not ready: " + "; ".join(failing)).encode(), status_code=503,
-                             media_type="text/plain")
-        return Response_(b"ok", media_type="text/plain")
+            return Response_(("not ready: " + "; ".join(failing) + which).encode(),
+                             status_code=503, media_type="text/plain")
+        return Response_(f"ok{which}".encode(), media_type="text/plain")
 
     app.add_route("/healthz", healthz, methods=["GET"])
     app.add_route("/readyz", readyz, methods=["GET"])
@@ -390,7 +398,7 @@ def create_app(
         for phase in PHASES]
     app.router.routes.insert(len(PHASES), Route(
         VALIDATE_PATH + "{rules}",
-        InTreeEndpoint(rules, policy, handler.view, metrics, known_kinds, caller)))
+        InTreeEndpoint(rules, handler, metrics, known_kinds, caller)))
     return app
 
 

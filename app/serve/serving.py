@@ -76,8 +76,8 @@ class Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.stop_signal is not None:
             name = signal.Signals(self.stop_signal).name
-            why = (" (Envelope does not reload on SIGHUP: certificates reload by themselves, "
-                   "the policy on restart)" if self.stop_signal == signal.SIGHUP else "")
+            why = (" (Envelope does not reload on SIGHUP: certificates and the --config "
+                   "policy file reload by themselves)" if self.stop_signal == signal.SIGHUP else "")
             (log.warning if self.stop_signal == signal.SIGHUP else log.info)(
                 f"stopping on {name}{why}: no new connections, in-flight reviews get up to "
                 f"{self.config.timeout_graceful_shutdown} s",

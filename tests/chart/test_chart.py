@@ -779,14 +779,23 @@ def test_policy_configmap_is_a_valid_policy(tmp_path: Path) -> None:
     assert source == {"name": "envelope-config", "items": [{"key": "policy.yaml", "path": "policy.yaml"}]}
 
 
-def test_policy_change_rolls_the_pods() -> None:
-    def checksum(values: dict[str, Any]) -> str:
-        annotations = render(values).one("Deployment")["spec"]["template"]["metadata"]["annotations"]
-        return str(annotations["checksum/config"])
+def test_policy_change_reloads_the_webhook_and_rolls_only_the_audit() -> None:
+    """The webhook reloads the policy from its directory-mounted ConfigMap
+    (app/serve/policyreload.py), so a policy change leaves its pod template as it was; the
+    audit reads the policy at start, so its template changes and it rolls."""
+    def templates(values: dict[str, Any]) -> tuple[Any, Any]:
+        rendered = render({"audit": {"enabled": True}, **values})
+        [webhook] = [d for d in rendered.of("Deployment") if "audit" not in d["metadata"]["name"]]
+        [audit] = [d for d in rendered.of("Deployment") if "audit" in d["metadata"]["name"]]
+        return webhook["spec"]["template"], audit["spec"]["template"]
 
-    base = checksum({})
-    assert checksum({"policy": {"failureMode": "allow"}}) != base
-    assert checksum({"replicaCount": 4}) == base
+    webhook, audit = templates({})
+    changed_webhook, changed_audit = templates({"policy": {"failureMode": "allow"}})
+    assert changed_webhook == webhook
+    assert changed_audit["metadata"]["annotations"]["checksum/config"] != \
+        audit["metadata"]["annotations"]["checksum/config"]
+    assert not any("subPath" in m for c in webhook["spec"]["containers"]
+                   for m in c.get("volumeMounts", ()))
 
 
 def test_policy_schema_matches_the_app() -> None:
