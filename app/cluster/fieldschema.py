@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                              "names (under the repository) instead of reading an API server")
     args = parser.parse_args(argv)
     if args.crds:
-        crds = crd_data(Path(__file__).resolve().parent.parent)
+        crds = crd_data(Path(__file__).resolve().parents[2])
         out = Path(args.out or CRD_DATA)
         out.write_bytes(encode(crds))
         print(f"wrote {out}: {sum(map(len, crds['kinds'].values()))} kinds from "

@@ -149,7 +149,7 @@ def test_a_chart_is_rendered_and_judged_at_its_templates(tmp_path: Path) -> None
                                                                 / "cm.yaml")
     [finding] = [f for f in web["findings"] if f["severity"] == "error"]
     assert finding["rule"] == "memory-request-equals-limit"
-    assert web["namespace"] == "" and len(report["objects"]) == 4
+    assert web["namespace"] == "default" and len(report["objects"]) == 4  # placed as kubectl -n places it
 
 
 def test_values_files_and_sets_reach_helm(tmp_path: Path) -> None:
