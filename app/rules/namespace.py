@@ -452,11 +452,6 @@ def _decider(spec: dict[str, Any]) -> str:
     return SCHEDULER
 
 
-def _mapped_names(view: ClusterView) -> set[str]:
-    """The extended resource names DeviceClasses map to DRA devices (``_device_demand``
-    has read them for this version of the classes)."""
-    found = _classes_memo.get(view.version("DeviceClass"))
-    return set(found[1]) if found is not None else set()
 
 
 def _karpenter_pools(view: ClusterView) -> list[Mapping[str, Any]]:
@@ -591,25 +586,12 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return _bound_pod(spec, bound, view, requests, path, policy, int(reserve_cpu * 1000),
                           int(reserve_memory))
     devices = _device_demand(subject, spec, view, requests) if decider == SCHEDULER else DeviceDemand()
-    unjudged: list[Finding] = []
-    if devices and not view.count("ResourceSlice"):
-        # No DRA driver's devices are known (files without ResourceSlices, or a driver
-        # that has published none yet): read as "nodes without devices" that refused every
-        # DRA pod and blamed whichever node came closest on cpu and memory. Judge the rest,
-        # and say the devices were not evaluated (issue 37).
-        unjudged = [warning(path, "not evaluated: the pods ask for DRA devices and no "
-                                  "ResourceSlice is known, so no node's devices were judged "
-                                  "(cpu, memory and the rest were); add the ResourceSlices "
-                                  "(kubectl get resourceslices -o yaml) to evaluate them")]
-        devices = DeviceDemand()
-        requests = {name: value for name, value in requests.items()
-                    if name not in _mapped_names(view)}
     keys = selector_references([*devices.claims, *devices.mapped.values()]) if devices else None
     groups = _groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory), keys)
     verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages,
                         decider=decider, devices=devices or None)
     if verdict.fits:
-        return unjudged
+        return []
     if not verdict.complete:
         return [warning(path, f"pod-fits-node did not decide: the nodes come in more than "
                               f"{MAX_NODE_GROUPS} classes and none of the first "

@@ -357,20 +357,3 @@ def test_a_pod_with_only_a_memory_request_is_judged_after_limit_ranger(
                       "      - name: app\n        image: nginx\n        resources:\n"
                       "          requests: {memory: 256Mi}\n")
     assert main(["check", str(deploy)]) == 0, capsys.readouterr().out
-
-
-def test_dra_pods_with_nodes_but_no_resource_slices_are_not_evaluated(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Nodes given, no ResourceSlice: no device can be judged, which is not "every node
-    has none" (the refusal blamed whichever node came closest on cpu); cpu and memory
-    are still judged."""
-    text = (Path(__file__).parent.parent / "data" / "issue37-dra-no-slices.yaml").read_text()
-    f = tmp_path / "dra.yaml"
-    f.write_text(text)
-    assert main(["check", str(f)]) == 0
-    out = capsys.readouterr().out
-    assert ("warning pod-fits-node: not evaluated: the pods ask for DRA devices and no "
-            "ResourceSlice is known") in out, out
-    f.write_text(text.replace('requests: {cpu: "8", memory: 32Gi}', 'requests: {cpu: "80", memory: 32Gi}'))
-    assert main(["check", str(f)]) == 1
-    assert "80 cpu" in capsys.readouterr().out
