@@ -3,7 +3,7 @@
 An audit reads, once, every kind the rules read (trimmed as the webhook's live view
 trims them, into a :class:`~app.cluster.view.Store` with the rule set's indexes), then
 lists every kind the rules judge, page by page, and judges each object as it stands:
-a CREATE through :func:`app.engine.check_object`, the same call ``envelope check``
+a CREATE through :func:`app.core.engine.check_object`, the same call ``envelope check``
 makes, so a result is exactly what the webhook pair would answer if the object were
 written again today. Nothing is written to the objects: a mutation the webhook would
 make is reported as a ``warn`` result carrying the RFC 6902 patch in its properties.
@@ -56,7 +56,7 @@ OUTCOMES: tuple[Outcome, ...] = ("pass", "fail", "warn", "error", "skip")
 
 
 Judged = Kind
-"""A kind the rules judge, and where to list it (``app.kinds.Kind``)."""
+"""A kind the rules judge, and where to list it (``app.k8s.kinds.Kind``)."""
 
 JUDGED: tuple[Kind, ...] = KINDS
 """Every kind with a list path; :func:`judged_for` picks those a rule set judges."""

@@ -267,7 +267,7 @@ def placed(m: Manifest, namespace: str) -> Manifest:
 def as_admitted(m: Manifest, view: StaticView) -> Manifest:
     """A Pod as the mutating webhooks receive it: LimitRanger (a mutating admission
     plugin that runs before them) has written its namespace's container defaults
-    (``app.defaulting.limit_ranger_pod``). A workload's template is not defaulted: its
+    (``app.k8s.defaulting.limit_ranger_pod``). A workload's template is not defaulted: its
     Pods are judged as Pods by the rules that need them."""
     if m.obj.get("kind") != "Pod" or str(m.obj.get("apiVersion", "")) != "v1":
         return m

@@ -245,13 +245,13 @@ TRIMS: dict[str, Callable[[str], Trim]] = {
     "workload": trim_workload,
     "karpenter-nodepool": lambda kind: trim_karpenter_nodepool,
 }
-"""``app.kinds.Kind.trim`` -> the trim of that kind."""
+"""``app.k8s.kinds.Kind.trim`` -> the trim of that kind."""
 
 
 @dataclass(frozen=True)
 class Resource:
     kind: str
-    """The kind's view name (``app.kinds.Kind.name``): the store files it there."""
+    """The kind's view name (``app.k8s.kinds.Kind.name``): the store files it there."""
     path: str
     """Collection URL path, e.g. ``/api/v1/nodes`` or ``/apis/kai.resources/v1alpha1/projects``."""
     trim: Trim
@@ -266,7 +266,7 @@ class Resource:
         return cls(kind.name, kind.path, trim, kind.optional)
 
 
-#: Every kind the live view can keep (``app.kinds.KINDS`` with a trim), in table order.
+#: Every kind the live view can keep (``app.k8s.kinds.KINDS`` with a trim), in table order.
 RESOURCES: tuple[Resource, ...] = tuple(Resource.of(k) for k in KINDS if k.trim is not None)
 
 

@@ -95,4 +95,4 @@ def merge(cluster: Iterable[dict[str, Any]], manifests: Iterable[dict[str, Any]]
 
 OBSERVED_STATUS = frozenset(k.ref for k in KINDS if k.status)
 """Kinds (group, kind) whose status ``merge`` keeps from the cluster for a file that has
-none: those whose status the live view keeps (``app.kinds.Kind.status``)."""
+none: those whose status the live view keeps (``app.k8s.kinds.Kind.status``)."""

@@ -105,7 +105,7 @@ class ClusterView(Protocol):
 
 def kind_key(obj: dict[str, Any]) -> str:
     """Where the store files ``obj``: the view name of its (group, kind)
-    (``app.kinds.name_of``), one to one with (group, kind) — ``NodePool`` is KAI's,
+    (``app.k8s.kinds.name_of``), one to one with (group, kind) — ``NodePool`` is KAI's,
     ``NodePool.karpenter.sh`` Karpenter's, ``Queue.scheduling.volcano.sh`` not KAI's
     Queue. Keyed by that name rather than the pair, so a read (``view.list("Node")``)
     costs no lookup."""

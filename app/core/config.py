@@ -38,7 +38,7 @@ __all__ = ["ConfigError", "KnownRules", "MemoryBelowLimit", "Mode", "Policy", "c
 
 class KnownRules(Protocol):
     """What the policy is checked against: the rule ids and their environment variables.
-    :class:`app.ruleset.RuleSet` is one; it sits above this module in the layers
+    :class:`app.core.ruleset.RuleSet` is one; it sits above this module in the layers
     (docs/architecture.md), so it is named here by what is asked of it."""
 
     def __iter__(self) -> Iterator[str]: ...

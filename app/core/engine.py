@@ -23,7 +23,7 @@ that applies to the subject's kind, phase and operation it
    rule's id and what happened) that leaves no half-made patch.
 
 Every consumer reads the one result type, :class:`Evaluation`: the webhook's answer
-(``app.admission.decide``), ``envelope check``'s reports (``app.render``) and the audit's
+(``app.serve.admission.decide``), ``envelope check``'s reports (``app.render``) and the audit's
 PolicyReports (``app.audit``).
 
 Findings made *before* the engine ran, by a conversion of the input on behalf of a rule

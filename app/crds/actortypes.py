@@ -136,7 +136,7 @@ class WorkerPool(_Model):
     def sandbox_classes(self) -> frozenset[str]:
         """The classes the pool runs, from either upstream shape: ``spec.sandboxClasses``
         (current, kept as an extra field) or ``spec.sandboxClass`` (CRD era, default
-        gvisor). See :func:`app.substrate.read_pool_classes`."""
+        gvisor). See :func:`app.crds.substrate.read_pool_classes`."""
         spec = self.spec
         raw = dict(spec.model_extra or {})
         if "sandbox_class" in spec.model_fields_set:

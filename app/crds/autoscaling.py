@@ -6,7 +6,7 @@ says which new nodes could take a pod, from two sources.
 
 - **Policy shapes** (``nodes.autoscaledShapes``): nodes the platform declares, with
   their allocatable, labels and taints: judged exactly like a Node
-  (``app.scheduling.node_shape``).
+  (``app.k8s.scheduling.node_shape``).
 - **Karpenter NodePools** (``karpenter.sh/v1``): a NodePool does *not* say how big its
   nodes are (that is in the cloud provider's instance types, which Envelope cannot
   read), so what it gives is an upper bound. Labels: ``spec.template.metadata.labels``,

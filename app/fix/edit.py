@@ -1,6 +1,6 @@
 """``envelope fix``: rewrite manifest files so they are what Envelope would store.
 
-Each object is judged as ``envelope check`` judges it (:func:`app.engine.check_object`
+Each object is judged as ``envelope check`` judges it (:func:`app.core.engine.check_object`
 over a :class:`~app.cluster.view.StaticView` of every input file), and the mutate
 phase's RFC 6902 patch is applied to the *text*, not to a re-serialised document: the
 file is composed with the parser ``check`` reads it with (libyaml's node marks, see
@@ -108,7 +108,7 @@ class FixError(ValueError):
     """An operation that cannot be written into the text without re-serialising it."""
 
 
-# --- the patch on objects (RFC 6902 add/remove/replace: what app.jsonpatch.diff emits) ---
+# --- the patch on objects (RFC 6902 add/remove/replace: what app.k8s.jsonpatch.diff emits) ---
 
 def _tokens(pointer: str) -> list[str]:
     try:

@@ -64,7 +64,7 @@ def selector_matches(selector: LabelSelector, labels: str) -> str:
 
 
 def exception_matches(exception: RuleException) -> str:
-    """When ``exception`` matches the write (``app.exemptions._matches``)."""
+    """When ``exception`` matches the write (``app.core.exemptions._matches``)."""
     parts = []
     if exception.kinds:
         kinds = json.dumps(list(exception.kinds))
@@ -161,7 +161,7 @@ def exemption_clauses(policy: Policy, compiled: Sequence[str]) -> list[str]:
 
 def not_owned_by_deployment() -> str:
     """Not a ReplicaSet whose controller is an apps/v1 Deployment: the engine judges no
-    such ReplicaSet (``app.podspec.compared_by_controller``: the Deployment was judged)."""
+    such ReplicaSet (``app.k8s.podspec.compared_by_controller``: the Deployment was judged)."""
     return ("!(object.kind == \"ReplicaSet\" && has(object.metadata.ownerReferences) && "
             "object.metadata.ownerReferences.exists(o, has(o.controller) && o.controller && "
             "o.kind == \"Deployment\" && o.apiVersion == \"apps/v1\"))")

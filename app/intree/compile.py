@@ -20,11 +20,11 @@ What is compiled (``enforce`` mode only; see docs/in-tree.md for the rest and wh
 - ``cpu-limits``: every container and init container (restartable sidecars included;
   ephemeral containers have no resources) and the pod-level ``spec.resources``: the CPU
   limit is removed and, where no CPU request is written, the limit becomes the request
-  (``app.envelope.move_cpu_limit_to_request``); unless the opt-out annotation on the
+  (``app.rules.envelope.move_cpu_limit_to_request``); unless the opt-out annotation on the
   object or its pod template is ``"true"`` (``app.rules.workloads.keeps_cpu_limit``).
 - ``memory-limit``: a memory request without a memory limit gets the limit (every
   holder).
-- the mutations annotation, named as ``app.engine._annotated`` names it
+- the mutations annotation, named as ``app.core.engine._annotated`` names it
   (``cpu-limits:app,sidecar;memory-limit:app``), on every kind but Pods unless
   ``annotatePods``.
 
@@ -35,7 +35,7 @@ Left out of the domain (answered by the webhook):
   Pod UPDATE only for the resources it changes;
 - a pod-level CPU limit without a pod-level CPU request when some container asks for
   CPU: the request the webhook writes is the containers' aggregate
-  (``app.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
+  (``app.rules.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
   quantity string the webhook writes;
 - pods where every container has CPU and memory limits, or whose pod-level resources
   have a CPU limit (written, or defaulted from containers that all limit CPU): the webhook may warn that they

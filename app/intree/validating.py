@@ -29,7 +29,7 @@ not:
 - for a pod *template* with pod-level requests or limits unless both a memory request
   and a memory limit are written there: the rule judges the Pods the template makes,
   whose pod-level memory the API server derives from the containers'
-  (``app.defaulting._default_pod_level``, a sum the message prints in bytes);
+  (``app.k8s.defaulting._default_pod_level``, a sum the message prints in bytes);
 - for a Pod whose pod-level memory limit has no request (the rule's "defaulted here"
   case, whose message prints the containers' summed request in bytes; the API server
   never leaves a created Pod so, ``podutil.DefaultPodLevelResources``);
@@ -149,7 +149,7 @@ class CompiledValidation:
 
 def _holders(s: str) -> list[tuple[str, str, str]]:
     """(list expression, the holder variable, its label expression) of every resources
-    block: init containers, containers, pod level (``app.podspec.holders``' order)."""
+    block: init containers, containers, pod level (``app.k8s.podspec.holders``' order)."""
     return [
         (f"(has({s}.initContainers) ? {s}.initContainers : [])", "c",
          "\"initContainer \\\"\" + c.name + \"\\\"\""),
@@ -211,8 +211,8 @@ def _domain(rule_id: str, mode: Mode, policy: Policy) -> str:
 
 def _message(rule_id: str, mode: Mode) -> str:
     """The webhook's text: a refusal joins ``<message> [<rule>]`` with ``"; "``
-    (``app.admission.decide``); a warning is ``envelope[<rule>]: `` and the message cut
-    as ``app.util.brief`` cuts it (the message holds one ``"; "``, after the head, and no
+    (``app.serve.admission.decide``); a warning is ``envelope[<rule>]: `` and the message cut
+    as ``app.k8s.util.brief`` cuts it (the message holds one ``"; "``, after the head, and no
     ``". "``: labels are DNS names, quantities have no spaces)."""
     found = "variables.found"
     if mode is Mode.ENFORCE:

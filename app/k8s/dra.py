@@ -454,7 +454,7 @@ def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Map
     # Follows the DRA allocator's walk over slices, pools and devices in one pass, as
     # upstream writes it, so it can be read beside the cited code.
     """Each node's ``DeviceState``: ``nodes`` gives each node's name and a function that
-    says whether a NodeSelector matches it (``app.scheduling.node_selector_matches``)."""
+    says whether a NodeSelector matches it (``app.k8s.scheduling.node_selector_matches``)."""
     allocated = allocated_devices(claims)
     newest: dict[tuple[str, str], _Pool] = {}
     by_node: dict[str, list[Mapping[str, Any]]] = {}

@@ -280,7 +280,7 @@ class Node:
     pods: int = 0
     potential: bool = False
     devices: DeviceState | None = None
-    """The DRA devices the node reaches (``app.dra.node_device_states``), when the pod
+    """The DRA devices the node reaches (``app.k8s.dra.node_device_states``), when the pod
     asks for any; not part of ``class_key`` (classes are split by it when it matters)."""
 
 
@@ -504,7 +504,7 @@ def fit_node(spec: Mapping[str, Any], node: Node,
              requests: Mapping[str, Decimal] | None = None, *, decider: str = SCHEDULER,
              devices: DeviceDemand | None = None) -> NodeVerdict:
     """The scheduler's filters for one node (or the kubelet's admission, ``decider``).
-    ``spec`` is the *stored* pod spec (defaulted: see ``app.defaulting.default_pod``);
+    ``spec`` is the *stored* pod spec (defaulted: see ``app.k8s.defaulting.default_pod``);
     ``requests`` overrides ``pod_requests(spec)``."""
     counted = _counted(requests if requests is not None else pod_requests(spec))
     return _fit(spec, node, counted, _tolerations(spec), decider, devices)

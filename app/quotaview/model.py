@@ -2,7 +2,7 @@
 
 Nothing here adds or compares a quota itself: a queue's numbers are the
 :class:`~app.rules.quotas.tree.Slot` the rules read, a parent's load is
-:func:`app.kai.total` of its children, over-commit is
+:func:`app.crds.kai.total` of its children, over-commit is
 :func:`app.rules.quotas.sums.overflow` (rules 1 and 8) and a pool's cards and demand are
 :func:`~app.rules.quotas.tree.pool_capacity` and :func:`~app.rules.quotas.sums.pool_demand`
 (rule 3). So the picture and ``envelope check`` can never disagree, and 0.1 + 0.2 cards

@@ -1,7 +1,7 @@
 """The quota planner's ordering engine (issue #40): from a base quota tree to a target,
 an ordered list of single-object writes in which **every intermediate state passes
 Envelope's own rules** — the rule set and engine the webhook runs
-(:func:`app.engine.check_object` over a :class:`~app.cluster.view.StaticView` of the
+(:func:`app.core.engine.check_object` over a :class:`~app.cluster.view.StaticView` of the
 state so far, the written object replacing its stored copy as the rules' ``After``
 does), not a copy of them.
 

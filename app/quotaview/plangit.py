@@ -1,6 +1,6 @@
 """``envelope quotas plan --git-ref REF --branch NAME``: the change written into the
 tenancy files as they are at ``REF`` (read with ``git show``, never from the working
-tree), value by value with the ``fix`` editor (:func:`app.fix.fix_text`: only the bytes
+tree), value by value with the ``fix`` editor (:func:`app.fix.edit.fix_text`: only the bytes
 of each changed value, comments, key order and the padding around it kept), as one
 commit on a new local branch made with git plumbing — ``hash-object``, ``read-tree`` and
 ``update-index`` on a temporary index, ``write-tree``, ``commit-tree``, ``update-ref``

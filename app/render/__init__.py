@@ -1,10 +1,10 @@
 """``envelope check``'s output formats, one module each, chosen through one registry.
 
-A renderer is a pure function of a :class:`~app.reports.Report` (and ``--fail-on``, for
+A renderer is a pure function of a :class:`~app.render.reports.Report` (and ``--fail-on``, for
 the formats that carry an exit status) to the text written to stdout. It reads the
 structured results: each object's located findings and changes, its exemptions, the
 RFC 6902 patch the mutating webhook would answer with, and the engine's
-:class:`~app.engine.Evaluation` itself (``ObjectResult.evaluation``), so a format that
+:class:`~app.core.engine.Evaluation` itself (``ObjectResult.evaluation``), so a format that
 reports mutations has them. A new format is a module here and a line in
 :data:`RENDERERS`.
 """

@@ -1,7 +1,7 @@
 """`envelope check`'s results, structured: what every output format renders.
 
 A :class:`Report` holds one :class:`ObjectResult` per object of the input: where it is
-(file, document, line) and the engine's :class:`~app.engine.Evaluation` of it — the
+(file, document, line) and the engine's :class:`~app.core.engine.Evaluation` of it — the
 findings, the changes and RFC 6902 patch the mutating webhook would make, internal
 errors (records with their rule id) and exemptions — plus the findings made before the
 engine ran (strict field validation). :attr:`ObjectResult.findings` and

@@ -12,7 +12,7 @@ Rules are pure functions ``(subject, obj, view, policy) -> findings`` and read o
 objects only through the indexes declared here. See ``docs/actors.md``.
 
 Why one module of ~480 lines: one family of nine rules over two kinds that share the
-reading (decoded once, ``app.actortypes.decode``), the indexes and the placement; the
+reading (decoded once, ``app.crds.actortypes.decode``), the indexes and the placement; the
 typed models and the arithmetic are ``app/crds/actortypes.py``.
 """
 
@@ -103,7 +103,7 @@ def microvm_floor(policy: Policy) -> MemoryFloor:
 
 
 def _template(obj: dict[str, Any] | None) -> ActorTemplate | None:
-    """The typed template (decoded once: ``app.actortypes.decode``); None when it does not
+    """The typed template (decoded once: ``app.crds.actortypes.decode``); None when it does not
     have the shape (actor-limits reports it)."""
     found = decode(ActorTemplate, obj) if obj is not None else None
     return found if isinstance(found, ActorTemplate) else None

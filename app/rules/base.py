@@ -206,7 +206,7 @@ def rule(id: str, phase: Phase, kinds: Iterable[tuple[str, str]], default: Mode,
          ) -> Callable[[RuleFn], RuleFn]:
     """Declare a rule: the one place its id, kinds, phase, mode and reads are written.
 
-    The declaration is kept on the function (``fn.rule``); :class:`app.ruleset.RuleSet`
+    The declaration is kept on the function (``fn.rule``); :class:`app.core.ruleset.RuleSet`
     collects the declarations of the family modules. Nothing is registered globally.
     """
 

@@ -82,7 +82,7 @@ class Pair:
     value: str
     span: tuple[int, int] = (0, 0)
     """Where ``value`` lies in the envelope's ``raw``: what a message may not show when
-    it came from another variable (``app.envexpand.Source``)."""
+    it came from another variable (``app.k8s.envexpand.Source``)."""
 
 
 class PairError(QuantityError):
@@ -212,7 +212,7 @@ def pod_amount(spec: dict[str, Any], name: str, section: str = "requests") -> De
     makes of this spec: a missing pod-level request defaults to the containers'
     aggregate request when any container asks for the resource, and to the pod-level
     limit only when none does (``pkg/apis/core/v1/defaults.go``, see
-    ``app.defaulting.default_pod``); pod-level limits replace the aggregate limit.
+    ``app.k8s.defaulting.default_pod``); pod-level limits replace the aggregate limit.
     """
     if section == "requests" and isinstance(spec.get("resources"), dict):
         return effective_pod_requests(spec, is_pod=False).get(name, Decimal(0))

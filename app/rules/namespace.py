@@ -111,7 +111,7 @@ def _without_cpu_limits(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _cpu_limit_needs(subject: Subject, obj: dict[str, Any], view: ClusterView,
                      kind: str) -> list[CpuLimitNeed]:
-    """app.namespace_policy.cpu_limit_needs for this workload's pods without CPU
+    """app.k8s.namespace_policy.cpu_limit_needs for this workload's pods without CPU
     limits: the LimitRanges (both types, their defaults applied) and the quotas whose
     scopes match the pod (checked against the API server by the admission oracle);
     only the needs of ``kind`` (quotas need the LimitRanges too, for their defaults)."""
@@ -631,7 +631,7 @@ def _waits_for_recovery(path: str, verdict: PodPlacement) -> Finding:
     """No node takes the pods now, but some would once out of a state the node leaves on its
     own (app.k8s.scheduling ``LIFECYCLE_TAINT_KEYS``: not ready, unreachable, under pressure,
     cordoned): kube-scheduler leaves them Pending meanwhile, so this is not refused. The
-    first clause says it all (a webhook warning keeps ~120 characters, app.util.brief)."""
+    first clause says it all (a webhook warning keeps ~120 characters, app.k8s.util.brief)."""
     states = sorted({"cordoned" if r == CORDONED else
                      r.removeprefix("untolerated taint ").removeprefix("node.kubernetes.io/").split(":")[0]
                      for r in verdict.recovering})

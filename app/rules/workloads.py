@@ -687,7 +687,7 @@ def _limit_range_message(holder_label: str, path: str, requests: dict[str, Any],
 def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
     """Memory request == limit in every resources block — judged on the Pod as it will be
-    stored (``app.defaulting.default_pod`` with the namespace's LimitRanges), for a Pod
+    stored (``app.k8s.defaulting.default_pod`` with the namespace's LimitRanges), for a Pod
     and for every Pod a template makes: requests from limits, then LimitRanger's
     container defaults (it runs before Envelope's Pod webhook), then pod-level defaults.
     A template whose containers set no memory in a namespace whose LimitRange has

@@ -7,7 +7,7 @@ connections meant 2,000 threads blocked in ``recv`` fighting the admission loop 
 the GIL: the webhook port stalled for seconds. Here one event loop on one thread
 serves every metrics connection:
 
-- at most ``max_connections`` at once (:class:`app.httplimits.Slots`). When all are taken a
+- at most ``max_connections`` at once (:class:`app.serve.httplimits.Slots`). When all are taken a
   new connection evicts one that has not sent its request yet — from the peer address
   holding the most, its oldest first — so connections held open by anyone (40 idle
   ones from one address filled the 32 slots before, and with ``clientAuth`` the

@@ -295,7 +295,7 @@ class InTreeEndpoint:
 
 class Reviews:
     """One review endpoint's work around its handler: decode the body into a
-    :class:`~app.admission.Request`, and answer it — the handler's response, counted
+    :class:`~app.serve.admission.Request`, and answer it — the handler's response, counted
     (Prometheus), logged (one JSON line, no object contents) and encoded."""
 
     def __init__(self, phase: Phase, handler: Handler, metrics: Metrics,

@@ -59,6 +59,6 @@ def test_cluster_scoped_kinds_and_kept_groups() -> None:
     assert ours.get("Thing", "v") is None
     assert names(ours.list("Thing")) == ["files-give-it-one/q:blue"]
     # The store files a same-named kind of another group under its own name
-    # (app.kinds.name_of: Thing.other.io), so the index of Thing never holds it.
+    # (app.k8s.kinds.name_of: Thing.other.io), so the index of Thing never holds it.
     assert names(ours.by_index(BY_TEAM, "red")) == []
     assert names(ours.by_index(BY_TEAM, "blue")) == ["files-give-it-one/q:blue"]

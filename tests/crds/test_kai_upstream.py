@@ -16,7 +16,7 @@ transcribed. Each is checked three ways:
 1. :func:`kai_warnings` — the two helpers of #2167 (``quotaExceeds``, ``addQuota``)
    and the two functions that use them, ported line for line — must produce
    upstream's expected warnings (so the port is held to upstream's own test);
-2. Envelope's arithmetic (:func:`app.kai.total`, :func:`app.kai.exceeds`) must find
+2. Envelope's arithmetic (:func:`app.crds.kai.total`, :func:`app.crds.kai.exceeds`) must find
    exactly the same (resource, per-child/total) excesses;
 3. for the create path, Envelope's rule itself, judging the new child Queue as a
    CREATE, must refuse on exactly the resources upstream warns about.

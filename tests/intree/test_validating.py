@@ -77,7 +77,7 @@ def test_the_default_policy_denies_in_namespaces_with_the_fact() -> None:
     assert spec["matchConditions"][0]["expression"] == compiled.domains[RULE]
     assert compiled.domains[RULE].startswith('request.operation == "CREATE"')
     assert "namespaceObject" not in compiled.domains[RULE]
-    # the Deny message joins every finding as app.admission.decide does
+    # the Deny message joins every finding as app.serve.admission.decide does
     assert f"[{RULE}]" in spec["validations"][0]["messageExpression"]
     assert ".join(\"; \")" in spec["validations"][0]["messageExpression"]
     # enforce needs no split: the policy refuses before the webhook is called

@@ -70,7 +70,7 @@ MISSING = object()
 
 def slots(kind: str, obj: dict[str, Any] | None) -> tuple[Slot, ...] | None:
     """The queues an object declares (None when it does not parse), remembered by the
-    object's name and spec content, like :func:`app.kai.parse`."""
+    object's name and spec content, like :func:`app.crds.kai.parse`."""
     if not isinstance(obj, dict):
         return None
     owner = name_of(obj)

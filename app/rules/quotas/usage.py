@@ -13,7 +13,7 @@ resources of the queue's running jobs and of its child queues
 Each is a Kubernetes ``ResourceList`` of quantities, not the plain numbers of the spec:
 ``nvidia.com/gpu`` in cards (any key ending ``/gpu``, as KAI's own queue metrics read it,
 and the DRA GPUs KAI keys by their DeviceClass name, e.g. ``gpu.nvidia.com``, summed:
-:func:`app.kai.status_resource`),
+:func:`app.crds.kai.status_resource`),
 ``cpu`` in cores (``100m``) and ``memory`` in bytes (``2Gi``). They are converted to the
 spec's units (cards, mCPU, MB of 10^6 bytes) exactly, with Decimals.
 
@@ -90,7 +90,7 @@ Usage = dict[Resource, Decimal]
 
 def _convert(key: str, quantity: Decimal) -> tuple[Resource, Decimal] | None:
     """A status quantity in the spec's unit, exactly (a shift of the decimal point); the
-    key read as KAI counts it (:func:`app.kai.status_resource`: DRA GPUs are keyed by
+    key read as KAI counts it (:func:`app.crds.kai.status_resource`: DRA GPUs are keyed by
     their DeviceClass name)."""
     resource = status_resource(key)
     if resource == "cpu":
@@ -166,7 +166,7 @@ class Seen:
     """False when no such KAI Queue is in the view: KRM has not created it yet, so no
     workload runs in it (KAI schedules none into a queue that does not exist) and there
     is nothing to say. ``envelope check`` says "not evaluated" when the view has no
-    Queues at all (``app.ruleset.NEEDS``)."""
+    Queues at all (``app.core.ruleset.NEEDS``)."""
 
 
 def _status_of(obj: Any) -> Any:
