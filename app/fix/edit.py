@@ -170,7 +170,8 @@ def _reads_as(snippet: str, expected: Any) -> bool:
 
 _UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
 """What JSON leaves raw but a YAML stream may not hold (YAML 1.2 "c-printable"; go-yaml's
-and PyYAML's readers refuse it): written as ``\\uXXXX`` inside double quotes."""
+and PyYAML's readers refuse it): written inside double quotes as a ``\\u`` escape with
+four hex digits (U+0085 as ``\\u0085``)."""
 
 
 def _quoted(value: Any) -> str:
