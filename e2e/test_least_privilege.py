@@ -1,6 +1,7 @@
 """What the chart's ServiceAccount may do, judged by the real 1.37 API server (issue 38,
 class 6): installed with helm (self certificates, safeInstall, inTree with the namespace
-fact, the exceptions CRD and its roles), then acting as the ServiceAccount with a token the API server issued for it:
+fact, the exceptions CRD and its roles), then acting as the ServiceAccount with a token
+the API server issued for it:
 
 - RBAC grants it exactly the writes Envelope makes (a SelfSubjectRulesReview compared
   with a plain ServiceAccount's, in the release namespace and in another one): any

@@ -242,6 +242,30 @@ def test_serve_refuses_a_namespace_selector_its_live_view_cannot_answer(tmp_path
             assert "restart the pods" in reloader.last_error
 
 
+def test_serve_refuses_delegated_exceptions_its_live_view_does_not_watch(tmp_path: Path) -> None:
+    """``serve`` watches EnvelopeExceptions only for a policy that delegates some: a reload
+    that starts delegating is refused (restart the pods), not served blind."""
+    from types import SimpleNamespace
+
+    from app.cli.serve import _policy_reloader
+
+    volume = ConfigMapVolume(tmp_path, ENFORCED)
+    args = SimpleNamespace(config=str(volume.path), policy_reload_interval=2.0)
+    delegating = "delegatedExceptions: {allowedRules: [cpu-limits], namespaces: ['*']}\n"
+    for kinds, loads in ((["Node"], False), (["Node", "EnvelopeException"], True)):
+        if volume.path.read_text() != ENFORCED:
+            volume.update(ENFORCED)
+        view = SimpleNamespace(informers=[SimpleNamespace(resource=SimpleNamespace(kind=k))
+                                          for k in kinds])
+        reloader = _policy_reloader(args, RULES, view, Metrics())  # type: ignore[arg-type]
+        reloader.environ = {}
+        reloader.load_initial()
+        volume.update(delegating)
+        assert reloader.check() is loads, kinds
+        if not loads:
+            assert "EnvelopeException watch" in reloader.last_error
+
+
 def test_the_metrics_port_readyz_names_the_generation_too(tmp_path: Path) -> None:
     """With mTLS on the HTTPS port the kubelet probes the metrics port (app/serve/metrics_server.py)."""
     from app.serve.metrics_server import MetricsServer
