@@ -173,6 +173,12 @@ def test_a_namespace_admin_excepts_within_what_the_platform_allows(env: Env) -> 
     assert "pod-fits-node is not a rule the platform lets namespaces except from" in out, out
     assert f"allowedRules allows 1 ({RULE})" in out and "[exception-allowed]" in out, out
 
+    # The chart's CRD schema: a match that names nothing is refused by the API server.
+    broad = yaml.safe_load(_exception(a, [RULE], name="everything"))
+    broad["spec"]["match"] = {"kinds": ["Deployment"]}
+    code, out = _as(env, ADMIN, "create", "-f", "-", input=yaml.safe_dump(broad))
+    assert code != 0 and "match needs names or selector" in out, out
+
     # Another namespace, where the admin is only a viewer: RBAC forbids it.
     code, out = _as(env, ADMIN, "create", "-f", "-", input=_exception(b, [RULE]))
     assert code != 0 and f'User "{ADMIN}" cannot create resource "envelopeexceptions"' in out, out

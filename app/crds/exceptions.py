@@ -2,9 +2,11 @@
 by which a namespace owner exempts workloads of their namespace from named rules, as far
 as the cluster policy's ``delegatedExceptions`` allows (app/core/config.py).
 
-The shape follows Kyverno's PolicyException (kyverno.io/v2 ``spec.exceptions[].ruleNames``
-and ``spec.match.any[].resources.{kinds,names,selector}``; names may hold ``*`` and ``?``
-wildcards, as there), flattened to one match block: every condition given must hold::
+The shape follows Kyverno's PolicyException (https://kyverno.io/docs/exceptions:
+``spec.exceptions[].{policyName,ruleNames}`` and ``spec.match.any[].resources.{kinds,names,
+selector}``, names with ``*`` wildcards as in ``kyverno create exception --any
+"kind=Pod,name=test-*"``), flattened to one match block, every condition given must hold;
+Envelope has one policy, so ``rules`` names rule ids::
 
     apiVersion: envelope.io/v1alpha1
     kind: EnvelopeException
