@@ -106,7 +106,11 @@ def _delegated(subject: Subject, view: ClusterView, policy: Policy,
         return
     obj = subject.obj if subject.obj is not None else subject.old
     meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
+    # A Pod its controller makes from generateName has no name yet at the mutating webhook
+    # (the API server names it after mutating admission, before validating: pepr issue
+    # 3218, k8s.io/apiserver handlers/create.go): its generateName stands in, so a
+    # pattern such as "grafana-*" covers it in both phases.
+    name = meta.get("name") or meta.get("generateName") if isinstance(meta, dict) else None
     name = name if isinstance(name, str) else subject.name or ""
     labels = _labels(obj)
     allowed = set(delegated.allowed_rules)

@@ -12,9 +12,10 @@ import pytest
 
 from app.cluster.view import StaticView
 from app.core.config import ConfigError, Policy, parse_policy
+from app.core.engine import evaluate
 from app.core.exemptions import watched_for
 from app.serve.admission import decide
-from tests.conftest import RULES, container, run, workload
+from tests.conftest import RULES, container, run, subject, workload
 
 RULE = "memory-request-equals-limit"
 BAD_MEMORY = container(requests={"memory": "1Gi"}, limits={"memory": "2Gi", "cpu": "2"})
@@ -81,6 +82,22 @@ def test_what_an_exception_covers(obj: dict[str, Any], stored: dict[str, Any], e
     policy = Policy.model_validate({"delegatedExceptions": {
         "allowedRules": [RULE, "cpu-limits"], "namespaces": ["*"]}})
     assert (errors(run(obj, policy, view=StaticView([stored]))) == set()) is excused
+
+
+def test_a_pod_made_from_generate_name_is_matched_by_its_prefix_before_it_has_a_name() -> None:
+    """At the mutating webhook a controller's Pod has only generateName (grafana-7d9f-):
+    ``grafana-*`` covers it there and, once named, at the validating webhook."""
+    pod = workload("Pod", [BAD_MEMORY], namespace="team-a", name="")
+    del pod["metadata"]["name"]
+    pod["metadata"]["generateName"] = "grafana-7d9f-"
+    stored = exception(rules=["cpu-limits"], names=["grafana-*"], kinds=["Pod"])
+    policy = Policy.model_validate({"delegatedExceptions": {"allowedRules": ["cpu-limits"],
+                                                            "namespaces": ["*"]}})
+    mutated = evaluate(RULES, subject(pod), StaticView([stored]), policy, "mutate")
+    assert mutated.skipped == {"cpu-limits": "EnvelopeException team-a/vendor: vendor chart"}
+    assert mutated.patch == [] or all("cpu" not in op["path"] for op in mutated.patch)
+    other = exception(rules=["cpu-limits"], names=["loki-*"], kinds=["Pod"])
+    assert evaluate(RULES, subject(pod), StaticView([other]), policy, "mutate").skipped == {}
 
 
 def test_a_rule_the_policy_does_not_allow_is_not_excused_even_if_stored() -> None:
