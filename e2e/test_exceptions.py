@@ -8,7 +8,8 @@ impersonation (RBAC judges them, not the admin's certificate):
 
 - ``ns-admin``, bound to ``admin`` in namespace A only: a Deployment refused for its memory
   request is admitted once they create an exception for it in A (the webhook learns it
-  from its watch), with a warning naming the exception; refused again once it is deleted;
+  from its watch), with a warning naming the exception, and ``envelope audit``'s
+  PolicyReport has it as a skip naming the exception; refused again once it is deleted;
   an exception naming a rule the platform does not delegate is refused by the webhook with
   the rule and the allowed ones; one in namespace B is forbidden by RBAC;
 - ``ns-viewer``, bound to ``view`` in A: may read exceptions, may not create one (RBAC 403).
@@ -21,6 +22,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +50,7 @@ class Env:
     cluster: Cluster
     a: str
     b: str
+    policy: Path
 
 
 def _configurations(webhook: harness.Webhook) -> list[dict[str, Any]]:
@@ -103,7 +108,7 @@ def env(controlplane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         procs.append(webhook)
         for obj in _configurations(webhook):
             cluster.apply(obj)
-        yield Env(cluster, a, b)
+        yield Env(cluster, a, b, work / "policy.yaml")
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -195,6 +200,21 @@ def test_a_namespace_admin_excepts_within_what_the_platform_allows(env: Env) -> 
     stored = env.cluster.kubectl_json("get", "deployment", "grafana", "-n", a)
     assert stored["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] == \
         {"memory": "100Mi"}
+    # The audit reads the cluster's exceptions too: the stored Deployment's finding is a
+    # skip naming the exception in its PolicyReport, not a failure.
+    audit = subprocess.run([sys.executable, "-m", "app", "audit", "--kubeconfig",
+                            str(env.cluster.kubeconfig), "--config", str(env.policy),
+                            "-o", "policyreport"], capture_output=True, text=True,
+                           cwd=harness.REPO_ROOT, timeout=120, check=False,
+                           env={**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)})
+    assert audit.returncode in (0, 1), audit.stderr
+    found = {(r["resources"][0]["name"], r["rule"]): r for doc in yaml.safe_load_all(audit.stdout)
+             if doc and doc.get("kind") == "PolicyReport" and doc["metadata"]["namespace"] == a
+             for r in doc.get("results") or []}
+    assert found[("grafana", RULE)]["result"] == "skip", found
+    assert found[("grafana", RULE)]["message"] == \
+        f"exempt: EnvelopeException {a}/grafana-memory: vendor chart"
+
     # It covers what it names, nothing else.
     code, out = _as(env, ADMIN, "create", "--dry-run=server", "-f", "-",
                     input=_deployment(a, "loki"))
