@@ -22,8 +22,9 @@ Envelope has one policy, so ``rules`` names rule ids::
 
 ``match`` needs ``names`` or ``selector`` (an exception never covers a whole namespace by
 accident). The sizes below are the CRD schema's limits (charts/envelope/templates/
-exceptions.yaml) and what the live view keeps of each object (``trim``), so an
-exception costs the webhook at most a few KiB however large the stored object is.
+exceptions.yaml) and what the live view keeps of each object (``trim``), with
+:data:`MAX_BYTES` over the whole ``spec``, so an exception costs the webhook at most
+about 16 KiB however large the stored object is.
 No rules, no I/O.
 """
 
@@ -34,12 +35,13 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from app.k8s.selectors import LabelSelector
 
-__all__ = ["GROUP", "KIND", "MAX_ITEMS", "MAX_NAME", "MAX_REASON", "VERSION", "EnvelopeException", "parse",
-           "trim"]
+__all__ = ["GROUP", "KIND", "MAX_BYTES", "MAX_ITEMS", "MAX_NAME", "MAX_REASON", "VERSION",
+           "EnvelopeException", "parse", "trim"]
 
 GROUP, VERSION, KIND = "envelope.io", "v1alpha1", "EnvelopeException"
 MAX_ITEMS = 32
@@ -47,6 +49,10 @@ MAX_ITEMS = 32
 MAX_NAME = 253
 """Longest rule id, kind or object name kept."""
 MAX_REASON = 256
+MAX_BYTES = 16 * 1024
+"""Most JSON bytes of a ``spec``: the list and string limits alone would allow a selector
+of 32 expressions of 32 values (a quarter of a MiB); one larger is refused by
+``exception-allowed`` and kept by the live view as its size alone (honoured nowhere)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,13 @@ def _time(value: Any) -> datetime.datetime | None:
     return found if found.tzinfo is not None else found.replace(tzinfo=datetime.UTC)
 
 
+def _size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except (orjson.JSONEncodeError, TypeError):
+        return MAX_BYTES + 1
+
+
 def parse(obj: Any) -> tuple[EnvelopeException | None, list[str]]:
     """The exception, or None and what is wrong with it (``spec.<field>: ...``). The API
     server's schema refuses the same when the chart's CRD is installed; files given to
@@ -102,6 +115,11 @@ def parse(obj: Any) -> tuple[EnvelopeException | None, list[str]]:
     spec = obj.get("spec") if isinstance(obj, dict) else None
     if not isinstance(meta, dict) or not isinstance(spec, dict):
         return None, ["spec: missing; an EnvelopeException needs spec.rules and spec.match"]
+    oversized = spec.get("oversized")
+    size = oversized if isinstance(oversized, int) else _size(spec)
+    if size > MAX_BYTES:
+        return None, [f"spec: {size:,} bytes of JSON, over the {MAX_BYTES:,} an exception may "
+                      f"hold; name fewer objects, or select them with fewer labels"]
     problems: list[str] = []
     rules = _strings(spec.get("rules"))
     if not rules:
@@ -138,15 +156,17 @@ def parse(obj: Any) -> tuple[EnvelopeException | None, list[str]]:
                             f"time (2027-01-01T00:00:00Z)")
     if problems or not rules:
         return None, problems
-    return EnvelopeException(str(meta.get("namespace") or ""), str(meta.get("name") or ""), rules,
-                      kinds or (), names or (), selector, reason, expires), []
+    return EnvelopeException(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                             rules, kinds or (), names or (), selector, reason, expires), []
 
 
 def trim(obj: dict[str, Any]) -> dict[str, Any]:
     """What the live view keeps of an EnvelopeException: its name, namespace and
     resourceVersion, and ``spec`` with every list cut to :data:`MAX_ITEMS` entries and
     every string to its limit (the CRD schema allows no more; an object stored before
-    the CRD was narrowed is kept cut, and read as it is kept)."""
+    the CRD was narrowed is kept cut, and read as it is kept); a spec still over
+    :data:`MAX_BYTES` is kept as its size alone. So each costs the view at most about
+    :data:`MAX_BYTES` plus its name, however large the stored object."""
     found_meta, found_spec = obj.get("metadata"), obj.get("spec")
     meta: dict[str, Any] = found_meta if isinstance(found_meta, dict) else {}
     spec: dict[str, Any] = found_spec if isinstance(found_spec, dict) else {}
@@ -169,6 +189,9 @@ def trim(obj: dict[str, Any]) -> dict[str, Any]:
         kept_spec["reason"] = spec["reason"][:MAX_REASON]
     if "expires" in spec:
         kept_spec["expires"] = cut(spec["expires"])
+    size = _size(kept_spec)
+    if size > MAX_BYTES:  # parse() reads it as refused: honoured nowhere
+        kept_spec = {"oversized": size}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
             "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta},
             "spec": kept_spec}

@@ -73,6 +73,7 @@ def test_the_namespace_must_be_delegated(where: dict[str, Any], labels: dict[str
     ({"expires": "next week"}, "spec.expires"),
     ({"match": {"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
      "spec.match.selector"),
+    ({"match": {"selector": {"matchLabels": {f"k{i}": "v" * 250 for i in range(100)}}}}, "spec"),
 ])
 def test_a_malformed_exception_is_refused_saying_what(spec: dict[str, Any], field: str) -> None:
     found = messages(run(exception(**spec), delegating()))
