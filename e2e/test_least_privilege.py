@@ -1,6 +1,7 @@
 """What the chart's ServiceAccount may do, judged by the real 1.37 API server (issue 38,
 class 6): installed with helm (self certificates, safeInstall, inTree with the namespace
-fact), then acting as the ServiceAccount with a token the API server issued for it:
+fact, the exceptions CRD and its roles), then acting as the ServiceAccount with a token
+the API server issued for it:
 
 - RBAC grants it exactly the writes Envelope makes (a SelfSubjectRulesReview compared
   with a plain ServiceAccount's, in the release namespace and in another one): any
@@ -86,6 +87,7 @@ def installed(cluster: Cluster) -> Iterator[tuple[As, As]]:
         "--create-namespace", "--set", "webhooks.url=https://127.0.0.1:9",
         "--set", "certificates.extraSANs={127.0.0.1}", "--set", "inTree.enabled=true",
         "--set", "webhooks.safeInstall=true", "--set", "certificates.mode=self",
+        "--set", "exceptions.enabled=true",
         "--set-json", f"webhooks.namespaceSelectorExpressions={selector}")
     try:
         assert cluster.kubectl("get", "validatingadmissionpolicybinding",
@@ -154,6 +156,10 @@ def test_rbac_grants_exactly_the_writes_envelope_makes(cluster: Cluster,
         extra = _rules(sa, namespace) - _rules(plain, namespace)
         writes = {r for r in extra if r[2] in WRITE_VERBS}
         assert writes == expected, (namespace, sorted(writes ^ expected))
+        # exceptions.enabled: EnvelopeExceptions are read (the webhook's watch), never written
+        exceptions = {r for r in extra if r[0] == "envelope.io"}
+        assert exceptions == {("envelope.io", "envelopeexceptions", verb, "*")
+                              for verb in ("get", "list", "watch")}, sorted(exceptions)
         secrets = {r for r in extra if r[1] == "secrets" and r[2] not in WRITE_VERBS}
         assert secrets <= {("", "secrets", "get", f"{NAME}-tls")}, sorted(secrets)
 

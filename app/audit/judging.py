@@ -43,7 +43,7 @@ from app.cluster.live import resources_for
 from app.cluster.view import Store
 from app.core.config import Policy
 from app.core.engine import check_object
-from app.core.exemptions import needs_namespaces
+from app.core.exemptions import watched_for
 from app.core.ruleset import RuleSet
 from app.k8s.kinds import KINDS, Kind
 from app.rules.base import Subject
@@ -203,9 +203,9 @@ def _pages(client: KubeClient, path: str, page_size: int) -> Iterator[list[dict[
 
 
 def read_kinds(rules: RuleSet, policy: Policy) -> frozenset[str]:
-    """What the audit's view must hold: what the rules read, and Namespaces when the
-    policy's exceptions select namespaces by label."""
-    return rules.reads | ({"Namespace"} if needs_namespaces(policy) else frozenset())
+    """What the audit's view must hold: what the rules read, Namespaces when the
+    policy's exceptions select namespaces by label, EnvelopeExceptions when it delegates."""
+    return rules.reads | watched_for(policy)
 
 
 def load_view(client: KubeClient, rules: RuleSet, policy: Policy,

@@ -28,7 +28,7 @@ POLICY = "envelope"
 """The ``source`` of every result, and the ``policy`` of a result no family owns (an
 internal error)."""
 CATEGORIES = {"workloads": "Workload resources", "quotas": "GPU quota trees",
-              "actors": "Actor sandboxes"}
+              "actors": "Actor sandboxes", "exceptions": "Delegated exceptions"}
 """A result's ``category`` by its rule's family; its ``policy`` is ``envelope-<family>``, so
 Policy Reporter's per-policy and per-category views split Envelope's results the way the
 rule reference does (docs/rules/)."""

@@ -5,7 +5,8 @@ The chart's templates read that file (``.Files.Get`` / ``fromYaml``): the webhoo
 configurations match exactly what the rules judge (per family webhook and phase: each
 rule's kinds x operations, subresources included), the webhook's ClusterRole reads
 exactly what the rules read (and Namespaces, for exceptions that select namespaces by
-label), the audit's ClusterRole those and every judged kind.
+label; EnvelopeExceptions with ``exceptions.enabled``), the audit's ClusterRole those and
+every judged kind.
 ``tests/chart/test_kinds.py`` renders the chart with ``helm template`` and fails when
 the rendered objects and the rules disagree, or when the file is not what
 ``python -m app.chart.kinds --write`` writes.
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from app.core.exemptions import EXCEPTION_KIND
 from app.core.ruleset import RuleSet, default_ruleset
 from app.k8s.kinds import KINDS, Kind, by_ref, read_kinds
 from app.ruledocs import family
@@ -82,8 +84,11 @@ def _reads(kinds: Iterable[Kind]) -> list[dict[str, Any]]:
 def document(rules: RuleSet) -> dict[str, Any]:
     read = read_kinds(rules.reads | {"Namespace"})  # Namespaces: exceptions' namespaceSelector
     judged = [_kind(group, name) for group, name in rules.kinds]
+    # EnvelopeExceptions: read by the webhook only with exceptions.enabled (templates/rbac.yaml)
+    delegated = read_kinds({EXCEPTION_KIND})
     return {"webhooks": webhook_rules(rules),
-            "rbac": {"webhook": _reads(read), "audit": _reads([*read, *judged])}}
+            "rbac": {"webhook": _reads(read), "exceptions": _reads(delegated),
+                     "audit": _reads([*read, *judged, *delegated])}}
 
 
 def render(rules: RuleSet) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from app.cli.serve_tls import _caller_check, _tls, lease_elector
 from app.cluster.view import StaticView
 from app.core.config import ConfigError, Policy
-from app.core.exemptions import needs_namespaces
+from app.core.exemptions import EXCEPTION_KIND, needs_exceptions, needs_namespaces, watched_for
 from app.core.ruleset import RuleSet
 from app.serve.httplimits import add_arguments as add_limit_arguments
 from app.serve.httplimits import limits_from_args, uvicorn_options
@@ -157,7 +157,7 @@ def _cluster_view(args: argparse.Namespace, rules: RuleSet, policy: Policy,
                     "--kubeconfig or run in a pod for a live view, or say --cluster-view none",
                     extra={"fields": {"clusterView": "none", "reason": where}})
         return StaticView(indexes=rules.indexes), {}
-    kinds = rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())
+    kinds = rules.reads | watched_for(policy)
     if args.in_tree_facts:
         from app.intree.facts import FACT_KINDS
 
@@ -243,6 +243,10 @@ def _policy_reloader(args: argparse.Namespace, rules: RuleSet, view: Any,
             return ("an exception's namespaceSelector needs the Namespace watch, which this "
                     "replica started without (no exception of the policy it started with "
                     "selected namespaces): restart the pods to apply this policy")
+        if live and EXCEPTION_KIND not in watched and needs_exceptions(new):
+            return ("delegatedExceptions needs the EnvelopeException watch, which this replica "
+                    "started without (the policy it started with delegated none): restart "
+                    "the pods to apply this policy")
         return None
 
     reloader = PolicyReloader(args.config, rules, lambda new: None, accept=accept,

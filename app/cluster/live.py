@@ -42,6 +42,7 @@ from kubernetes.client import Configuration
 
 from app.cluster.kube import ApiError, KubeClient, loads, pages
 from app.cluster.view import Index, Store
+from app.crds import exceptions
 from app.k8s.kinds import KINDS, Kind, read_kinds
 from app.k8s.namespace_policy import pods_at_once
 
@@ -244,6 +245,7 @@ TRIMS: dict[str, Callable[[str], Trim]] = {
     "node": lambda kind: trim_node,
     "workload": trim_workload,
     "karpenter-nodepool": lambda kind: trim_karpenter_nodepool,
+    "exception": lambda kind: exceptions.trim,
 }
 """``app.k8s.kinds.Kind.trim`` -> the trim of that kind."""
 

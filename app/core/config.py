@@ -32,8 +32,8 @@ from pydantic import (
 from app.k8s.quantity import parse_quantity
 from app.k8s.selectors import StrictLabelSelector
 
-__all__ = ["ConfigError", "KnownRules", "MemoryBelowLimit", "Mode", "Policy", "capped", "load_policy",
-           "parse_policy"]
+__all__ = ["ConfigError", "DelegatedExceptions", "KnownRules", "MemoryBelowLimit", "Mode", "Policy",
+           "capped", "load_policy", "parse_policy"]
 
 
 class KnownRules(Protocol):
@@ -190,6 +190,51 @@ class MemoryBelowLimit(BaseModel):
         return self
 
 
+class DelegatedExceptions(BaseModel):
+    """What namespace owners may exempt their own workloads from with an
+    ``EnvelopeException`` (envelope.io/v1alpha1, namespaced, RBAC-gated: docs/configuration.md
+    "Delegated exceptions"). Unset: nothing; every EnvelopeException is refused by
+    ``exception-allowed`` and none is honoured. Every condition given must hold, as in a
+    :class:`MemoryBelowLimit`; ``namespaces: ["*"]`` is every namespace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    allowed_rules: list[str] = Field(min_length=1, alias="allowedRules")
+    """Rule ids an EnvelopeException may name (never ``"*"``: the platform names each)."""
+    namespaces: list[str] | None = None
+    namespace_selector: StrictLabelSelector | None = Field(None, alias="namespaceSelector")
+    """Labels of the EnvelopeException's (and the workload's) Namespace."""
+
+    @model_validator(mode="after")
+    def _narrowed(self) -> DelegatedExceptions:
+        if not (self.namespaces or self.namespace_selector):
+            raise ValueError("delegatedExceptions needs namespaces (\"*\" for every namespace) "
+                             "or a namespaceSelector")
+        if "*" in self.allowed_rules:
+            raise ValueError("delegatedExceptions.allowedRules names rule ids; \"*\" is not "
+                             "allowed (name each rule namespace owners may exempt from)")
+        return self
+
+    def selects(self, namespace: str | None, labels: Mapping[str, str] | None) -> bool:
+        """Whether namespace owners of ``namespace`` (its Namespace's ``labels``; None when
+        unknown, which matches no selector) may except."""
+        if not namespace:
+            return False
+        if self.namespaces and "*" not in self.namespaces and namespace not in self.namespaces:
+            return False
+        return self.namespace_selector is None or (
+            labels is not None and self.namespace_selector.matches(dict(labels)))
+
+    def where(self) -> str:
+        """The namespaces it delegates to, as a message says them."""
+        parts = []
+        if self.namespaces:
+            parts.append("every namespace" if "*" in self.namespaces
+                         else "namespaces " + ", ".join(self.namespaces))
+        if self.namespace_selector is not None:
+            parts.append("namespaces whose labels match delegatedExceptions.namespaceSelector")
+        return " and ".join(parts)
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -224,6 +269,8 @@ class Policy(BaseModel):
     change Pods before the webhook (app/k8s/podmodel.py ``admit``): ``ExtendedResourceToleration``
     (off upstream, on in GKE) tolerates the taint of each extended resource a Pod
     requests, so ``pod-fits-node`` judges template Pods with those tolerations."""
+    delegated_exceptions: DelegatedExceptions | None = Field(None, alias="delegatedExceptions")
+    """What namespace owners may exempt with EnvelopeException objects (unset: nothing)."""
     annotate_pods: bool = Field(False, alias="annotatePods")
     """Also annotate Pods (off: their template's owner already carries it, and a Pod
     annotation per pod is noise in every ``kubectl get -o yaml``)."""
@@ -317,6 +364,10 @@ def parse_policy(text: str | bytes | None, source: str, environ: Mapping[str, st
         bad = rules.unknown(r for r in exception.rules if r != "*")
         if bad:
             raise _unknown_rules(f"{source}: exceptions[{i}].rules", bad, rules)
+    if policy.delegated_exceptions is not None:
+        bad = rules.unknown(policy.delegated_exceptions.allowed_rules)
+        if bad:
+            raise _unknown_rules(f"{source}: delegatedExceptions.allowedRules", bad, rules)
     if unknown:
         raise _unknown_rules(f"{source}: rules", unknown, rules)
     return policy

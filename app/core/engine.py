@@ -197,7 +197,7 @@ def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy
     held: set[str] = set()
     update = subject.operation == "UPDATE"
     exempt = exemptions(subject, view, policy) if policy.exceptions or policy.allow_object_exemptions \
-        else {}
+        or policy.delegated_exceptions is not None else {}
     if exempt and phase == "validate":
         out.findings.extend(unreached(subject, policy))
     gates: dict[object, bool] = {}

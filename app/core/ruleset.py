@@ -17,7 +17,7 @@ from typing import Any
 from app.cluster.view import Index, ScopedView, StaticView
 from app.core.config import Mode, Policy, capped
 from app.k8s.kinds import KARPENTER_NODEPOOL
-from app.rules import actors, namespace, workloads
+from app.rules import actors, exceptions, namespace, workloads
 from app.rules.base import KindUpdates, Phase, Rule, Subject, rules_of
 from app.rules.quotas import objects as quota_objects
 from app.rules.quotas import rules as quotas
@@ -156,5 +156,6 @@ class RuleSet(Mapping[str, Rule]):
 
 def default_ruleset() -> RuleSet:
     """Every rule Envelope ships: workloads, namespace-aware workload rules, KAI quota
-    trees, actor sandboxes."""
-    return RuleSet.from_modules(workloads, namespace, quota_objects, quotas, quota_usage, actors)
+    trees, actor sandboxes, delegated exceptions."""
+    return RuleSet.from_modules(workloads, namespace, quota_objects, quotas, quota_usage, actors,
+                                exceptions)

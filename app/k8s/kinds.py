@@ -36,11 +36,12 @@ __all__ = ["KARPENTER_NODEPOOL", "KINDS", "Kind", "Ref", "Trim", "by_name", "by_
 Ref = tuple[str, str]
 """(API group, kind): how the store and the rule set tell kinds apart."""
 
-Trim = Literal["whole", "node", "workload", "karpenter-nodepool"]
+Trim = Literal["whole", "node", "workload", "karpenter-nodepool", "exception"]
 """How the live view trims an object it keeps (functions in ``cluster/live.py``):
 ``whole`` all but status and managedFields; ``node`` labels, taints, capacity;
 ``workload`` replicas and the pod template's resources; ``karpenter-nodepool`` what
-``pod-fits-node`` reads of a Karpenter NodePool."""
+``pod-fits-node`` reads of a Karpenter NodePool; ``exception`` what the engine reads of an
+EnvelopeException, each part capped."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,10 @@ KINDS: tuple[Kind, ...] = _table(
          status=("allocation",)),
     Kind("resource.k8s.io", ("v1",), "ResourceClaimTemplate", "resourceclaimtemplates", True,
          "whole", True),
+    # Envelope's own exception resource (charts/envelope/templates/exceptions.yaml): judged
+    # by exception-allowed, read by the engine when the policy delegates exceptions.
+    Kind("envelope.io", ("v1alpha1",), "EnvelopeException", "envelopeexceptions", True,
+         "exception", True),
 )
 
 _BY_REF: dict[Ref, Kind] = {k.ref: k for k in KINDS}

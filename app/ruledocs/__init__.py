@@ -44,7 +44,8 @@ DOCS_URL_ENV = "ENVELOPE_DOCS_URL"
 DEFAULT_DOCS_URL = "docs/"
 
 FAMILIES = {"app.rules.workloads": "workloads", "app.rules.namespace": "workloads",
-            "app.rules.quotas": "quotas", "app.rules.actors": "actors"}
+            "app.rules.quotas": "quotas", "app.rules.actors": "actors",
+            "app.rules.exceptions": "exceptions"}
 """Family of a rule, by the module that declares it (docs/configuration.md's column)."""
 
 FAMILY_TEXT = {
@@ -54,6 +55,8 @@ FAMILY_TEXT = {
               "(NodePool, Department, Project, Queue); see [quotas.md](../quotas.md)",
     "actors": "agent-substrate actor sandboxes (ActorTemplate, WorkerPool); see "
               "[actors.md](../actors.md)",
+    "exceptions": "Envelope's delegated exceptions (EnvelopeException); see "
+                  "[configuration.md](../configuration.md#delegated-exceptions)",
 }
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu", "quota-needs-cpu-limits", "template-opt-outs",
@@ -74,6 +77,9 @@ FAMILY_HINTS = {
                "`kubectl get workerpools -n NAMESPACE -o yaml` shows what a template can land "
                "on. A policy `exceptions` entry or the `envelope.io/exempt` annotation exempts "
                "an object."),
+    "exceptions": ("What namespace owners may except is the cluster policy's "
+                   "`delegatedExceptions` (`allowedRules`, `namespaces`, `namespaceSelector`); "
+                   "an EnvelopeException is never exempt itself."),
 }
 CPU_LIMIT_HINT = ('The annotation `envelope.io/keep-cpu-limit: "true"` (`optOutAnnotation`) on a '
                   "workload or its pod template keeps its CPU limits, in every mode.")

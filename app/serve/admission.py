@@ -24,6 +24,7 @@ from app.cluster.fieldschema import metadata_problems
 from app.cluster.view import ClusterView
 from app.core.config import Policy
 from app.core.engine import Evaluation, evaluate
+from app.core.exemptions import is_delegated
 from app.core.ruleset import RuleSet
 from app.k8s.util import brief, cut
 from app.rules.base import Phase, Subject
@@ -171,6 +172,10 @@ def decide(evaluation: Evaluation, failure_mode: str) -> Decision:
     # The message is kept under the limit its rule wrote it for, then named: the API
     # server truncates a warning only past 256 characters.
     warnings = [f"envelope[{f.rule}]: {brief(f.message)}" for f in evaluation.warnings]
+    # What a namespace owner's EnvelopeException excused, said to whoever writes the object
+    # (the policy's own exceptions and annotations are in the log line and metrics only).
+    warnings += [f"envelope[{rule_id}]: {brief(f'not judged: excused by {why}')}"
+                 for rule_id, why in evaluation.skipped.items() if is_delegated(why)]
     if evaluation.internal_errors:
         # An exception's text may quote the object: each is cut, like a finding.
         reason = "; ".join(cut(str(e), INTERNAL_ERROR_LIMIT)

@@ -105,6 +105,38 @@ def test_exempt_objects_are_skip_results_with_the_reason() -> None:
         assert report["summary"]["skip"] == 1
 
 
+def test_a_delegated_exception_is_a_skip_result_naming_it() -> None:
+    """An EnvelopeException the policy allows: the excused finding is ``skip`` with the
+    exception's name in the PolicyReport, not a failure; one naming a rule the policy does
+    not delegate is itself a ``fail`` of exception-allowed (family exceptions)."""
+    from app.core.config import Policy
+
+    policy = Policy.model_validate({"delegatedExceptions": {
+        "allowedRules": ["memory-request-equals-limit"], "namespaces": ["*"]}})
+    exception = {"apiVersion": "envelope.io/v1alpha1", "kind": "EnvelopeException",
+                 "metadata": {"name": "vendor", "namespace": "team-a", "uid": "uid-x"},
+                 "spec": {"rules": ["memory-request-equals-limit"],
+                          "match": {"names": [MEMORY_SPLIT["metadata"]["name"]]},
+                          "reason": "vendor chart"}}
+    wider = {**exception, "metadata": {**exception["metadata"], "name": "wider", "uid": "uid-y"},
+             "spec": {**exception["spec"], "rules": ["pod-fits-node"]}}
+    view = StaticView([MEMORY_SPLIT, exception, wider], RULES.indexes)
+    found = Audit()
+    judge(RULES, view, policy, MEMORY_SPLIT, DEPLOYMENT, found)
+    [kind] = [k for k in judged_for(RULES) if k.kind == "EnvelopeException"]
+    for obj in (exception, wider):
+        judge(RULES, view, policy, obj, kind, found)
+    by_rule = {(r.name, r.rule): r for r in found.results}
+    skip = by_rule[(MEMORY_SPLIT["metadata"]["name"], "memory-request-equals-limit")]
+    assert skip.result == "skip"
+    assert skip.message == "exempt: EnvelopeException team-a/vendor: vendor chart"
+    assert by_rule[("wider", "exception-allowed")].result == "fail"
+    assert ("vendor", "exception-allowed") not in by_rule
+    for report in policy_reports(found):
+        validate(report)
+    assert policy_of("exception-allowed") == ("envelope-exceptions", "Delegated exceptions")
+
+
 def test_reports_validate_against_the_upstream_crd_schema() -> None:
     queue = {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
              "metadata": {"name": "q", "uid": "uid-q"},

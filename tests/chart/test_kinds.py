@@ -34,6 +34,9 @@ from tests.helpers.chart import CASES, deep_merge, render
 RULES = default_ruleset()
 READ = {"get", "list", "watch"}
 HOOKS = {"workloads": ("mutate", "validate"), "quotas": ("validate",), "actors": ("validate",)}
+#: Families switched on by a top-level value instead of ``webhooks.<family>.enabled``
+#: (default off).
+TOP_LEVEL = {"exceptions": ("validate",)}
 
 Match = tuple[str, str, str, str, str, str]
 """(webhook, group, version, resource, operation, scope)."""
@@ -68,8 +71,17 @@ def read_resources(names: set[str]) -> set[tuple[str, str]]:
     return {(k.group, k.resource) for k in read_kinds(names)}
 
 
+def _aggregated(role: dict[str, Any]) -> list[str]:
+    """The built-in roles a ClusterRole is aggregated into (the exceptions' write and view
+    roles: what namespace users get, not the webhook's or the audit's own)."""
+    prefix = "rbac.authorization.k8s.io/aggregate-to-"
+    return sorted(k.removeprefix(prefix) for k in role["metadata"].get("labels", {})
+                  if k.startswith(prefix))
+
+
 def cluster_reads(rendered: Any, audit: bool) -> set[tuple[str, str]]:
-    roles = [d for d in rendered.of("ClusterRole") if d["metadata"]["name"].endswith("-audit") == audit]
+    roles = [d for d in rendered.of("ClusterRole") if d["metadata"]["name"].endswith("-audit") == audit
+             and not _aggregated(d)]
     assert len(roles) == 1, [d["metadata"]["name"] for d in rendered.of("ClusterRole")]
     out: set[tuple[str, str]] = set()
     for rule in roles[0]["rules"]:
@@ -89,12 +101,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                                       "all-families-off", "self", "certManager", "customised")},
     "audit": {"audit": {"enabled": True}},
     "audit-quotas-off": {"audit": {"enabled": True}, "webhooks": {"quotas": {"enabled": False}}},
+    "exceptions": {"exceptions": {"enabled": True}, "audit": {"enabled": True}},
 }
 
 
 def _families_on(values: dict[str, Any]) -> set[str]:
     hooks = deep_merge({f: {"enabled": True} for f in HOOKS}, values.get("webhooks") or {})
-    return {f for f in HOOKS if hooks[f].get("enabled", True)}
+    return {f for f in HOOKS if hooks[f].get("enabled", True)} | \
+        {f for f in TOP_LEVEL if (values.get(f) or {}).get("enabled", False)}
 
 
 @pytest.mark.parametrize("case", sorted(OVERRIDES))
@@ -111,11 +125,14 @@ def test_webhook_rules_are_what_the_rules_judge(case: str) -> None:
 def test_rbac_reads_are_what_the_rules_read(case: str) -> None:
     rendered = render(OVERRIDES[case])
     reads = RULES.reads | {"Namespace"}
-    assert cluster_reads(rendered, audit=False) == read_resources(set(reads))
+    # EnvelopeExceptions: the webhook reads them only when they are installed
+    delegated = {"EnvelopeException"} if "exceptions" in _families_on(OVERRIDES[case]) else set()
+    assert cluster_reads(rendered, audit=False) == read_resources(set(reads) | delegated)
     if rendered.of("ServiceAccount") and any(d["metadata"]["name"].endswith("-audit")
                                              for d in rendered.of("ClusterRole")):
         judged_kinds = {(k.group, k.resource) for k in (by_ref(*ref) for ref in RULES.kinds) if k}
-        assert cluster_reads(rendered, audit=True) == read_resources(set(reads)) | judged_kinds
+        assert cluster_reads(rendered, audit=True) == \
+            read_resources(set(reads) | {"EnvelopeException"}) | judged_kinds
 
 
 def test_the_chart_file_is_what_the_generator_writes() -> None:
@@ -146,3 +163,24 @@ def test_a_rule_reading_runtimeclass_gets_its_rbac_and_watch_from_the_registry_a
     assert "runtimeclasses" not in str(chartkinds.document(RuleSet(others))["rbac"])  # least privilege
     (watch,) = resources_for({"RuntimeClass"})
     assert watch.path == "/apis/node.k8s.io/v1/runtimeclasses" and not watch.optional
+
+
+def test_exceptions_are_written_by_namespace_admins_and_read_by_viewers() -> None:
+    """exceptions.enabled: the CRD, and two ClusterRoles aggregated into the built-in
+    namespace roles (admin writes by default, view reads); off: none of it."""
+    assert not render({}).of("CustomResourceDefinition")
+    rendered = render(OVERRIDES["exceptions"])
+    [crd] = [d for d in rendered.of("CustomResourceDefinition")
+             if d["metadata"]["name"] == "envelopeexceptions.envelope.io"]
+    kind = by_ref("envelope.io", "EnvelopeException")
+    assert kind is not None and crd["spec"]["group"] == kind.group
+    assert [v["name"] for v in crd["spec"]["versions"]] == [kind.version]
+    assert crd["spec"]["scope"] == kind.scope and crd["spec"]["names"]["plural"] == kind.resource
+    by_role = {tuple(_aggregated(d)): d["rules"] for d in rendered.of("ClusterRole") if _aggregated(d)}
+    assert set(by_role) == {("admin",), ("view",)}
+    assert by_role[("view",)] == [{"apiGroups": ["envelope.io"], "resources": ["envelopeexceptions"],
+                                   "verbs": ["get", "list", "watch"]}]
+    assert "create" in by_role[("admin",)][0]["verbs"]
+    edit = render(deep_merge(OVERRIDES["exceptions"], {"exceptions": {"aggregateTo": ["admin", "edit"]}}))
+    assert {tuple(_aggregated(d)) for d in edit.of("ClusterRole") if _aggregated(d)} == \
+        {("admin", "edit"), ("view",)}

@@ -100,7 +100,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 # --- declarations -------------------------------------------------------------------------
 
 def test_every_rule_is_declared_once_with_what_the_engine_needs() -> None:
-    assert len(RULES) == 37
+    assert len(RULES) == 38
     for rule_id, rule in RULES.items():
         assert rule.id == rule_id and rule.summary and rule.kinds
         assert rule.fn.rule is rule  # type: ignore[attr-defined]
@@ -140,8 +140,11 @@ def _cluster() -> list[dict[str, Any]]:
               "spec": {"limits": [{"type": "Container", "max": {"cpu": "4"}, "default": {"cpu": "500m"}}]}}
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"gpu": "a100"}},
             "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"}}}
+    exception = {"apiVersion": "envelope.io/v1alpha1", "kind": "EnvelopeException",
+                 "metadata": {"name": "e", "namespace": "team-a"},
+                 "spec": {"rules": ["pod-fits-node"], "match": {"names": ["web"]}}}
     return [quota, limits, node, *_workloads(), *base(), pool({"memory": "1Gi"}),
-            template({"memory": "512Mi"})]
+            template({"memory": "512Mi"}), exception]
 
 
 def _samples(group: str, kind: str) -> list[dict[str, Any]]:

@@ -96,7 +96,7 @@ def test_create_examples_give_the_same_answer_through_envelope_check(
 
 def test_every_rule_has_a_family_and_only_cpu_limit_rules_hint_keep_cpu_limit() -> None:
     families = {rid: family(r) for rid, r in RULES.items()}
-    assert set(families.values()) == {"workloads", "quotas", "actors"}
+    assert set(families.values()) == {"workloads", "quotas", "actors", "exceptions"}
     assert all(families[r] == "quotas" for r in IDS if r.startswith("kai-"))
     assert all(families[r] == "actors" for r in IDS if r.startswith("actor-"))
     for rid, rule in RULES.items():

@@ -214,9 +214,17 @@ def test_reviews_metrics_and_readyz_follow_the_generation(tmp_path: Path) -> Non
             in text)
 
 
-def test_serve_refuses_a_namespace_selector_its_live_view_cannot_answer(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "watch", "said"), [
+    ("exceptions:\n  - rules: [cpu-limits]\n    namespaceSelector: {matchLabels: {team: a}}\n",
+     "Namespace", "restart the pods"),
+    ("delegatedExceptions: {allowedRules: [cpu-limits], namespaces: ['*']}\n",
+     "EnvelopeException", "EnvelopeException watch"),
+])
+def test_serve_refuses_a_policy_its_live_view_cannot_answer(tmp_path: Path, text: str, watch: str,
+                                                            said: str) -> None:
     """``serve`` opens the Namespace watch at start only for a policy that selects
-    namespaces by label: a reload adding one is refused, not served blind."""
+    namespaces by label, and the EnvelopeException watch only for one that delegates
+    exceptions: a reload needing either is refused (restart the pods), not served blind."""
     from types import SimpleNamespace
 
     from app.cli.serve import _policy_reloader
@@ -227,19 +235,17 @@ def test_serve_refuses_a_namespace_selector_its_live_view_cannot_answer(tmp_path
     def informer(kind: str) -> Any:
         return SimpleNamespace(resource=SimpleNamespace(kind=kind))
 
-    selecting = ("exceptions:\n  - rules: [cpu-limits]\n"
-                 "    namespaceSelector: {matchLabels: {team: a}}\n")
-    for kinds, loads in ((["Node"], False), (["Node", "Namespace"], True)):
+    for kinds, loads in ((["Node"], False), (["Node", watch], True)):
         if volume.path.read_text() != ENFORCED:
             volume.update(ENFORCED)
         view = SimpleNamespace(informers=[informer(k) for k in kinds])
         reloader = _policy_reloader(args, RULES, view, Metrics())  # type: ignore[arg-type]
         reloader.environ = {}
         reloader.load_initial()
-        volume.update(selecting)
+        volume.update(text)
         assert reloader.check() is loads, kinds
         if not loads:
-            assert "restart the pods" in reloader.last_error
+            assert said in reloader.last_error
 
 
 def test_the_metrics_port_readyz_names_the_generation_too(tmp_path: Path) -> None:

@@ -220,6 +220,9 @@ cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "e
 {{- if .Values.webhooks.safeInstall }}
 {{- $w := .Values.webhooks }}
 {{- $wanted := dict "workloads.mutate.envelope.io" $w.workloads.mutate.failurePolicy "workloads.validate.envelope.io" $w.workloads.validate.failurePolicy "quotas.validate.envelope.io" $w.quotas.failurePolicy "actors.validate.envelope.io" $w.actors.failurePolicy }}
+{{- if .Values.exceptions.enabled }}
+{{- $_ := set $wanted "exceptions.validate.envelope.io" .Values.exceptions.failurePolicy }}
+{{- end }}
 {{- /* the validating webhook's partition for a Warn in-tree policy (templates/webhooks.yaml) */}}
 {{- if (include "envelope.inTree" .) }}
 {{- range (.Files.Get "files/intree.yaml" | fromYaml).validatingPartition }}
