@@ -62,7 +62,7 @@ from app.cluster.static import (
 from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.core.config import MemoryBelowLimit, Mode, Policy
-from app.core.frontdoor import FrontDoor, Judged
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, Judged, placed
 from app.core.ruleset import RuleSet
 from app.k8s.jsonpatch import escape
 from app.k8s.jsonpatch import tokens as pointer_tokens
@@ -856,9 +856,10 @@ def patch_for(judged: Judged) -> list[dict[str, Any]]:
 
 def patches(manifests: list[Manifest], rules: RuleSet, policy: Policy,
             context: Iterable[dict[str, Any]] = ()) -> list[list[dict[str, Any]]]:
-    objects = [*context, *(m.obj for m in manifests)]
-    door = FrontDoor(rules, StaticView(objects, rules.indexes), policy, objects=objects,
-                     namespace=None)
+    # In the namespace kubectl applies an object written without one to, as `envelope
+    # check` places it (offline: default): that namespace's objects and exceptions apply.
+    objects = [placed(o, DEFAULT_NAMESPACE) for o in (*context, *(m.obj for m in manifests))]
+    door = FrontDoor(rules, StaticView(objects, rules.indexes), policy, objects=objects)
     return [patch_for(door.judge(m.obj)) for m in manifests]
 
 

@@ -27,7 +27,7 @@ from app.cluster.static import compose, decode
 from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.core.config import Policy
-from app.core.frontdoor import FrontDoor
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, placed
 from app.core.ruleset import RuleSet
 from app.fix.edit import _add, _Located, apply_patch, patch_for, patch_items
 from app.k8s.util import visible
@@ -95,8 +95,8 @@ def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
     items = doc.get("items") or []
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         return _failure("the ResourceList's items are not a list of objects"), 1
-    door = FrontDoor(rules, StaticView(items, rules.indexes), policy, objects=items,
-                     namespace=None)
+    placed_items = [placed(i, DEFAULT_NAMESPACE) for i in items]  # as `envelope fix` places them
+    door = FrontDoor(rules, StaticView(placed_items, rules.indexes), policy, objects=placed_items)
     results: list[dict[str, Any]] = []
     patches: dict[int, list[dict[str, Any]]] = {}
     changes: dict[int, list[dict[str, Any]]] = {}
