@@ -101,14 +101,11 @@ def _judged(m: Manifest, door: FrontDoor, before: list[Finding]) -> ObjectResult
     """One manifest judged as a CREATE (mutate, then validate; ``app.core.frontdoor``),
     with the findings strict field validation made before."""
     judged = door.judge(m.obj)
-    evaluation = judged.evaluation
-    if not judged.converted:
-        # The report keeps what it writes (findings, changes, the patch), not the mutated
-        # copy of the object nor each rule's outcome: 50,000 objects held both (issue 38,
-        # class 7).
-        evaluation = replace(evaluation, obj=None, results={})
+    # The report keeps what it writes (findings, changes, the patch), not the mutated copy
+    # of the object nor each rule's outcome: 50,000 objects held both (issue 38, class 7).
     return ObjectResult(judged.kind, judged.api_version, judged.namespace, judged.name,
-                        m.source, m.document, m.line, evaluation, before, m.line_of)
+                        m.source, m.document, m.line,
+                        replace(judged.evaluation, obj=None, results={}), before, m.line_of)
 
 
 def _validate_fields(manifests: list[Manifest], validate: str

@@ -149,8 +149,9 @@ class FrontDoor:
         ``apiVersion``/``kind``."""
         if obj is not None and operation == "CREATE" and is_current_template(obj):
             return self._current_template(obj)
-        if obj is not None and self.namespace is not None:
-            obj = placed(obj, self.namespace)
+        if self.namespace is not None:
+            obj = placed(obj, self.namespace) if obj is not None else None
+            old = placed(old, self.namespace) if old is not None else None
         if obj is not None and self.admit:
             obj = admitted(obj, self.view)
         subject = subject_of(obj, operation, old, dry_run=True)

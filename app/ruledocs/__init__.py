@@ -28,7 +28,7 @@ import yaml
 from app.cluster.static import Loaded, load_text
 from app.cluster.view import StaticView
 from app.core.config import Policy
-from app.core.frontdoor import FrontDoor
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, placed
 from app.core.ruleset import NEEDS, RuleSet
 from app.rules.base import Finding, Rule
 
@@ -215,12 +215,13 @@ def run_example(rules: RuleSet, example: Example, which: str) -> Run:
     obj = written[0]
     operation = example.operation
     before = old[0] if old else None
-    # As `envelope check` reads files: the view holds every object of the input; a write
-    # to a stored object (UPDATE, DELETE) finds the stored one there.
+    # As `envelope check` reads files: the view holds every object of the input (one
+    # written without a namespace in `default`); a write to a stored object (UPDATE,
+    # DELETE) finds the stored one there.
     stored = [before or obj] if operation != "CREATE" else [obj]
-    view = StaticView([*cluster, *stored], rules.indexes)
+    objects = [placed(o, DEFAULT_NAMESPACE) for o in (*cluster, *stored)]
     policy = Policy.model_validate(example.policy) if example.policy else Policy()
-    door = FrontDoor(rules, view, policy, objects=[*cluster, *stored], namespace=None)
+    door = FrontDoor(rules, StaticView(objects, rules.indexes), policy, objects=objects)
     result = door.judge(None if operation == "DELETE" else obj, operation=operation,
                         old=obj if operation == "DELETE" else before).evaluation
     return Run([*result.findings, *result.changes], [str(e) for e in result.internal_errors])

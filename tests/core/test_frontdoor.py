@@ -229,3 +229,15 @@ def test_pools_anywhere_names_each_pool_by_its_namespace() -> None:
              for p in view.list("WorkerPool", ANY_NAMESPACE)}
     # A later pool of the same namespace and name replaces the earlier one.
     assert found == {(ANY_NAMESPACE, "a/vm", "4Gi"), (ANY_NAMESPACE, "b/vm", "2Gi")}
+
+
+def test_an_update_without_namespaces_is_judged_in_the_placed_namespace() -> None:
+    old = unnamespaced(workload("Deployment", [container(limits={"cpu": "4"})]))
+    new = copy.deepcopy(old)
+    new["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "8"
+    judged = door().judge(new, operation="UPDATE", old=old)
+    assert judged.subject.namespace == "default"
+    assert judged.subject.old is not None and judged.subject.old["metadata"]["namespace"] == "default"
+    assert "namespace" not in old["metadata"]
+    gone = door().judge(None, operation="DELETE", old=old)
+    assert gone.namespace == "default"
