@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from webhook import deployment  # noqa: E402
 
-from app.cli.check import subject_of  # noqa: E402
 from app.cluster.live import trim_node, trim_whole, trim_workload  # noqa: E402
 from app.cluster.view import Store  # noqa: E402
 from app.core.config import Policy  # noqa: E402
 from app.core.engine import evaluate  # noqa: E402
+from app.core.frontdoor import subject_of  # noqa: E402
 from app.core.ruleset import default_ruleset  # noqa: E402
 
 RULES = default_ruleset()

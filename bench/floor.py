@@ -56,9 +56,9 @@ def _envelope_answer() -> tuple[bytes, bytes]:
     sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
     from objects import timed_deployment
 
-    from app.cli.check import subject_of
     from app.cluster.view import StaticView
     from app.core.engine import evaluate
+    from app.core.frontdoor import subject_of
     from app.serve.admission import decide
 
     obj = timed_deployment()

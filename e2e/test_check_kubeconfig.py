@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from app.cli.check import subject_of
 from app.cluster.kube import kube_configuration
 from app.cluster.live import LiveView, resources_for
 from app.core.config import Policy
 from app.core.engine import check_object
+from app.core.frontdoor import subject_of
 from app.core.ruleset import default_ruleset
 from builders import container, deployment
 from harness import Cluster

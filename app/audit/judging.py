@@ -3,8 +3,8 @@
 An audit reads, once, every kind the rules read (trimmed as the webhook's live view
 trims them, into a :class:`~app.cluster.view.Store` with the rule set's indexes), then
 lists every kind the rules judge, page by page, and judges each object as it stands:
-a CREATE through :func:`app.core.engine.check_object`, the same call ``envelope check``
-makes, so a result is exactly what the webhook pair would answer if the object were
+a CREATE through :class:`app.core.frontdoor.FrontDoor`, the same door ``envelope check``
+uses, so a result is exactly what the webhook pair would answer if the object were
 written again today. Nothing is written to the objects: a mutation the webhook would
 make is reported as a ``warn`` result carrying the RFC 6902 patch in its properties.
 
@@ -42,11 +42,10 @@ from app.cluster.kube import ApiError, KubeClient, pages
 from app.cluster.live import resources_for
 from app.cluster.view import Store
 from app.core.config import Policy
-from app.core.engine import check_object
 from app.core.exemptions import watched_for
+from app.core.frontdoor import FrontDoor
 from app.core.ruleset import RuleSet
 from app.k8s.kinds import KINDS, Kind
-from app.rules.base import Subject
 
 AUDIT_SCHEMA = "audit/v1"
 """``schemaVersion`` of ``audit -o json`` (docs/schemas/audit-output.v1.json)."""
@@ -143,9 +142,9 @@ def judge(rules: RuleSet, view: Any, policy: Policy, obj: dict[str, Any], judged
           out: Audit) -> None:
     """Judge one object as it stands (a CREATE of itself) and add its results to ``out``."""
     meta = obj.get("metadata") or {}
-    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    subject = Subject(judged.group, judged.version, judged.kind, "CREATE", namespace, name, obj)
-    evaluation = check_object(rules, subject, view, policy)
+    found = FrontDoor(rules, view, policy, namespace=None).judge(obj, kind=judged)
+    evaluation, subject = found.evaluation, found.subject
+    namespace, name = subject.namespace, subject.name
     ref = (judged.api_version, judged.kind, namespace, name, str(meta.get("uid") or ""))
     out.objects += 1
     out.namespaces.add(namespace)

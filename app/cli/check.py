@@ -15,16 +15,13 @@ from app.cluster.fieldschema import FIELDS_RULE
 from app.cluster.static import Manifest, Skipped, load
 from app.cluster.view import StaticView
 from app.core.config import Policy
-from app.core.engine import check_object
 from app.core.exemptions import needs_namespaces
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, placed
 from app.core.ruleset import RuleSet
-from app.crds.substrate import as_crd_template, is_current_template, read_current_template
-from app.k8s import kinds
-from app.k8s.defaulting import limit_ranger_pod
 from app.k8s.util import visible
 from app.render import FORMATS, render, render_input_errors
 from app.render.reports import FailOn, ObjectResult, Report, not_evaluated
-from app.rules.base import Finding, Severity, Subject
+from app.rules.base import Finding, Severity
 
 
 def _check_parser(sub: Any) -> None:
@@ -88,14 +85,6 @@ def _check_parser(sub: Any) -> None:
                             "kind of a built-in API group is refused in every mode")
 
 
-def subject_of(obj: dict[str, Any]) -> Subject:
-    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    return Subject(group, version, str(obj.get("kind", "")), "CREATE",
-                   str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -108,19 +97,15 @@ def _version() -> str:
         return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
-def _judged(m: Manifest, rules: RuleSet, view: StaticView, policy: Policy,
-            before: list[Finding]) -> ObjectResult:
-    """One manifest judged as a CREATE (mutate, then validate), with the findings
-    strict field validation made before."""
-    subject = subject_of(m.obj)
-    evaluation = check_object(rules, subject, view, policy)
+def _judged(m: Manifest, door: FrontDoor, before: list[Finding]) -> ObjectResult:
+    """One manifest judged as a CREATE (mutate, then validate; ``app.core.frontdoor``),
+    with the findings strict field validation made before."""
+    judged = door.judge(m.obj)
     # The report keeps what it writes (findings, changes, the patch), not the mutated copy
     # of the object nor each rule's outcome: 50,000 objects held both (issue 38, class 7).
-    return ObjectResult(subject.kind, subject.api_version, subject.namespace, subject.name,
-                        m.source, m.document, m.line, replace(evaluation, obj=None, results={}),
-                        before, m.line_of)
-
-
+    return ObjectResult(judged.kind, judged.api_version, judged.namespace, judged.name,
+                        m.source, m.document, m.line,
+                        replace(judged.evaluation, obj=None, results={}), before, m.line_of)
 
 
 def _validate_fields(manifests: list[Manifest], validate: str
@@ -161,60 +146,6 @@ def _validate_fields(manifests: list[Manifest], validate: str
     return out
 
 
-ANY_NAMESPACE = "any namespace"
-"""Where a substrate-API ActorTemplate is placed: it lives in an atespace, not a
-namespace, and upstream's scheduler matches workers of every namespace."""
-
-
-def _pools_anywhere(objects: list[dict[str, Any]], rules: RuleSet) -> StaticView:
-    """Every ate.dev WorkerPool given in one namespace, named ``<ns>/<name>``; a later
-    one replaces an earlier one of the same namespace and name (files over the cluster)."""
-    pools = []
-    for obj in objects:
-        if obj.get("kind") != "WorkerPool" or not str(obj.get("apiVersion", "")).startswith("ate.dev/"):
-            continue
-        raw_meta = obj.get("metadata")
-        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
-        name = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
-        pools.append({**obj, "metadata": {**meta, "namespace": ANY_NAMESPACE, "name": name}})
-    return StaticView(pools, rules.indexes)
-
-
-def _current_template_result(m: Manifest, manifests: list[Manifest], pools: StaticView,
-                             rules: RuleSet, policy: Policy) -> ObjectResult:
-    """An ``api.ate.dev`` ActorTemplate (or ActorTemplateVersion), converted before the
-    engine runs into the ``ate.dev`` ActorTemplate the rules judge (``app.crds.substrate``):
-    what the conversion could not read becomes ``actor-limits`` findings given to the
-    engine, so that rule's mode and the exemptions apply to them as to its own. The
-    document's labels and annotations are kept, for exceptions and the exemption
-    annotation."""
-    obj = m.obj
-    selector_from = None
-    if obj.get("kind") == "ActorTemplateVersion":
-        parent = obj.get("actorTemplate")
-        wanted = parent.get("name") if isinstance(parent, dict) else None
-        selector_from = next((o.obj for o in manifests if is_current_template(o.obj)
-                              and o.obj.get("kind") == "ActorTemplate"
-                              and (o.obj.get("metadata") or {}).get("name") == wanted), None)
-    template = read_current_template(obj, selector_from)
-    crd = as_crd_template(template, ANY_NAMESPACE)
-    meta = obj.get("metadata")
-    for key in ("labels", "annotations"):
-        found = meta.get(key) if isinstance(meta, dict) else None
-        if isinstance(found, dict):
-            crd["metadata"][key] = dict(found)
-    subject = Subject("ate.dev", "v1alpha1", "ActorTemplate", "CREATE", ANY_NAMESPACE,
-                      template.name, crd)
-    unread = [Finding("error", ACTOR_LIMITS, p.split(":", 1)[0], p) for p in template.problems]
-    return ObjectResult(template.kind, str(obj.get("apiVersion")), template.atespace,
-                        template.name, m.source, m.document, m.line,
-                        check_object(rules, subject, pools, policy, unread), line_of=m.line_of)
-
-
-ACTOR_LIMITS = "actor-limits"
-"""The rule a current-format template's unreadable envelope is reported under."""
-
-
 def _kinds(objects: list[dict[str, Any]]) -> set[str]:
     """The view names (``app.k8s.kinds``) of the kinds among ``objects``: a Karpenter
     NodePool is not KAI's."""
@@ -230,6 +161,8 @@ def _in_chart(source: str, charts: list[str]) -> bool:
     """A file of a chart directory that helm does not install as it is (not crds/)."""
     path = Path(source)
     return any(path.is_relative_to(c) and not path.is_relative_to(Path(c) / "crds") for c in charts)
+
+
 def _context_namespace(kubeconfig: str) -> str:
     """The namespace of the kubeconfig's current context (kubectl's default for objects
     written without one); ``default`` when it names none or cannot be read (the client
@@ -243,38 +176,6 @@ def _context_namespace(kubeconfig: str) -> str:
     except Exception:  # unreadable: the KubeClient below reports it
         return DEFAULT_NAMESPACE
     return str(found) if found else DEFAULT_NAMESPACE
-
-
-DEFAULT_NAMESPACE = "default"
-
-
-def placed(m: Manifest, namespace: str) -> Manifest:
-    """The manifest in the namespace ``kubectl apply`` puts it in: a namespaced object
-    written without ``metadata.namespace`` lands in the namespace kubectl is given (or
-    its context's, ``default`` offline), so that namespace's LimitRanges and quotas apply
-    to it (issue 37: the kubernetes.io LimitRange tutorial, published without
-    namespaces, passed offline). Cluster-scoped kinds and kinds Envelope does not know
-    are left as written."""
-    group, _, _ = str(m.obj.get("apiVersion", "")).rpartition("/")
-    known = kinds.by_ref(group, str(m.obj.get("kind", "")))
-    meta = m.obj.get("metadata")
-    if known is None or not known.namespaced or not isinstance(meta, dict) \
-            or meta.get("namespace"):
-        return m
-    return replace(m, obj={**m.obj, "metadata": {**meta, "namespace": namespace}})
-
-
-def as_admitted(m: Manifest, view: StaticView) -> Manifest:
-    """A Pod as the mutating webhooks receive it: LimitRanger (a mutating admission
-    plugin that runs before them) has written its namespace's container defaults
-    (``app.k8s.defaulting.limit_ranger_pod``). A workload's template is not defaulted: its
-    Pods are judged as Pods by the rules that need them."""
-    if m.obj.get("kind") != "Pod" or str(m.obj.get("apiVersion", "")) != "v1":
-        return m
-    namespace = str((m.obj.get("metadata") or {}).get("namespace") or "")
-    limit_ranges = view.list("LimitRange", namespace) if namespace else []
-    obj = limit_ranger_pod(m.obj, limit_ranges) if limit_ranges else m.obj
-    return m if obj is m.obj else replace(m, obj=obj)
 
 
 def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
@@ -319,7 +220,7 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
               file=sys.stderr)
         return 0 if allow_empty else 2
     where = namespace or (_context_namespace(kubeconfig) if kubeconfig else DEFAULT_NAMESPACE)
-    manifests = [placed(m, where) for m in manifests]
+    manifests = [replace(m, obj=placed(m.obj, where)) for m in manifests]
     fielded = _validate_fields(manifests, validate)
     manifests = [m for m, _ in fielded if isinstance(m, Manifest)]
     context: list[dict[str, Any]] = []
@@ -343,18 +244,15 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
         context = merge(live.objects, (m.obj for m in manifests))
     view = StaticView(context or (m.obj for m in manifests), rules.indexes)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
+    # api.ate.dev templates are placed against every namespace's pools (app.core.frontdoor).
+    door = FrontDoor(rules, view, policy, objects=[*context, *(m.obj for m in manifests)],
+                     namespace=where, admit=True)
     objects = []
-    pools: StaticView | None = None
     for m, field_findings in fielded:
         if isinstance(m, ObjectResult):  # refused by strict field validation
             objects.append(m)
             continue
-        if is_current_template(m.obj):  # api.ate.dev: placed against every namespace's pools
-            if pools is None:
-                pools = _pools_anywhere([*context, *(o.obj for o in manifests)], rules)
-            objects.append(_current_template_result(m, manifests, pools, rules, policy))
-            continue
-        objects.append(_judged(as_admitted(m, view), rules, view, policy, field_findings))
+        objects.append(_judged(m, door, field_findings))
     declared = list(rules.values())
     report = Report(objects, declared,
                     [] if quiet else not_evaluated(

@@ -1,6 +1,6 @@
 """``envelope fix``: rewrite manifest files so they are what Envelope would store.
 
-Each object is judged as ``envelope check`` judges it (:func:`app.core.engine.check_object`
+Each object is judged as ``envelope check`` judges it (:class:`app.core.frontdoor.FrontDoor`
 over a :class:`~app.cluster.view.StaticView` of every input file), and the mutate
 phase's RFC 6902 patch is applied to the *text*, not to a re-serialised document: the
 file is composed with the parser ``check`` reads it with (libyaml's node marks, see
@@ -62,13 +62,11 @@ from app.cluster.static import (
 from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.core.config import MemoryBelowLimit, Mode, Policy
-from app.core.engine import check_object
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, Judged, placed
 from app.core.ruleset import RuleSet
-from app.crds.substrate import is_current_template
 from app.k8s.jsonpatch import escape
 from app.k8s.jsonpatch import tokens as pointer_tokens
 from app.k8s.util import visible
-from app.rules.base import Subject
 
 __all__ = ["MEMORY_ACTIONS", "FileFix", "FixError", "apply_patch", "fix_paths", "fix_text",
            "patch_items", "patch_text", "patches", "run_fix", "with_memory_action"]
@@ -843,21 +841,13 @@ def fix_text(text: str, source: str, patches: list[list[dict[str, Any]]]) -> Fil
 
 # --- judging ----------------------------------------------------------------------------
 
-def _subject(obj: dict[str, Any]) -> Subject:
-    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    return Subject(group, version, str(obj.get("kind", "")), "CREATE",
-                   str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
-
-
-def patch_for(m: Manifest, view: StaticView, rules: RuleSet, policy: Policy) -> list[dict[str, Any]]:
-    """The mutate phase's patch for one object as ``envelope check`` computes it; none for
-    what the API server refuses before admission or a rule that crashed."""
-    if is_current_template(m.obj):
-        return []
-    result = check_object(rules, _subject(m.obj), view, policy)
-    if result.internal_errors:
+def patch_for(judged: Judged) -> list[dict[str, Any]]:
+    """The mutate phase's patch of one judged object, as ``envelope check`` computes it;
+    none for what the API server refuses before admission, a rule that crashed, or an
+    object judged in another form than its file's (a current-format ActorTemplate: no
+    actor rule mutates, and a patch of its ``ate.dev`` form would not apply to the file)."""
+    result = judged.evaluation
+    if result.internal_errors or judged.converted:
         return []
     if any(f.rule == "quantities" and f.severity == "error" for f in result.findings):
         return []
@@ -866,8 +856,11 @@ def patch_for(m: Manifest, view: StaticView, rules: RuleSet, policy: Policy) -> 
 
 def patches(manifests: list[Manifest], rules: RuleSet, policy: Policy,
             context: Iterable[dict[str, Any]] = ()) -> list[list[dict[str, Any]]]:
-    view = StaticView([*context, *(m.obj for m in manifests)], rules.indexes)
-    return [patch_for(m, view, rules, policy) for m in manifests]
+    # In the namespace kubectl applies an object written without one to, as `envelope
+    # check` places it (offline: default): that namespace's objects and exceptions apply.
+    objects = [placed(o, DEFAULT_NAMESPACE) for o in (*context, *(m.obj for m in manifests))]
+    door = FrontDoor(rules, StaticView(objects, rules.indexes), policy, objects=objects)
+    return [patch_for(door.judge(m.obj)) for m in manifests]
 
 
 @dataclass

@@ -7,11 +7,12 @@ on stdin — ``items`` (the resources), ``functionConfig`` (its own configuratio
 ``results`` saying what it did (``message``, ``severity`` error/warning/info,
 ``resourceRef``, ``field.path``); a non-zero exit fails the pipeline.
 
-Each item is judged as ``envelope check`` judges a manifest, against a view of all the
-items (the objects the build produces together), and its mutate-phase patch is written
-into the ResourceList's text with the same surgery as ``envelope fix``
-(:func:`app.fix.edit.patch_text`): the rest of the stream is passed through as it came, and
-the result is read back and compared with the patched objects before it is written.
+Each item is judged as ``envelope check`` judges a manifest (:mod:`app.core.frontdoor`; a
+current-format ActorTemplate too), against a view of all the items (the objects the build
+produces together), and its mutate-phase patch is written into the ResourceList's text
+with the same surgery as ``envelope fix`` (:func:`app.fix.edit.patch_text`): the rest of
+the stream is passed through as it came, and the result is read back and compared with
+the patched objects before it is written.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from app.cluster.static import compose, decode
 from app.cluster.view import StaticView
 from app.cluster.yamlk8s import YamlValueError, build
 from app.core.config import Policy
-from app.core.engine import check_object
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, placed
 from app.core.ruleset import RuleSet
-from app.crds.substrate import is_current_template
-from app.fix.edit import _add, _Located, _subject, apply_patch, patch_items
+from app.fix.edit import _add, _Located, apply_patch, patch_for, patch_items
 from app.k8s.util import visible
 
 __all__ = ["process", "run_krm_fn"]
@@ -95,24 +95,23 @@ def process(text: str, rules: RuleSet, policy: Policy) -> tuple[str, int]:
     items = doc.get("items") or []
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         return _failure("the ResourceList's items are not a list of objects"), 1
-    view = StaticView(items, rules.indexes)
+    placed_items = [placed(i, DEFAULT_NAMESPACE) for i in items]  # as `envelope fix` places them
+    door = FrontDoor(rules, StaticView(placed_items, rules.indexes), policy, objects=placed_items)
     results: list[dict[str, Any]] = []
     patches: dict[int, list[dict[str, Any]]] = {}
     changes: dict[int, list[dict[str, Any]]] = {}
     for i, obj in enumerate(items):
-        if is_current_template(obj):
-            continue
-        result = check_object(rules, _subject(obj), view, policy)
-        blocked = result.internal_errors or any(
-            f.rule == "quantities" and f.severity == "error" for f in result.findings)
+        judged = door.judge(obj)
+        result = judged.evaluation
+        patch = patch_for(judged)
         for f in result.findings:
             results.append(_result(obj, "error" if f.severity == "error" else "warning",
                                    f"{f.rule}: {f.message}", f.path))
         for e in result.internal_errors:
             results.append(_result(obj, "error", f"internal: {e}"))
-        if blocked or not result.patch:
+        if not patch:
             continue
-        patches[i] = list(result.patch)
+        patches[i] = patch
         changes[i] = [_result(obj, "info", f"{c.rule}: {c.message}", c.path) for c in result.changes]
     text, failed = patch_items(text, patches)
     new_items = []

@@ -22,7 +22,7 @@ from typing import Any
 
 from app.cluster.view import ClusterView, StaticView
 from app.core.config import Policy
-from app.core.engine import check_object
+from app.core.frontdoor import FrontDoor
 from app.core.ruleset import RuleSet
 from app.crds.kai import DEFAULT_POOL, RESOURCES, Resource, exceeds, total
 from app.k8s.util import plain_number
@@ -170,13 +170,12 @@ def judge(objects: Iterable[dict[str, Any]], view: ClusterView, rules: RuleSet,
     """The quota rules' findings on each object, as ``envelope check`` computes them
     (each object judged as a CREATE against the view)."""
     out: Findings = {}
+    door = FrontDoor(rules, view, policy, namespace=None)
     for obj in objects:
         kind = str(obj.get("kind", ""))
         if kind not in QUOTA_KINDS or not is_ours(kind, obj):
             continue
-        group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-        subject = Subject(group, version, kind, "CREATE", "", name_of(obj), obj)
-        result = check_object(rules, subject, view, policy)
+        result = door.judge(obj).evaluation
         found = [f.as_dict() for f in result.findings if f.rule.startswith("kai-")]
         found += [{"severity": "error", "rule": "internal", "path": "", "message": str(e)}
                   for e in result.internal_errors]

@@ -3,7 +3,7 @@ summary, phase, kinds, modes, reads) and its entry in ``app/ruledocs/data/<id>.y
 (what, why, the fix, and an example that fails and its fixed version).
 
 The examples are run, not quoted: a page shows what the engine answers to its failing
-manifest and to the fixed one (``engine.check_object`` over a ``StaticView`` of the
+manifest and to the fixed one (``core.frontdoor.FrontDoor`` over a ``StaticView`` of the
 example's objects, as ``envelope check`` judges files), so a page whose example stops
 failing, or whose fix stops passing, no longer matches what ``python -m app.ruledocs``
 writes, and ``tests/ruledocs/test_ruledocs.py`` fails.
@@ -28,9 +28,9 @@ import yaml
 from app.cluster.static import Loaded, load_text
 from app.cluster.view import StaticView
 from app.core.config import Policy
-from app.core.engine import check_object
+from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, placed
 from app.core.ruleset import NEEDS, RuleSet
-from app.rules.base import Finding, Rule, Subject
+from app.rules.base import Finding, Rule
 
 __all__ = ["DOCS_URL_ENV", "Example", "RuleDoc", "Run", "docs_url", "family", "help_for",
            "help_uri", "hint", "index_page", "load_doc", "page", "pages", "rule_page_names",
@@ -219,20 +219,17 @@ def run_example(rules: RuleSet, example: Example, which: str) -> Run:
     if len(written) != 1 or len(old) > 1:
         raise ValueError(f"example {which}: expected one object written, one old object at most")
     obj = written[0]
-    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    meta = obj.get("metadata") or {}
     operation = example.operation
     before = old[0] if old else None
-    subject = Subject(group, version, str(obj.get("kind")), operation,
-                      str(meta.get("namespace") or ""), str(meta.get("name") or ""),
-                      None if operation == "DELETE" else obj,
-                      obj if operation == "DELETE" else before)
-    # As `envelope check` reads files: the view holds every object of the input; a write
-    # to a stored object (UPDATE, DELETE) finds the stored one there.
+    # As `envelope check` reads files: the view holds every object of the input (one
+    # written without a namespace in `default`); a write to a stored object (UPDATE,
+    # DELETE) finds the stored one there.
     stored = [before or obj] if operation != "CREATE" else [obj]
-    view = StaticView([*cluster, *stored], rules.indexes)
+    objects = [placed(o, DEFAULT_NAMESPACE) for o in (*cluster, *stored)]
     policy = Policy.model_validate(example.policy) if example.policy else Policy()
-    result = check_object(rules, subject, view, policy)
+    door = FrontDoor(rules, StaticView(objects, rules.indexes), policy, objects=objects)
+    result = door.judge(None if operation == "DELETE" else obj, operation=operation,
+                        old=obj if operation == "DELETE" else before).evaluation
     return Run([*result.findings, *result.changes], [str(e) for e in result.internal_errors])
 
 

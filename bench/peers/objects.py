@@ -19,10 +19,10 @@ sys.path.insert(0, str(ROOT))
 
 from webhook import deployment  # noqa: E402
 
-from app.cli.check import subject_of  # noqa: E402
 from app.cluster.view import StaticView  # noqa: E402
 from app.core.config import Policy  # noqa: E402
 from app.core.engine import check_object  # noqa: E402
+from app.core.frontdoor import subject_of  # noqa: E402
 from app.core.ruleset import default_ruleset  # noqa: E402
 
 STRING_ENVELOPES = ("RESOURCE_LIMITS",)

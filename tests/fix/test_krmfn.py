@@ -15,10 +15,10 @@ import jsonpatch
 import pytest
 import yaml
 
-from app.cli.check import subject_of
 from app.cluster.view import StaticView
 from app.core.config import load_policy
 from app.core.engine import check_object
+from app.core.frontdoor import subject_of
 from app.core.ruleset import default_ruleset
 from app.fix.krmfn import process
 from tests.conftest import container, workload

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from app.cli.check import subject_of
 from app.cluster.view import StaticView
 from app.core.config import Policy
 from app.core.engine import check_object
+from app.core.frontdoor import subject_of
 from app.core.ruleset import default_ruleset
 from app.intree import FACT_LABEL, FACT_VALUE, compile_in_tree
 
