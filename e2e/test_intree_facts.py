@@ -291,6 +291,16 @@ def test_the_fact_expires_without_its_keeper(cluster: Cluster, tmp_path: Path) -
               timeout=60, interval=0.5)
         renewed = cluster.kubectl_json("get", "lease", f"{lease}-facts", "-n", LEASE_NS)["spec"]
         assert renewed["leaseDurationSeconds"] == seconds and renewed["holderIdentity"] == "lapse-0"
+        # renewed again and again, not only created: the API server updates a Lease only
+        # with its resourceVersion (a keeper that wrote without one lapsed after 6 s)
+        first = renewed["renewTime"]
+        _wait("the keeper to renew its Lease twice more", lambda: cluster.kubectl_json(
+            "get", "lease", f"{lease}-facts", "-n", LEASE_NS)["spec"]["renewTime"] > first,
+            timeout=3 * seconds, interval=0.5)
+        time.sleep(seconds + 1)  # past the first renewal's lapse: still answered in-tree
+        stored, _ = _answer(pool, cluster, _deployment("renewed"), ns)
+        # (a lapsed Lease leaves the limit: the reduced webhook does not take this write)
+        assert _cpu_limit(stored) is None, "the in-tree policy lapsed while the keeper ran"
         keeper.stop()
         stopped = time.monotonic()
         _quota(cluster, ns)

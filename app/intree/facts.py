@@ -66,8 +66,11 @@ class FactLease:
     leadership, refused writes, lost watches) stops renewing, and ``duration`` seconds
     later the policy no longer answers in labelled namespaces: the webhook does.
 
-    One write per renewal, whatever the number of namespaces: a PUT without
-    resourceVersion (Leases allow unconditional updates), a POST when it is missing.
+    One write per renewal, whatever the number of namespaces: a PUT with the
+    resourceVersion of the last write (a Lease may be created by a PUT, but not updated
+    without a resourceVersion: ``pkg/registry/coordination/lease/strategy.go``
+    ``AllowCreateOnUpdate`` true, ``AllowUnconditionalUpdate`` false), read again after a
+    conflict or when this replica has written none yet.
     ``renewTime`` is this replica's clock: a clock ahead of the API server's by *s*
     seconds stretches the trust by *s* (docs/in-tree.md)."""
 
@@ -83,6 +86,8 @@ class FactLease:
         self.clock = clock
         self.monotonic = monotonic
         self._renewed: float | None = None
+        self._version: str | None = None
+        """resourceVersion of the Lease as this replica last wrote or read it."""
 
     @property
     def path(self) -> str:
@@ -105,14 +110,35 @@ class FactLease:
         if not force and not self.due():
             return False
         body = self.body()
-        try:
-            self.client.request("PUT", f"{self.path}/{self.name}", body)
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            self.client.request("POST", self.path, body)
+        url = f"{self.path}/{self.name}"
+        for attempt in range(3):
+            if self._version is not None:
+                body["metadata"]["resourceVersion"] = self._version
+            else:
+                body["metadata"].pop("resourceVersion", None)
+            try:
+                stored = self.client.request("PUT", url, body)
+                break
+            except ApiError as exc:
+                # 422: it exists and this replica knows no resourceVersion; 409: another
+                # writer came between; 404: gone (a PUT without one creates it)
+                if exc.status not in (404, 409, 422) or attempt == 2:
+                    raise
+                self._version = None if exc.status == 404 else self._current_version(url)
+        version = stored.get("metadata", {}).get("resourceVersion") if isinstance(stored, dict) else None
+        self._version = version if isinstance(version, str) else None
         self._renewed = now
         return True
+
+    def _current_version(self, url: str) -> str | None:
+        try:
+            current = self.client.request("GET", url)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        version = current.get("metadata", {}).get("resourceVersion")
+        return version if isinstance(version, str) else None
 
     def forget(self) -> None:
         """Not current any more: the next healthy round renews at once."""

@@ -394,20 +394,35 @@ def test_the_flag_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
 
 
 class _LeaseClient:
-    """Records the fact Lease's writes (PUT, POST on a 404), as the API server takes them."""
+    """Records the fact Lease's writes as the API server's Lease strategy takes them
+    (``pkg/registry/coordination/lease/strategy.go``): a PUT creates a missing Lease
+    (AllowCreateOnUpdate), an update needs the current resourceVersion
+    (AllowUnconditionalUpdate is false: 422 without one, 409 with a stale one)."""
 
     def __init__(self) -> None:
         self.stored: dict[str, Any] | None = None
         self.writes: list[str] = []
+        self.version = 0
 
-    def request(self, method: str, path: str, body: Any = None, **kw: object) -> dict[str, object]:
+    def request(self, method: str, path: str, body: Any = None, **kw: object) -> dict[str, Any]:
         if method == "PATCH":  # a label write
             return {}
         self.writes.append(method)
-        if method == "PUT" and self.stored is None:
-            raise ApiError(404, "not found")
-        self.stored = body
-        return {}
+        if method == "GET":
+            if self.stored is None:
+                raise ApiError(404, "not found")
+            return copy.deepcopy(self.stored)
+        assert method == "PUT", method
+        sent = body["metadata"].get("resourceVersion")
+        if self.stored is not None:
+            if sent is None:
+                raise ApiError(422, "metadata.resourceVersion: must be specified for an update")
+            if sent != self.stored["metadata"]["resourceVersion"]:
+                raise ApiError(409, "the object has been modified")
+        self.version += 1
+        self.stored = copy.deepcopy(body)
+        self.stored["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(self.stored)
 
 
 def test_the_fact_lease_is_renewed_only_while_the_facts_are_current() -> None:
@@ -424,31 +439,50 @@ def test_the_fact_lease_is_renewed_only_while_the_facts_are_current() -> None:
     lead = [True]
     keeper = ViewFactKeeper(client, view, lambda: lead[0], monotonic=clock, lease=lease)  # type: ignore[arg-type]
     keeper.step()
-    assert client.writes == ["PUT", "POST"]  # missing: created
+    assert client.writes == ["PUT"]  # missing: a PUT creates it
     assert client.stored is not None and client.stored["spec"] == {
         "holderIdentity": "pod-0", "leaseDurationSeconds": 30,
         "renewTime": "2027-01-15T08:00:00.000000Z"}
     clock.now += 5
     keeper.step()
-    assert client.writes == ["PUT", "POST"]  # within a third of the duration: no write
+    assert client.writes == ["PUT"]  # within a third of the duration: no write
     clock.now += 6
+    wall[0] += 11
     keeper.step()
-    assert client.writes == ["PUT", "POST", "PUT"]
+    assert client.writes == ["PUT", "PUT"]  # with the resourceVersion it last wrote
+    assert client.stored["spec"]["renewTime"] == "2027-01-15T08:00:11.000000Z"
     # the view loses a watch: no renewal, however long
     view.missing = ["ResourceQuota watch lost"]
     for _ in range(5):
         clock.now += 11
         keeper.step()
-    assert client.writes == ["PUT", "POST", "PUT"]
+    assert client.writes == ["PUT", "PUT"]
     view.missing = []
     keeper.step()
-    assert client.writes[-1] == "PUT" and len(client.writes) == 4
+    assert client.writes[-1] == "PUT" and len(client.writes) == 3
     # not leading: no renewal; leading again: renewed at once
     lead[0] = False
     clock.now += 11
     keeper.step()
-    assert len(client.writes) == 4
+    assert len(client.writes) == 3
     lead[0] = True
     keeper.step()
-    assert len(client.writes) == 5
+    assert len(client.writes) == 4
+    # another replica wrote it meanwhile: read again, then written
+    client.stored["metadata"]["resourceVersion"] = "99"
+    client.version = 99
+    clock.now += 11
+    keeper.step()
+    assert client.writes[-3:] == ["PUT", "GET", "PUT"] and client.stored["spec"]["holderIdentity"] == "pod-0"
+
+
+def test_a_replica_renews_a_lease_another_created() -> None:
+    """A new replica knows no resourceVersion: the API server refuses its PUT (422), it
+    reads the Lease and writes again."""
+    client = _LeaseClient()
+    FactLease(client, "ns", "l", "pod-0").renew()  # type: ignore[arg-type]
+    fresh = FactLease(client, "ns", "l", "pod-1")  # type: ignore[arg-type]
+    assert fresh.renew()
+    assert client.writes == ["PUT", "PUT", "GET", "PUT"]
+    assert client.stored is not None and client.stored["spec"]["holderIdentity"] == "pod-1"
 
