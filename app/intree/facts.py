@@ -2,7 +2,7 @@
 :data:`~app.intree.compile.FACT_LABEL` = :data:`~app.intree.compile.FACT_VALUE` on a
 Namespace holding no LimitRange and no ResourceQuota, so that neither namespace guard
 (``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``) can report on any of its
-workloads (``app/rules/namespace.py`` ``_cpu_limit_needs`` returns nothing without one).
+workloads (``app/rules/namespace/cpu_limits.py`` ``_cpu_limit_needs`` returns nothing without one).
 
 A policy cannot read LimitRanges or ResourceQuotas (it sees the object, the request and
 ``namespaceObject``), so this module writes what it would need to know onto the

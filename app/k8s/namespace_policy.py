@@ -53,6 +53,7 @@ __all__ = [
     "job_pods_at_once",
     "limit_range_orders",
     "managed_elsewhere",
+    "name_of",
     "pods_at_once",
     "quota_hard",
     "quota_matches_pod",
@@ -484,7 +485,7 @@ def _first_default_cpu(limit_ranges: Iterable[Mapping[str, Any]]) -> tuple[str, 
     return None
 
 
-def _name(obj: Mapping[str, Any]) -> str:
+def name_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
 
@@ -630,11 +631,11 @@ def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Map
     if not complete:  # decided, not guessed: keeping the limits is what Kubernetes does anyway
         why = (f"{len(limit_ranges)} LimitRanges set container defaults that combine in more "
                f"than {MAX_LIMIT_RANGE_ORDERS} ways, too many to judge each")
-        merged.setdefault(CpuLimitNeed("LimitRange", _name(orders[0][0]), f"and the other {why}"))
+        merged.setdefault(CpuLimitNeed("LimitRange", name_of(orders[0][0]), f"and the other {why}"))
         for quota in quotas:
             if "limits.cpu" in quota_hard(quota):
                 cpu = quota_hard(quota)["limits.cpu"]
-                merged.setdefault(CpuLimitNeed("ResourceQuota", _name(quota),
+                merged.setdefault(CpuLimitNeed("ResourceQuota", name_of(quota),
                                                f"sets limits.cpu={cpu}, and {why}"))
     return list(merged)
 
@@ -658,7 +659,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     unlimited = [(c, _q(_rl(c, "requests").get("cpu"))) for c in _containers(stripped_spec)
                  if "cpu" in _rl(c, "requests") and "cpu" not in _rl(c, "limits")] if first else []
     for lr in limit_ranges:
-        lr_name = _name(lr)
+        lr_name = name_of(lr)
         for item in limit_range_items(lr) if first is not None and lr_name == first[0] else []:
             if item.get("type") != "Container" or "cpu" not in defaulted_limit_range_item(item)["default"]:
                 continue

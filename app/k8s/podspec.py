@@ -4,7 +4,7 @@ pods a workload asks for at once.
 
 Pure functions over plain Kubernetes dicts (no rules, no I/O, no policy): the workload
 rules (``app/rules/workloads.py``), the rules that read the namespace and the nodes
-(``app/rules/namespace.py``), the webhook configuration's match conditions and the
+(``app/rules/namespace/``), the webhook configuration's match conditions and the
 tests read pod specs through here.
 """
 

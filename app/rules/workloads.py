@@ -56,7 +56,7 @@ from app.rules.envelope import (
 __all__ = ["COPIERS", "CPU_LIMIT_RULES", "UPDATES", "keeps_cpu_limit", "memory_below_limit_applies"]
 
 CPU_LIMIT_RULES = frozenset({"cpu-limits", "env-envelope-cpu"})
-"""The rules that remove CPU limits: what a namespace guard holds back (namespace.py)."""
+"""The rules that remove CPU limits: what a namespace guard holds back (namespace/cpu_limits.py)."""
 
 _WRITTEN_LIMIT = 200
 """How much of an env value as written a message shows (a string envelope is tens of

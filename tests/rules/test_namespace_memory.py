@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import app.rules.namespace as namespace_rules
+import app.rules.namespace.memory as memory_rules
 from app.cluster.view import StaticView
 from app.core.config import Policy
 from app.k8s.quantity import format_bytes
@@ -301,19 +301,19 @@ def test_judging_every_workload_of_a_namespace_sums_it_once(monkeypatch: pytest.
     memory of each workload is read a bounded number of times per run, not once per
     object judged (that was quadratic: 13.5 s CPU for 8,000 Deployments)."""
     calls = 0
-    real = namespace_rules.pod_amount
+    real = memory_rules.pod_amount
 
     def counted(*args: Any, **kwargs: Any) -> Decimal:
         nonlocal calls
         calls += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(namespace_rules, "pod_amount", counted)
+    monkeypatch.setattr(memory_rules, "pod_amount", counted)
     n = 300
     objs = [pods("Deployment", f"svc-{i}", "64Mi") for i in range(n)]
     view = StaticView([quota({"requests.memory": "1Gi"}), *objs])  # over the quota: every one warns
     for obj in objs:
-        [finding] = namespace_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
+        [finding] = memory_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
         assert finding.message.endswith("+298 more, total 19200Mi > quota compute requests.memory 1Gi")
     assert calls <= 4 * n, calls  # both sections of each stored object, and of each written one
 
@@ -324,7 +324,7 @@ def _judge_all(n: int) -> float:
     view = StaticView([quota({"requests.memory": "1Gi"}), *objs])
     start = time.process_time()
     for obj in objs:
-        assert namespace_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
+        assert memory_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
     return time.process_time() - start
 
 
@@ -341,20 +341,20 @@ def test_a_change_elsewhere_keeps_the_namespaces_sum(monkeypatch: pytest.MonkeyP
     """The webhook's view changes all the time; a namespace is summed again only after
     a change in that namespace (``view.version(kind, namespace)``)."""
     calls = 0
-    real = namespace_rules.pod_amount
+    real = memory_rules.pod_amount
 
     def counted(*args: Any, **kwargs: Any) -> Decimal:
         nonlocal calls
         calls += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(namespace_rules, "pod_amount", counted)
+    monkeypatch.setattr(memory_rules, "pod_amount", counted)
     view = StaticView([quota({"requests.memory": "1Gi"}),
                        *(pods("Deployment", f"svc-{i}", "64Mi") for i in range(50))])
     incoming = pods("Deployment", "new", "2Gi")
 
     def judge() -> str:
-        [finding] = namespace_rules.namespace_memory_composition(subject(incoming), incoming, view, Policy())
+        [finding] = memory_rules.namespace_memory_composition(subject(incoming), incoming, view, Policy())
         return finding.message
 
     assert judge().endswith("total 5248Mi > quota compute requests.memory 1Gi")  # 50 x 64Mi + 2Gi
