@@ -3,7 +3,7 @@ blocks and containers in it, the shape the API server decodes it into, and how m
 pods a workload asks for at once.
 
 Pure functions over plain Kubernetes dicts (no rules, no I/O, no policy): the workload
-rules (``app/rules/workloads.py``), the rules that read the namespace and the nodes
+rules (``app/rules/workloads/``), the rules that read the namespace and the nodes
 (``app/rules/namespace/``), the webhook configuration's match conditions and the
 tests read pod specs through here.
 """

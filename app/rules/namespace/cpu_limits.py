@@ -21,7 +21,7 @@ from app.k8s.podspec import WORKLOAD_KINDS, containers, pod_resources, pod_spec,
 from app.k8s.quantity import QuantityError, parse_quantity
 from app.rules.base import Finding, Ratchet, Subject, error, rule
 from app.rules.envelope import move_cpu_limit_to_request, move_pod_level_cpu_limit
-from app.rules.workloads import CPU_LIMIT_RULES, keeps_cpu_limit
+from app.rules.workloads.cpu import CPU_LIMIT_RULES, keeps_cpu_limit
 
 
 def _has_cpu_limit_to_strip(subject: Subject, obj: dict[str, Any]) -> bool:
