@@ -348,27 +348,7 @@ class ViewFactKeeper:
         todo = {name: want for name, want in changes.items()
                 if name not in self._written or self._written[name][0] != want
                 or now - self._written[name][1] >= self.settle}
-        failed = 0
-        for name, want in _sorted_changes(todo):
-            try:
-                _write(self.client, name, want)
-            except ApiError as exc:
-                if exc.status == 404:  # deleted meanwhile: nothing to keep
-                    continue
-                failed += 1
-                self._written.pop(name, None)
-                log.warning("namespace facts: label write refused", extra={"fields": {
-                    "namespace": name, "status": exc.status, "change": _change(want)}})
-                continue
-            except Exception as exc:  # connection: retried
-                failed += 1
-                self._written.pop(name, None)
-                log.warning("namespace facts: label write failed", extra={"fields": {
-                    "namespace": name, "error": type(exc).__name__, "change": _change(want)}})
-                continue
-            self._written[name] = (want, now)
-            if self.metrics is not None:
-                self.metrics.writes.labels(_change(want)).inc()
+        failed = self._write_changes(todo, now)
         if todo:
             log.info("namespace facts written", extra={"fields": {
                 "added": sum(1 for v in todo.values() if v is not None),
@@ -392,6 +372,32 @@ class ViewFactKeeper:
         else:
             self._renew()
         return todo
+
+    def _write_changes(self, todo: dict[str, str | None], now: float) -> int:
+        """Write each label change, removals first; how many failed (a Namespace
+        deleted meanwhile is not a failure)."""
+        failed = 0
+        for name, want in _sorted_changes(todo):
+            try:
+                _write(self.client, name, want)
+            except ApiError as exc:
+                if exc.status == 404:  # deleted meanwhile: nothing to keep
+                    continue
+                failed += 1
+                self._written.pop(name, None)
+                log.warning("namespace facts: label write refused", extra={"fields": {
+                    "namespace": name, "status": exc.status, "change": _change(want)}})
+                continue
+            except Exception as exc:  # connection: retried
+                failed += 1
+                self._written.pop(name, None)
+                log.warning("namespace facts: label write failed", extra={"fields": {
+                    "namespace": name, "error": type(exc).__name__, "change": _change(want)}})
+                continue
+            self._written[name] = (want, now)
+            if self.metrics is not None:
+                self.metrics.writes.labels(_change(want)).inc()
+        return failed
 
     def _renew(self) -> None:
         """Renew the fact Lease if the facts are current: the last round wrote all it

@@ -451,10 +451,12 @@ def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str
 def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],  # noqa: C901
                        nodes: Iterable[tuple[str, Callable[[Mapping[str, Any]], bool]]],
                        keys: frozenset[str]) -> dict[str, DeviceState]:
-    # Follows the DRA allocator's walk over slices, pools and devices in one pass, as
-    # upstream writes it, so it can be read beside the cited code.
     """Each node's ``DeviceState``: ``nodes`` gives each node's name and a function that
-    says whether a NodeSelector matches it (``app.k8s.scheduling.node_selector_matches``)."""
+    says whether a NodeSelector matches it (``app.k8s.scheduling.node_selector_matches``).
+
+    Why one function of ~83 lines: it follows the DRA allocator's walk over slices, pools
+    and devices in one pass, as upstream writes it, to be read beside the cited code.
+    """
     allocated = allocated_devices(claims)
     newest: dict[tuple[str, str], _Pool] = {}
     by_node: dict[str, list[Mapping[str, Any]]] = {}

@@ -308,6 +308,13 @@ class SelfManaged:
         return self.client.request("POST", self.secret_path, body)
 
     def _reconcile(self, secret: dict[str, Any] | None) -> dict[str, Any]:
+        """One pass over the Secret: the CA rotation's next step (trust a new CA, switch
+        the serving certificate to it) or a serving certificate renewal, then the trust
+        bundle trimmed after its overlap; written back when it changed, and injected.
+
+        Why one function of ~81 lines: the rotation's steps and the overlap read and write
+        the same data and annotations of one Secret, in one pass, in the order they apply.
+        """
         if secret is None:
             secret = self._new_secret()
         data = dict(secret.get("data") or {})

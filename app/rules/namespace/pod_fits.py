@@ -219,9 +219,8 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     e.g. KAI's) by the kubelet's checks on every node (docs/fidelity.md). A DaemonSet whose
     selection takes no node makes no pod: never refused for that.
 
-    Autoscaled clusters (class 10, app/crds/autoscaling.py): a pod no current node takes but
-    a node the autoscaler can create would (``nodes.autoscaledShapes``, Karpenter
-    NodePools in the view) gets a warning, never a refusal."""
+    Autoscaled clusters (class 10): a pod only a node the autoscaler can create would take
+    gets a warning, never a refusal (``_no_fit``)."""
     spec = pod_spec(subject, obj)
     settings = policy.nodes
     if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
@@ -263,6 +262,17 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return []  # its selection takes no node: the controller creates no pod at all
     by = "" if decider == SCHEDULER else \
         f" (schedulerName {spec.get('schedulerName')}: judged as the kubelet admits it)"
+    return _no_fit(spec, requests, view, policy, verdict, path, by, reserve_cpu, reserve_memory)
+
+
+def _no_fit(spec: dict[str, Any], requests: Mapping[str, Decimal], view: ClusterView, policy: Policy,
+            verdict: PodPlacement, path: str, by: str, reserve_cpu: Decimal,
+            reserve_memory: Decimal) -> list[Finding]:
+    """No current node takes the pods: a warning when a node the autoscaler can create
+    would (``scale_up``), else the refusal, naming the closest node and what it lacks
+    (``by``: who places the pods, when not kube-scheduler)."""
+    settings = policy.nodes
+    closest = verdict.closest
     pools = [pool_shape(p) for p in _karpenter_pools(view)]
     shapes = policy_nodes(settings.autoscaled_shapes, int(reserve_cpu * 1000), int(reserve_memory))
     new_node, why_not = scale_up(spec, requests, shapes=shapes, pools=pools,

@@ -272,6 +272,18 @@ def _set_by_limit_ranger(subject: Subject, obj: dict[str, Any], holder_label: st
     return found
 
 
+def _from_limit_ranger(subject: Subject, obj: dict[str, Any], holder_label: str,
+                       written: dict[str, Any]) -> set[str]:
+    """Which memory values of a container LimitRanger gives (``{"request", "limit"}``):
+    what its annotation says it set on a Pod, and what the written block lacks."""
+    from_lr = _set_by_limit_ranger(subject, obj, holder_label)
+    if not _has(written.get("limits"), "memory"):
+        if not _has(written.get("requests"), "memory"):
+            from_lr.add("request")
+        from_lr.add("limit")
+    return from_lr
+
+
 def _limit_range_message(holder_label: str, path: str, requests: dict[str, Any],
                          limits: dict[str, Any], from_lr: set[str],
                          limit_ranges: list[dict[str, Any]], pod: bool) -> str:
@@ -338,12 +350,7 @@ def memory_request_equals_limit(subject: Subject, obj: dict[str, Any], view: Clu
         if order == 0:
             continue
         if holder.container is not None:
-            written = written_blocks.get(holder.path) or {}
-            from_lr = _set_by_limit_ranger(subject, obj, holder.label)
-            if not _has(written.get("limits"), "memory"):
-                if not _has(written.get("requests"), "memory"):
-                    from_lr.add("request")
-                from_lr.add("limit")
+            from_lr = _from_limit_ranger(subject, obj, holder.label, written_blocks.get(holder.path) or {})
             if from_lr:
                 findings.append(error(path, _limit_range_message(
                     holder.label, path, requests, limits, from_lr, limit_ranges,
