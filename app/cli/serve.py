@@ -1,6 +1,11 @@
 """``envelope serve``: its flags, the checks made before anything starts, and the start
 (cluster configuration, cluster view, failure policies, uvicorn; TLS and caller tokens in
-app/cli/serve_tls.py)."""
+app/cli/serve_tls.py).
+
+Why one module of ~436 lines: the flags, the checks made before anything starts and the
+start itself read the same options in the same order (``_serve_problem`` refuses what
+``run_serve`` could not start); TLS and caller tokens are already apart.
+"""
 
 from __future__ import annotations
 

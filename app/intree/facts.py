@@ -1,28 +1,19 @@
 """The namespace fact the in-tree policy's binding selects on: the label
 :data:`~app.intree.compile.FACT_LABEL` = :data:`~app.intree.compile.FACT_VALUE` on a
-Namespace holding no LimitRange and no ResourceQuota, so that neither namespace guard
-(``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``) can report on any of its
-workloads (``app/rules/namespace/cpu_limits.py`` ``_cpu_limit_needs`` returns nothing without one).
+Namespace holding no LimitRange and no ResourceQuota, where neither namespace guard can
+report (``app/rules/namespace/cpu_limits.py`` ``_cpu_limit_needs`` returns nothing).
 
-A policy cannot read LimitRanges or ResourceQuotas (it sees the object, the request and
-``namespaceObject``), so this module writes what it would need to know onto the
-Namespace, outside the admission path. Two keepers:
+A policy cannot read LimitRanges or ResourceQuotas, so this writes what it needs onto
+the Namespace, outside the admission path: :class:`ViewFactKeeper` (``envelope serve
+--in-tree-facts``, in the replica holding the Lease, from the live view) and
+:class:`FactKeeper` (LIST-based rounds, ``python -m app.intree.facts``). Both write one
+JSON merge patch per namespace that touches the fact label only (:func:`label_patch`),
+removals first; the writes are idempotent. :func:`desired_facts` and
+:func:`fact_changes` are pure; the classes do the I/O. The keepers, the fact's Lease,
+the window and its measurement: docs/in-tree.md, "Guards that read the namespace".
 
-- :class:`ViewFactKeeper`, run by ``envelope serve --in-tree-facts`` in the replica that
-  holds the Lease (:class:`Leadership`): it reads the live view ``serve`` already keeps
-  (``app/cluster/live.py``: Namespaces, LimitRanges and ResourceQuotas by list + watch)
-  and recomputes when one of the three kinds changed — it checks the view's change
-  counters every ``tick`` (50 ms, no I/O) — and every ``resync`` seconds;
-- :class:`FactKeeper`, LIST-based rounds, for ``python -m app.intree.facts`` (by hand,
-  or outside a cluster running ``serve``).
-
-Both write with one JSON merge patch per namespace that touches the fact label only
-(:func:`label_patch`), as the field manager ``envelope-facts``; removals go first. The
-writes are idempotent, so two keepers agree. The window — a quota created in a labelled
-namespace, until the label is removed — is measured and documented in docs/in-tree.md;
-writes in it are answered by the policy as in a namespace without the quota.
-
-:func:`desired_facts` and :func:`fact_changes` are pure; the classes do the I/O.
+Why one module of ~506 lines: the fact, its Lease and the two keepers that write it are
+one protocol over one label; the keepers share the writes, their order and the metrics.
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
-"""Which ResourceQuotas and LimitRanges make the API server refuse a pod without
-CPU limits. Pure functions over plain Kubernetes dicts.
+"""Which ResourceQuotas and LimitRanges make the API server refuse a pod without CPU
+limits. Pure functions over plain Kubernetes dicts.
 
-Ported from Kubernetes v1.34.12 and checked by the admission oracle on every e2e version
-(``e2e/test_oracle_admission.py``), which creates the CPU-limit-stripped pod on
-the real kube-apiserver:
+Ported from Kubernetes v1.34.12 — quota scopes and constraints, LimitRanger's mutate and
+validate steps; the upstream files: docs/fidelity.md, "The ports, file by file" — and
+checked by the admission oracle on every e2e version (``e2e/test_oracle_admission.py``),
+which creates the CPU-limit-stripped pod on the real kube-apiserver.
 
-- quota scopes: ``pkg/quota/v1/evaluator/core/pods.go`` ``podMatchesScopeFunc``
-  (BestEffort/NotBestEffort by QoS class, ``pkg/apis/core/v1/helper/qos/qos.go``
-  ``ComputePodQOS``; Terminating/NotTerminating by ``activeDeadlineSeconds >= 0``;
-  PriorityClass through a label selector over ``{"PriorityClass": <name>}``, a
-  set that is empty for a pod without a class — so ``DoesNotExist`` and ``NotIn``
-  match such a pod; CrossNamespacePodAffinity by pod (anti-)affinity terms with
-  ``namespaces`` or a ``namespaceSelector``), ``pkg/quota/v1/resources.go``
-  ``Matches`` (every scope and scopeSelector expression must match; the operator
-  is ignored for every scope but PriorityClass);
-- quota constraints: ``pods.go`` ``Constraints`` (a matching quota on
-  ``limits.cpu`` requires a CPU limit on every container and init container,
-  unless pod-level resources are set) and ``PodUsageFunc`` (the pod's
-  ``limits.cpu`` must fit ``hard - used``);
-- LimitRanges: ``plugin/pkg/admission/limitranger/admission.go`` — first
-  ``PodMutateLimitFunc`` (a container without a CPU limit gets the
-  ``type: Container`` ``default``, which the API server fills from ``max`` when
-  unset, ``pkg/apis/core/v1/defaults.go`` ``SetDefaults_LimitRangeItem``), then
-  ``PodValidateLimitFunc``: ``min``/``max``/``maxLimitRequestRatio`` per
-  container and init container (``type: Container``) and on the pod's aggregate
-  (``type: Pod``, pod-level values overriding), compared in millis.
-
-Why one module of ~580 lines: quota scopes, LimitRange checks and the orders in which
+Why one module of ~679 lines: quota scopes, LimitRange checks and the orders in which
 LimitRanger may apply several LimitRanges decide one answer together (a quota on
 ``limits.cpu`` sums what the LimitRanges defaulted, in each possible order), and
-``tests/test_cost.py`` checks the order enumeration against every permutation. The
-defaults themselves are ``app/k8s/defaulting.py``.
+``tests/serve/test_server_cost.py`` checks the order enumeration against every
+permutation. The defaults themselves are ``app/k8s/defaulting.py``.
 """
 
 from __future__ import annotations
