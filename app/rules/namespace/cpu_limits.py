@@ -86,16 +86,22 @@ def _guard(subject: Subject, obj: dict[str, Any], policy: Policy, needs: list[Cp
                   as_warning=f"CPU limits kept: {why}")]
 
 
+def _guarded(subject: Subject, obj: dict[str, Any], view: ClusterView, policy: Policy,
+             kind: str) -> list[Finding]:
+    """A guard on the namespace's ``kind`` objects: the cheap reasons first (no CPU limit
+    to strip, or the workload keeps its CPU limits), then what those objects need."""
+    if not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
+        return []
+    return _guard(subject, obj, policy, _cpu_limit_needs(subject, obj, view, kind))
+
+
 @rule("quota-needs-cpu-limits", "mutate", WORKLOAD_KINDS, Mode.WARN,
       "a ResourceQuota matching the pod needs CPU limits: keep them (warn) or refuse (enforce)",
       mutates=False, order=10, reads={"ResourceQuota", "LimitRange", "PriorityClass"},
       judges=pod_resources, holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def quota_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                            policy: Policy) -> list[Finding]:
-    if not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
-        return []  # the cheap reasons first: nothing to keep
-    needs = _cpu_limit_needs(subject, obj, view, "ResourceQuota")
-    return _guard(subject, obj, policy, needs)
+    return _guarded(subject, obj, view, policy, "ResourceQuota")
 
 
 def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict[str, Any]]]:
@@ -113,10 +119,7 @@ def _container_limits(view: ClusterView, namespace: str) -> list[tuple[str, dict
       holds_back=CPU_LIMIT_RULES, requires=well_formed)
 def limitrange_needs_cpu_limits(subject: Subject, obj: dict[str, Any], view: ClusterView,
                                 policy: Policy) -> list[Finding]:
-    if not _has_cpu_limit_to_strip(subject, obj) or keeps_cpu_limit(subject, obj, policy):
-        return []  # the cheap reasons first: nothing to keep
-    needs = _cpu_limit_needs(subject, obj, view, "LimitRange")
-    return _guard(subject, obj, policy, needs)
+    return _guarded(subject, obj, view, policy, "LimitRange")
 
 
 @rule("limitrange-default-below-request", "validate", WORKLOAD_KINDS, Mode.WARN,
