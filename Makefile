@@ -41,7 +41,7 @@ run: $(STAMP)
 	$(VENV)/bin/envelope serve --self-signed --host 127.0.0.1 --port $(PORT) \
 		--metrics-port $(METRICS_PORT) $(if $(CONFIG),--config $(CONFIG))
 
-UNIT_TESTS = $(PY) -m pytest tests -m "not e2e"
+UNIT_TESTS = $(PY) -m pytest tests -m "not e2e" --durations=15
 
 # The tools only later tests need (the kubelet for the node tests e2e/test_node_*.py, the
 # second Kubernetes minor of the version matrix, promtool for the PrometheusRule,
@@ -72,7 +72,7 @@ unit: $(STAMP)
 # install tests in tests/chart/test_chart.py.
 e2e: $(STAMP) controlplane
 	ENVELOPE_CONTROLPLANE_BIN=$$(bash e2e/controlplane/build.sh | tail -n 1) \
-		$(PY) -m pytest e2e tests -m e2e
+		$(PY) -m pytest e2e tests -m e2e --durations=40
 
 # The version matrix's second minor (SECOND_KUBERNETES_VERSION, the oldest supported): every
 # differential oracle again, on a seeded quarter of its CI cases (docs/upstream.md).

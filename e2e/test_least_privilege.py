@@ -21,6 +21,7 @@ import base64
 import copy
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -91,10 +92,30 @@ def installed(cluster: Cluster) -> Iterator[tuple[As, As]]:
                                f"{NAME}-privileges.envelope.io", check=False).returncode == 0, \
             "the chart rendered no privileges policy"
         cluster.kubectl("create", "serviceaccount", "plain", "-n", NS)
-        yield As(cluster, _token(cluster, NAME)), As(cluster, _token(cluster, "plain"))
+        sa = As(cluster, _token(cluster, NAME))
+        _wait_for_policy(sa)
+        yield sa, As(cluster, _token(cluster, "plain"))
     finally:
         cluster.helm("uninstall", RELEASE, "-n", NS, check=False)
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+
+
+def _wait_for_policy(sa: As, timeout: float = 60.0) -> None:
+    """Wait until the API server enforces the privileges policy: a new
+    ValidatingAdmissionPolicy and its binding take effect only once the API server's
+    policy informers have synced and it has compiled them (a refresh every second,
+    longer under load — a CI run saw every write of the tests allowed). Probed with a
+    dry-run label write the policy refuses, so nothing is stored."""
+    path = f"/api/v1/namespaces/{NS}?dryRun=All&fieldManager={FIELD_MANAGER}"
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = sa("PATCH", path, {"metadata": {"labels": {SCOPE_LABEL: "probe"}}}, MERGE)
+        message = body.get("message", "") if isinstance(body, dict) else str(body)
+        if status in (403, 422) and "envelope-privileges" in message:
+            return
+        assert time.monotonic() < deadline, \
+            f"the privileges policy was not enforced {timeout:.0f} s after install: {status} {message[:200]}"
+        time.sleep(0.5)
 
 
 def _rules(who: As, namespace: str) -> set[tuple[str, str, str, str]]:

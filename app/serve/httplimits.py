@@ -18,9 +18,14 @@ TLS layer under it) that adds, per connection:
   are counted as they arrive; past ``max_header_bytes`` the client gets ``431``
   (after the answers to the requests before it) and the connection is closed, before
   httptools has buffered more than that;
-- **head timeout**: the head must be complete within ``header_timeout`` seconds of the
-  connection (or of the first byte of the next request on a kept-alive one), else
-  ``408`` and close — this also closes connections that never send anything;
+- **head timeout**: a head must be complete within ``header_timeout`` seconds of its
+  first byte, else ``408`` and close. A connection that has finished its handshake and
+  sent nothing is, to the API server's HTTP client, an idle pooled connection (it dials
+  one per waiting request and keeps those another connection served first): it is
+  closed silently after ``idle_timeout``, as a kept-alive one is, since closing it
+  sooner races the client's reuse (a CI run saw ``failed calling webhook: ... status
+  code 408``: a 408 sent at 10 s on such a connection, read as the answer to the review
+  just written on it). It holds a slot that is evicted first (below);
 - **body size**: a declared ``Content-Length`` above ``max_body_bytes`` gets ``413``
   before the body is read; a streamed body is cut with ``413`` at that size;
 - **body time and rate**: the body must be complete within ``body_timeout`` seconds of
@@ -50,6 +55,7 @@ import gc
 import logging
 import os
 import resource
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,6 +146,8 @@ class _Slot:
     peer: str
     close: Callable[[], None]
     state: int = SILENT
+    fd: int = -1
+    """The connection's socket, to see whether bytes wait in the kernel (-1: unknown)."""
 
 
 EVICTIONS_PER_COLLECT = 256
@@ -177,9 +185,17 @@ class Slots:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def admit(self, key: object, peer: str, close: Callable[[], None]) -> bool:
+    def admit(self, key: object, peer: str, close: Callable[[], None], fd: int = -1) -> bool:
         if len(self._slots) >= self.cap:
             victim = self._victim()
+            while victim is not None and self._slots[victim].state == SILENT \
+                    and _bytes_waiting(self._slots[victim].fd):
+                # Its first bytes (a ClientHello, a request head) have arrived and wait
+                # for the loop to read them: it is not silent, only not read yet. A probe
+                # connecting amid a storm of silent connects from its own address was
+                # evicted in that instant (a flaky tests/serve/test_httplimits_probes.py).
+                self._slots[victim].state = STARTED
+                victim = self._victim()
             if victim is None:
                 self.refused += 1
                 return False
@@ -188,7 +204,7 @@ class Slots:
             self.release(victim)
             slot.close()
             self._collect()
-        self._slots[key] = _Slot(peer, close)
+        self._slots[key] = _Slot(peer, close, fd=fd)
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         return True
 
@@ -228,6 +244,27 @@ class Slots:
             if best is None or mine < rank:
                 best, rank = key, mine
         return best
+
+
+def _bytes_waiting(fd: int) -> bool:
+    """Whether the socket ``fd`` has bytes received but not yet read (a peek on a
+    duplicate of it: the loop's own socket object is not touched)."""
+    if fd < 0:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing waiting (EAGAIN), or the socket is gone
+        return False
+
+
+def socket_fd(transport: Any) -> int:
+    """The file descriptor under ``transport`` (-1 when it has none)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        return int(sock.fileno()) if sock is not None else -1
+    except (OSError, ValueError, AttributeError):
+        return -1
 
 
 def peer_address(transport: Any) -> str:
@@ -299,8 +336,8 @@ class LimitState:
     slots: Slots = field(init=False)
     trimmer: Trimmer = field(default_factory=lambda: Trimmer(_libc_malloc_trim()))
     counts: dict[str, int] = field(default_factory=lambda: {
-        "header_too_large": 0, "header_timeout": 0, "body_timeout": 0, "body_too_slow": 0,
-        "body_too_large": 0, "body_budget": 0, "peer_refused": 0})
+        "header_too_large": 0, "header_timeout": 0, "idle_timeout": 0, "body_timeout": 0,
+        "body_too_slow": 0, "body_too_large": 0, "body_budget": 0, "peer_refused": 0})
 
     def __post_init__(self) -> None:
         self.slots = Slots(self.limits.max_connections)
@@ -349,6 +386,7 @@ class GuardedHttpTools(_Base):
         self._body_left = 0
         self._slice_starts_head = True
         self._head_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._rate_timer: asyncio.TimerHandle | None = None
         self._received = 0
@@ -367,7 +405,7 @@ class GuardedHttpTools(_Base):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self._slot_key is self and not self.state.slots.admit(
-                self, peer_address(transport), transport.abort):
+                self, peer_address(transport), transport.abort, socket_fd(transport)):
             transport.abort()
             return
         check = self.peer_check
@@ -380,7 +418,8 @@ class GuardedHttpTools(_Base):
                 return
         if self._slot_key is not self:  # the handshake is done: now a request must come
             self.state.slots.mark(self._slot_key, SILENT)
-        self._arm_head_timer()
+        # Idle until its first byte, like a kept-alive connection (module docstring).
+        self._idle_timer = self.loop.call_later(self.state.limits.idle_timeout, self._idle_close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -398,6 +437,10 @@ class GuardedHttpTools(_Base):
         if self._silent:
             self._silent = False
             self.state.slots.started(self._slot_key)
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            self._arm_head_timer()  # the head is due header_timeout after its first byte
         while data and self._pending is None:
             self._slice_starts_head = self._framing == HEAD
             if self._framing == HEAD:
@@ -574,6 +617,15 @@ class GuardedHttpTools(_Base):
             else:
                 self.transport.abort()
 
+    def _idle_close(self) -> None:
+        """Nothing sent since the handshake for ``idle_timeout``: closed without an
+        answer, as uvicorn closes an idle kept-alive connection."""
+        self._idle_timer = None
+        if self._silent and not self._lost and not self.transport.is_closing():
+            self.state.counts["idle_timeout"] += 1
+            self.transport.close()
+            self.loop.call_later(ABORT_GRACE, self._abort)
+
     def _body_timeout(self) -> None:
         self._body_timer = None
         if not self._lost:
@@ -618,10 +670,10 @@ class GuardedHttpTools(_Base):
             self.transport.abort()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._body_timer, self._rate_timer):
+        for timer in (self._head_timer, self._body_timer, self._rate_timer, self._idle_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = self._rate_timer = None
+        self._head_timer = self._body_timer = self._rate_timer = self._idle_timer = None
 
     def _release(self) -> None:
         if self._held:
@@ -669,7 +721,8 @@ def _tls_layer(loop: asyncio.AbstractEventLoop) -> type:
     if layer is None:
         def connection_made(self: Any, transport: asyncio.Transport) -> None:
             base.connection_made(self, transport)
-            if not self._envelope_slots.admit(self, peer_address(transport), transport.abort):
+            if not self._envelope_slots.admit(self, peer_address(transport), transport.abort,
+                                              socket_fd(transport)):
                 transport.abort()
 
         def connection_lost(self: Any, exc: Exception | None) -> None:
@@ -792,14 +845,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("max-header-bytes", int, d.max_header_bytes,
          "largest request head (request line + headers); larger gets 431")
     flag("header-timeout", float, d.header_timeout,
-         "seconds for a request head to arrive; slower gets 408 and is closed")
+         "seconds for a request head to arrive after its first byte; slower gets 408 and is closed")
     flag("body-timeout", float, d.body_timeout,
          "seconds for a request body to arrive after its head; slower is closed")
     flag("min-body-rate", int, d.min_body_rate,
          "bytes/s a body must keep arriving at after --body-rate-grace; slower is closed (0: off)")
     flag("body-rate-grace", float, d.body_rate_grace,
          "seconds after a head before --min-body-rate applies")
-    flag("idle-timeout", float, d.idle_timeout, "seconds an idle kept-alive connection stays open")
+    flag("idle-timeout", float, d.idle_timeout,
+         "seconds an idle connection (kept alive, or silent since its TLS handshake) stays open")
     flag("max-connections", int, d.max_connections,
          "TCP connections held at once, TLS handshakes included; beyond it a new one evicts "
          "a connection with no request in progress, or is refused")

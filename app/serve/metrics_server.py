@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.serve.httplimits import BUSY, Slots, peer_address
+from app.serve.httplimits import BUSY, Slots, peer_address, socket_fd
 
 __all__ = ["MetricsServer"]
 
@@ -112,7 +112,8 @@ class MetricsServer:
         return self.slots.evicted + self.slots.refused
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.slots.admit(writer, peer_address(writer.transport), writer.transport.abort):
+        if not self.slots.admit(writer, peer_address(writer.transport), writer.transport.abort,
+                                socket_fd(writer.transport)):
             writer.transport.abort()
             return
         try:

@@ -13,7 +13,10 @@ bench's API server: the rounds ``intree-map`` and ``envelope-intree`` of bench/a
 - the namespace fact: :func:`label_namespaces` runs ``app.intree.facts.FactKeeper`` once
   against the API server (as ``python -m app.intree.facts --once`` does), so the bench
   namespaces carry ``in-tree.envelope.io/cpu-limit-guards=clear`` because they hold no
-  LimitRange and no ResourceQuota, not because the bench wrote the label.
+  LimitRange and no ResourceQuota, not because the bench wrote the label; and the
+  keeper's Lease the binding reads as its param (``paramRef``, ``app.intree.compile``
+  ``DEFAULT_FACT_LEASE``), renewed by that round with a duration that outlasts the
+  bench's rounds (without it the binding does nothing and the webhook answers).
 
 The helpers above :class:`InTreeSetup` are pure (tests/intree/test_intree_bench.py).
 """
@@ -30,11 +33,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.cluster.kube import KubeClient, kube_configuration  # noqa: E402
+from app.cluster.kube import ApiError, KubeClient, kube_configuration  # noqa: E402
 from app.core.config import Policy  # noqa: E402
 from app.core.ruleset import default_ruleset  # noqa: E402
 from app.intree import Compiled, compile_in_tree  # noqa: E402
-from app.intree.facts import FactKeeper  # noqa: E402
+from app.intree.compile import DEFAULT_FACT_LEASE  # noqa: E402
+from app.intree.facts import FactKeeper, FactLease  # noqa: E402
 
 INTREE_ROUNDS = ("intree-map", "envelope-intree")
 MUTATING = "MutatingWebhookConfiguration"
@@ -222,4 +226,18 @@ class InTreeSetup:
 def label_namespaces(kubeconfig: Path) -> dict[str, str | None]:
     """One round of the namespace-fact keeper against the bench's API server: the changes
     it wrote."""
-    return FactKeeper(KubeClient(kube_configuration(str(kubeconfig)))).run_once()
+    client = KubeClient(kube_configuration(str(kubeconfig)))
+    namespace, name = DEFAULT_FACT_LEASE
+    try:
+        client.request("POST", "/api/v1/namespaces", {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    except ApiError as exc:
+        if exc.status != 409:  # already there
+            raise
+    lease = FactLease(client, namespace, name, "envelope-bench", duration=LEASE_SECONDS)
+    return FactKeeper(client, lease=lease).run_once()
+
+
+LEASE_SECONDS = 6 * 3600
+"""The bench's Lease outlasts its rounds (``make bench-peers`` takes ~40 minutes): no
+keeper renews it while they run."""

@@ -16,6 +16,7 @@ import pytest
 from tests.helpers.serve import REVIEW, Serve, closed_after, start_serve
 
 TIMEOUT = 1.0
+IDLE = 3.0
 HEAD = b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
 
 
@@ -30,7 +31,7 @@ def review(serve: Serve) -> bytes:
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     srv = start_serve(tmp_path_factory.mktemp("limits"), extra=(
-        "--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT),
+        "--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT), "--idle-timeout", str(IDLE),
         "--max-inflight-body-bytes", str(4 * 1024 * 1024)))
     yield srv
     srv.proc.terminate()
@@ -41,8 +42,19 @@ def test_a_review_still_works(serve: Serve) -> None:
     assert review(serve).startswith(b"HTTP/1.1 200")
 
 
-def test_a_silent_connection_is_closed_after_the_header_timeout(serve: Serve) -> None:
+def test_a_silent_connection_is_closed_after_the_idle_timeout(serve: Serve) -> None:
+    """Handshaken and silent is what an API server's pooled connection looks like: it
+    is closed without an answer after the idle timeout, not the head timeout (a 408
+    there raced the client's reuse and failed a review)."""
     with serve.connect() as s:
+        waited, got = closed_after(s, 10)
+    assert IDLE - 0.5 < waited < IDLE + 1.5 and got == b"", (waited, got)
+
+
+def test_a_head_is_timed_from_its_first_byte(serve: Serve) -> None:
+    with serve.connect() as s:
+        time.sleep(TIMEOUT + 0.5)  # idle past the head timeout: still open
+        s.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\n")
         waited, got = closed_after(s, 10)
     assert waited < TIMEOUT + 1.5 and got.startswith(b"HTTP/1.1 408"), (waited, got)
 

@@ -97,3 +97,25 @@ def test_eviction_storms_collect_what_evicted_connections_leave(monkeypatch: pyt
         assert slots.admit(("churn", i), "10.0.0.9", lambda: None)
     assert slots.evicted == hl.EVICTIONS_PER_COLLECT * 2 + 10
     assert calls == [1, 1]  # generation 1, never a full collection
+
+
+def test_a_connection_whose_first_bytes_wait_unread_is_not_silent() -> None:
+    """A probe's ClientHello already in the kernel, not yet read by the loop: the
+    connection is not evicted as silent; the truly silent one goes, though newer."""
+    import socket
+
+    slots, closed = _slots(2)
+    probe_server, probe_client = socket.socketpair()
+    quiet_server, quiet_client = socket.socketpair()
+    try:
+        probe_client.sendall(b"\x16\x03\x01")  # the start of a ClientHello
+        assert slots.admit("probe", "127.0.0.1", lambda: closed.append("probe"),
+                           probe_server.fileno())
+        assert slots.admit("quiet", "127.0.0.1", lambda: closed.append("quiet"),
+                           quiet_server.fileno())
+        assert _add(slots, closed, "newcomer", "127.0.0.1")
+        assert closed == ["quiet"]
+        assert probe_server.recv(8) == b"\x16\x03\x01"  # the peek consumed nothing
+    finally:
+        for s in (probe_server, probe_client, quiet_server, quiet_client):
+            s.close()
