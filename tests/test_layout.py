@@ -29,6 +29,7 @@ TOPICS = {
     "layout": "this file: where tests go",
     "e2e_conftest": "e2e/conftest.py's ordering of the e2e tests",
     "image": "the container image: requirements.lock, make image",
+    "sizes": "long modules, long functions and module headers say why, in true numbers",
 }
 
 

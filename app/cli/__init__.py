@@ -119,6 +119,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``envelope``'s entry point: parse, load the rule set and the policy, run the
+    subcommand.
+
+    Why one function of ~74 lines: the dispatch table of the subcommands, one branch each,
+    each a call into the subcommand's module; ``check`` and ``serve`` turn their errors
+    into exit status 2 here.
+    """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["quotas", "plan"]:  # its own parser: `quotas` takes PATHs (a dir named plan: ./plan)
         from app.quotaview.plancli import main as run_quota_plan

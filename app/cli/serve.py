@@ -1,6 +1,11 @@
 """``envelope serve``: its flags, the checks made before anything starts, and the start
 (cluster configuration, cluster view, failure policies, uvicorn; TLS and caller tokens in
-app/cli/serve_tls.py)."""
+app/cli/serve_tls.py).
+
+Why one module of ~436 lines: the flags, the checks made before anything starts and the
+start itself read the same options in the same order (``_serve_problem`` refuses what
+``run_serve`` could not start); TLS and caller tokens are already apart.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,12 @@ from app.serve.httplimits import limits_from_args, uvicorn_options
 
 
 def _serve_parser(sub: Any) -> None:
+    """``envelope serve``'s flags.
+
+    Why one function of ~119 lines: the flag table, one ``add_argument`` each, read as the
+    ``--help`` it prints (docs/deploy.md); the HTTP limits add theirs
+    (``app/serve/httplimits.py``).
+    """
     serve = sub.add_parser("serve", help="run the admission webhook over HTTPS",
                            description="Run the admission webhook: POST /mutate and /validate "
                                        "over HTTPS, /healthz and /readyz, metrics on a "
@@ -290,6 +301,13 @@ def _log_versions() -> None:
 
 
 def run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
+    """Start the webhook; the exit status.
+
+    Why one function of ~86 lines: the start in the order it must happen (logging, cluster
+    configuration, TLS, cluster view, namespace facts, caller tokens, failure policies,
+    policy reload, metrics, uvicorn); a step that fails returns 2 after its message, and
+    parts would hand a dozen locals to each other.
+    """
     import uvicorn
 
     from app.cluster.kube import ClusterConfigError

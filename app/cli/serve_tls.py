@@ -25,13 +25,15 @@ def lease_elector(args: argparse.Namespace, client: Any) -> Any:
 
 def _tls(args: argparse.Namespace, metrics: Any, configuration: Any, where: str,  # noqa: PLR0915
          after_start: list[Any], elector: Any = None) -> tuple[Any, dict[str, Any]] | None:
-    # Each --tls-mode's wiring in one place, in the order serve starts them (issue 34 lists
-    # it for a split by mode).
     """The server's TLS state and its readiness check, per ``--tls-mode``. What must
     wait until the server is listening (writing new ``--self-signed`` files, watching
     them) is appended to ``after_start``: a start that fails before leaves the files it
     found as they were. ``elector``: the replica's LeaseElector when serve made one
-    already (else ``--tls-mode self`` makes its own)."""
+    already (else ``--tls-mode self`` makes its own).
+
+    Why one function of ~121 lines: each ``--tls-mode``'s wiring in one place, in the
+    order serve starts them; a split by mode is the next step (issue 34).
+    """
     import datetime as dt
     import logging
 

@@ -3,7 +3,7 @@ of its cached copy (gone when the write deletes it).
 
 The one place a rule overlays the object it judges on what the cluster holds: the KAI
 quota trees (``rules/quotas/objects.py`` ``After``), the namespace's memory
-(``rules/namespace.py``) and a WorkerPool's templates (``rules/actors.py``). The same
+(``rules/namespace/memory.py``) and a WorkerPool's templates (``rules/actors.py``). The same
 reads then judge a webhook request, a file in ``envelope check`` and an object of an
 audit, where the view already holds the object being judged.
 """

@@ -1,24 +1,14 @@
 """Nodes an autoscaler can still create (issue 12, class 10).
 
-``pod-fits-node`` refuses a pod no node can take. On a cluster that grows with
-Karpenter or cluster-autoscaler, "no current node" is not "no node": this module
-says which new nodes could take a pod, from two sources.
-
-- **Policy shapes** (``nodes.autoscaledShapes``): nodes the platform declares, with
-  their allocatable, labels and taints: judged exactly like a Node
-  (``app.k8s.scheduling.node_shape``).
-- **Karpenter NodePools** (``karpenter.sh/v1``): a NodePool does *not* say how big its
-  nodes are (that is in the cloud provider's instance types, which Envelope cannot
-  read), so what it gives is an upper bound. Labels: ``spec.template.metadata.labels``,
-  every requirement ``In`` with one value, and ``karpenter.sh/nodepool``. Taints:
-  ``spec.template.spec.taints`` (not ``startupTaints``, which Karpenter does not
-  require pods to tolerate). Room: for each resource in ``spec.limits``, the limit
-  less ``status.resources`` (Karpenter does not launch an instance whose capacity
-  exceeds what is left); a resource without a limit is unbounded. Label keys a new
-  node may take one of several values for (a requirement with several ``In`` values,
-  ``NotIn``, ``Exists``, ``Gt``/``Lt``, and Karpenter's well-known labels the pool
-  leaves open) are *open*: a pod that selects on an open key may be placed, so it is
-  never refused for that key.
+``pod-fits-node`` refuses a pod no node can take; on a cluster that grows with Karpenter
+or cluster-autoscaler, "no current node" is not "no node". This says which new nodes
+could take a pod, from two sources: the policy's ``nodes.autoscaledShapes`` (judged
+exactly like a Node, ``app.k8s.scheduling.node_shape``) and Karpenter NodePools
+(``karpenter.sh/v1``), which do not say how big their nodes are, so what they give is an
+upper bound: the labels and taints of ``spec.template``, room from ``spec.limits`` less
+``status.resources``, and *open* label keys a pod may select on without being refused.
+What is read of a NodePool, and why a warning and never a refusal: docs/fidelity.md,
+"Autoscaled clusters (class 10)".
 
 Pure functions; no I/O.
 """

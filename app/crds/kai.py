@@ -1,19 +1,16 @@
 """KAI quota objects: typed models, exact arithmetic and the units they are written in.
 
-Four kinds, all cluster-scoped (see ``docs/quotas.md``):
+Four cluster-scoped kinds: ``kai.resources/v1alpha1`` NodePool, Department and Project
+(KAI Resource Management) and ``scheduling.run.ai/v2`` Queue (KAI Scheduler). Quotas are
+plain JSON numbers: gpu in cards (0.5 is half a card), cpu in millicores, memory in MB of
+10^6 bytes; ``-1`` is unlimited, ``0`` a real ceiling (docs/quotas.md, "The objects").
+The models accept what the CRDs accept and nothing else; :func:`parse` turns a rejection
+into :class:`SchemaError` values naming the field. Every number used in arithmetic goes
+through :func:`exact` (a Decimal of its shortest text), so 0.1 + 0.2 cards fit in 0.3.
 
-- ``kai.resources/v1alpha1`` NodePool, Department and Project (KAI Resource Management);
-- ``scheduling.run.ai/v2`` Queue (the KAI Scheduler's own queues).
-
-Quotas are plain JSON numbers, not Kubernetes quantity strings: gpu in cards (0.5 is
-half a card), cpu in millicores, memory in megabytes of 10^6 bytes. ``-1`` means
-unlimited and ``0`` is a real value (a limit of 0 is a ceiling of zero).
-
-The models accept what the CRDs accept (any JSON number, unknown fields pruned) and
-nothing else; :func:`parse` turns a rejection into :class:`SchemaError` values naming
-the field, e.g. ``spec.queues[1].resources.gpu.deserved: expected a number, got
-'32Gi'``. Every number used in arithmetic goes through :func:`exact` (a Decimal of the
-number's shortest text), so 0.1 + 0.2 cards fit in 0.3 cards.
+Why one module of ~436 lines: the typed models of the four kinds, their schema errors and
+the exact arithmetic in their units are what every quota rule and the quota picture read
+together; most of the length is the pydantic models and the error wording.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """agent-substrate objects across upstream versions: both WorkerPool shapes, and
 ActorTemplates in the format users write since the CRD was removed.
 
-Pure functions over raw (already decoded) objects; nothing here raises on a
-malformed object. What upstream changed, and where it was read, is in
-``docs/upstream.md``:
-
-- **WorkerPool** (``ate.dev/v1alpha1``, still a CRD). Up to agent-substrate's
-  snapshot of 2026-06-30 (commit ``86e138f6``) a pool names one class in
-  ``spec.sandboxClass`` (enum ``gvisor``/``microvm``, CRD default ``gvisor``) and its
-  image in ``spec.ateomImage``. The current types (``pkg/api/v1alpha1/
-  workerpool_types.go`` after "Rename the rest ateomImage to workerImage", #1298)
-  have ``spec.sandboxClasses: [{name, configRef: {name}}]`` (required, exactly one
-  entry today, keyed by ``name``) and ``spec.workerImage``; ``spec.sandboxClass`` is
-  gone, so a served current CRD prunes it.
-- **ActorTemplate** stopped being a CRD ("Delete ActorTemplate CRD", #1376): it is a
-  resource of the substrate API server. A stored version of ``kubectl ate apply`` reads
-  it as an ``api.ate.dev/v1alpha1`` document, and the API's own tests write it with the
-  JSON field names read here (``sandboxConfig.sandboxClass`` as
-  ``SANDBOX_CLASS_MICROVM``, ``resources.limits`` as a list of ``{name, quantity}``).
-  :func:`read_current_template` reads it into the same envelope the CRD-era rules
-  judge, and :func:`as_crd_template` renders that envelope as an ``ate.dev/v1alpha1``
-  ActorTemplate so those rules run unchanged.
+Pure functions over raw (already decoded) objects; nothing here raises on a malformed
+object. A WorkerPool (``ate.dev/v1alpha1``) names one class in ``spec.sandboxClass`` up
+to upstream's rename (#1298), and ``spec.sandboxClasses`` since; an ActorTemplate is no
+longer a CRD (#1376) but a resource of the substrate API server:
+:func:`read_current_template` reads its ``api.ate.dev/v1alpha1`` document into the
+envelope the CRD-era rules judge, and :func:`as_crd_template` renders that envelope as an
+``ate.dev/v1alpha1`` ActorTemplate so those rules run unchanged. What upstream changed,
+the fields read and where each was read: docs/upstream.md, "agent-substrate".
 """
 
 from __future__ import annotations

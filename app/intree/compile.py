@@ -3,61 +3,18 @@ MutatingAdmissionPolicy (``admissionregistration.k8s.io/v1``, ``patchType: JSONP
 and its binding, and shrink the mutating webhook to the writes the policy does not
 answer.
 
-The policy is generated for one *domain*: a CEL predicate over the write (``object``,
-``request``; the API server gives a policy's matchConditions no ``namespaceObject``) that
-holds only where the policy's patch is exactly the patch ``/mutate`` would answer — the
-same stored object, the same ``envelope.io/mutations`` annotation, and no warning or
-refusal that only the webhook could give. The domain is the policy's
-``matchConditions``; what depends on the namespace is the binding's namespaceSelector.
-The policy runs before the mutating webhooks, whose own condition (``app.chart.matchconditions``)
-is then false for what it changed; where the binding selects every namespace the webhook
-does, the reduced webhook condition is the old one *and not* the domain. Outside the
-domain nothing is approximated: the write goes to the webhook as before.
-The proof is e2e/test_intree_equivalence.py.
+The policy holds on one *domain*: a CEL predicate over the write (its matchConditions;
+what depends on the namespace is the binding's namespaceSelector) true only where the
+policy's patch is exactly the patch ``/mutate`` would answer. Outside it nothing is
+approximated: the write goes to the webhook as before. What is compiled (``cpu-limits``,
+``memory-limit``, the mutations annotation; ``enforce`` only), what is left to the
+webhook and why, and the CEL used: docs/in-tree.md. The proof is
+``e2e/test_intree_equivalence.py``.
 
-What is compiled (``enforce`` mode only; see docs/in-tree.md for the rest and why):
-
-- ``cpu-limits``: every container and init container (restartable sidecars included;
-  ephemeral containers have no resources) and the pod-level ``spec.resources``: the CPU
-  limit is removed and, where no CPU request is written, the limit becomes the request
-  (``app.rules.envelope.move_cpu_limit_to_request``); unless the opt-out annotation on the
-  object or its pod template is ``"true"`` (``app.rules.workloads.keeps_cpu_limit``).
-- ``memory-limit``: a memory request without a memory limit gets the limit (every
-  holder).
-- the mutations annotation, named as ``app.core.engine._annotated`` names it
-  (``cpu-limits:app,sidecar;memory-limit:app``), on every kind but Pods unless
-  ``annotatePods``.
-
-Left out of the domain (answered by the webhook):
-
-- every UPDATE: the webhook patches no pod template an UPDATE left as stored and no part
-  of a Job's template the API server holds (``app/core/engine.py``, issue 28), and judges a
-  Pod UPDATE only for the resources it changes;
-- a pod-level CPU limit without a pod-level CPU request when some container asks for
-  CPU: the request the webhook writes is the containers' aggregate
-  (``app.rules.envelope.pod_level_cpu_request_default``), a sum CEL cannot write back as the
-  quantity string the webhook writes;
-- pods where every container has CPU and memory limits, or whose pod-level resources
-  have a CPU limit (written, or defaulted from containers that all limit CPU): the webhook may warn that they
-  lose exclusive cores (``_guaranteed_with_whole_cores``), and a MutatingAdmissionPolicy
-  cannot warn;
-- an opt-out annotation whose value has whitespace or non-ASCII text (Python's
-  ``strip``/``lower`` and CEL's ``lowerAscii`` differ there);
-- objects an exception or the exemption annotation may exempt from a compiled rule (an
-  exception with only a namespaceSelector: in the binding's namespaceSelector, negated);
-- with the namespace guards (``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``)
-  on: namespaces without the fact label (:data:`FACT_LABEL` = :data:`FACT_VALUE`: no
-  LimitRange and no ResourceQuota there). That part is the binding's namespaceSelector,
-  not the domain: matchConditions see no ``namespaceObject``;
-- whatever an enabled mutate rule that is not compiled may act on
-  (``env-envelope-cpu``: a limits string envelope that mentions ``cpu`` or holds a
-  ``$(VAR)`` reference; ``cpu-limits``/``memory-limit`` in ``warn`` mode: any CPU limit
-  / any memory request without a limit).
-
-CEL used: two-variable comprehensions (``transformList``, Kubernetes 1.32+), the lists
-extension (``distinct``, 1.34+), ``lowerAscii`` and ``join`` (strings
-extension) and ``jsonpatch.escapeKey`` — all on every API server that serves
-MutatingAdmissionPolicy v1 (1.36+; ``k8s.io/apiserver/pkg/cel/environment/base.go``).
+Why one module of ~432 lines: the domain (where the policy may answer) and the patch
+(what it writes) are built from the same per-rule predicates and must agree with
+``/mutate`` to the byte; the equivalence oracle checks them together. The CEL shared
+with the validating policies is ``app/intree/cel.py``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,19 @@
 """The namespace fact the in-tree policy's binding selects on: the label
 :data:`~app.intree.compile.FACT_LABEL` = :data:`~app.intree.compile.FACT_VALUE` on a
-Namespace holding no LimitRange and no ResourceQuota, so that neither namespace guard
-(``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``) can report on any of its
-workloads (``app/rules/namespace.py`` ``_cpu_limit_needs`` returns nothing without one).
+Namespace holding no LimitRange and no ResourceQuota, where neither namespace guard can
+report (``app/rules/namespace/cpu_limits.py`` ``_cpu_limit_needs`` returns nothing).
 
-A policy cannot read LimitRanges or ResourceQuotas (it sees the object, the request and
-``namespaceObject``), so this module writes what it would need to know onto the
-Namespace, outside the admission path. Two keepers:
+A policy cannot read LimitRanges or ResourceQuotas, so this writes what it needs onto
+the Namespace, outside the admission path: :class:`ViewFactKeeper` (``envelope serve
+--in-tree-facts``, in the replica holding the Lease, from the live view) and
+:class:`FactKeeper` (LIST-based rounds, ``python -m app.intree.facts``). Both write one
+JSON merge patch per namespace that touches the fact label only (:func:`label_patch`),
+removals first; the writes are idempotent. :func:`desired_facts` and
+:func:`fact_changes` are pure; the classes do the I/O. The keepers, the fact's Lease,
+the window and its measurement: docs/in-tree.md, "Guards that read the namespace".
 
-- :class:`ViewFactKeeper`, run by ``envelope serve --in-tree-facts`` in the replica that
-  holds the Lease (:class:`Leadership`): it reads the live view ``serve`` already keeps
-  (``app/cluster/live.py``: Namespaces, LimitRanges and ResourceQuotas by list + watch)
-  and recomputes when one of the three kinds changed — it checks the view's change
-  counters every ``tick`` (50 ms, no I/O) — and every ``resync`` seconds;
-- :class:`FactKeeper`, LIST-based rounds, for ``python -m app.intree.facts`` (by hand,
-  or outside a cluster running ``serve``).
-
-Both write with one JSON merge patch per namespace that touches the fact label only
-(:func:`label_patch`), as the field manager ``envelope-facts``; removals go first. The
-writes are idempotent, so two keepers agree. The window — a quota created in a labelled
-namespace, until the label is removed — is measured and documented in docs/in-tree.md;
-writes in it are answered by the policy as in a namespace without the quota.
-
-:func:`desired_facts` and :func:`fact_changes` are pure; the classes do the I/O.
+Why one module of ~506 lines: the fact, its Lease and the two keepers that write it are
+one protocol over one label; the keepers share the writes, their order and the metrics.
 """
 
 from __future__ import annotations
@@ -374,27 +365,7 @@ class ViewFactKeeper:
         todo = {name: want for name, want in changes.items()
                 if name not in self._written or self._written[name][0] != want
                 or now - self._written[name][1] >= self.settle}
-        failed = 0
-        for name, want in _sorted_changes(todo):
-            try:
-                _write(self.client, name, want)
-            except ApiError as exc:
-                if exc.status == 404:  # deleted meanwhile: nothing to keep
-                    continue
-                failed += 1
-                self._written.pop(name, None)
-                log.warning("namespace facts: label write refused", extra={"fields": {
-                    "namespace": name, "status": exc.status, "change": _change(want)}})
-                continue
-            except Exception as exc:  # connection: retried
-                failed += 1
-                self._written.pop(name, None)
-                log.warning("namespace facts: label write failed", extra={"fields": {
-                    "namespace": name, "error": type(exc).__name__, "change": _change(want)}})
-                continue
-            self._written[name] = (want, now)
-            if self.metrics is not None:
-                self.metrics.writes.labels(_change(want)).inc()
+        failed = self._write_changes(todo, now)
         if todo:
             log.info("namespace facts written", extra={"fields": {
                 "added": sum(1 for v in todo.values() if v is not None),
@@ -418,6 +389,32 @@ class ViewFactKeeper:
         else:
             self._renew()
         return todo
+
+    def _write_changes(self, todo: dict[str, str | None], now: float) -> int:
+        """Write each label change, removals first; how many failed (a Namespace
+        deleted meanwhile is not a failure)."""
+        failed = 0
+        for name, want in _sorted_changes(todo):
+            try:
+                _write(self.client, name, want)
+            except ApiError as exc:
+                if exc.status == 404:  # deleted meanwhile: nothing to keep
+                    continue
+                failed += 1
+                self._written.pop(name, None)
+                log.warning("namespace facts: label write refused", extra={"fields": {
+                    "namespace": name, "status": exc.status, "change": _change(want)}})
+                continue
+            except Exception as exc:  # connection: retried
+                failed += 1
+                self._written.pop(name, None)
+                log.warning("namespace facts: label write failed", extra={"fields": {
+                    "namespace": name, "error": type(exc).__name__, "change": _change(want)}})
+                continue
+            self._written[name] = (want, now)
+            if self.metrics is not None:
+                self.metrics.writes.labels(_change(want)).inc()
+        return failed
 
     def _renew(self) -> None:
         """Renew the fact Lease if the facts are current: the last round wrote all it

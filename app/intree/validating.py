@@ -3,47 +3,13 @@ ValidatingAdmissionPolicies (``admissionregistration.k8s.io/v1``) and their bind
 ``validationActions: [Deny]`` for a rule in ``enforce`` mode, ``[Warn]`` in ``warn``
 mode — with messages equal to the validating webhook's.
 
-As for the MutatingAdmissionPolicy (``app.intree.compile``), each policy has a *domain*:
-its matchConditions, the writes where its answer is exactly the webhook's answer for the
-rule (the same refusal text, or the same warning text behind the API server's prefix).
-Outside it the webhook judges the rule as before; nothing is approximated.
-
-Why the webhook needs no change for ``enforce``: the API server runs the
-ValidatingAdmissionPolicy plugin before ValidatingAdmissionWebhook
-(``pkg/kubeapiserver/options/plugins.go`` ``AllOrderedPlugins`` at v1.37.2) and the
-validating chain stops at the first refusal (``k8s.io/apiserver/pkg/admission/chain.go``
-``chainAdmissionHandler.Validate``). A write the policy refuses never reaches the
-webhook; one it admits in its domain draws no finding of the rule from the webhook
-either. For ``warn`` the webhook must not warn a second time: the validating webhook is
-split per namespace fact so that writes in the domain go to ``/validate/in-tree/<ids>``,
-which skips the compiled rules (:func:`webhook_partition`, ``app.serve.server``).
-
-Compiled: ``memory-request-equals-limit``
-(``app.rules.workloads.memory_request_equals_limit``), on CREATE (an UPDATE ratchets:
-``Ratchet.WARN``), in namespaces carrying the fact label (no LimitRange there: the rule
-reads LimitRanges, whose defaults change what is judged and what the message says), and
-not:
-
-- for a Pod carrying ``kubernetes.io/limit-ranger`` (the rule reads it and words the
-  finding as LimitRanger's);
-- for a pod *template* with pod-level requests or limits unless both a memory request
-  and a memory limit are written there: the rule judges the Pods the template makes,
-  whose pod-level memory the API server derives from the containers'
-  (``app.k8s.defaulting._default_pod_level``, a sum the message prints in bytes);
-- for a Pod whose pod-level memory limit has no request (the rule's "defaulted here"
-  case, whose message prints the containers' summed request in bytes; the API server
-  never leaves a created Pod so, ``podutil.DefaultPodLevelResources``);
-- in ``warn`` mode, a write with more than one finding (the webhook warns once per
-  finding, a policy's validation once) — one validation would do with one message per
-  finding in ``enforce`` mode, where the webhook joins them with ``"; "``.
-
-Templates are judged with requests defaulted from limits as the rule judges them (a Pod
-arrives defaulted, ``SetDefaults_Pod``; a template does not): a container without a
-memory request gets its limit, so only a written request can differ from a limit.
-Everything the policy compares is already validated (object validation runs before
-validating admission: ``registry/generic/registry/store.go`` ``Create``), so names are
-present and quantities parse; CEL's ``quantity(a).compareTo(quantity(b))`` is
-``resource.Quantity.Cmp``, as the rule's ``compare_quantities``.
+Each policy has a *domain*, as the MutatingAdmissionPolicy has (``app.intree.compile``):
+the writes where its answer is exactly the webhook's for the rule; outside it the
+webhook judges the rule as before. Compiled: ``memory-request-equals-limit`` on CREATE,
+in namespaces with the fact label, less the writes docs/in-tree.md lists ("Left to the
+webhook"). Why the webhook needs no change for ``enforce``, and how it is partitioned
+for ``warn`` (:func:`webhook_partition`, ``/validate/in-tree/<ids>``): docs/in-tree.md,
+"Validation".
 """
 
 from __future__ import annotations

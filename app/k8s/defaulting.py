@@ -1,28 +1,18 @@
-"""The API server's resource defaulting of a Pod, before any webhook judges it.
+"""The API server's resource defaulting of a Pod, before any webhook judges it: API
+defaulting on decode (requests from limits, hugepages, every value rounded up to 1m),
+LimitRanger's container defaults (Pod CREATE and ``pods/resize``, before every mutating
+webhook), then the pod-level defaulting v1.37 runs at create — in the order
+``default_pod(pod, limit_ranges)`` applies them.
 
-Pure functions over plain Kubernetes dicts; no I/O. Matched against Kubernetes
-v1.34.12 (ported then) and checked on every e2e version by the scheduling and admission
-oracles (``e2e/test_oracle_scheduling.py``, ``e2e/test_oracle_admission.py``):
+Pure functions over plain Kubernetes dicts; no I/O. Ported from v1.34.12 and checked on
+every e2e version by the scheduling and admission oracles; the upstream files:
+docs/fidelity.md, "The ports, file by file" and "Defaulting oracle". The request the
+scheduler then charges is ``app/k8s/scheduling.py``; which LimitRanges and quotas refuse
+the defaulted pod is ``app/k8s/namespace_policy.py``.
 
-- API defaulting of a *Pod* (never of a template): ``pkg/apis/core/v1/defaults.go``
-  ``SetDefaults_Pod`` (container requests from limits), ``defaultHugePagePodLimits``
-  and ``defaultPodRequests`` (PodLevelResources, beta and on in 1.34), and the
-  generated defaulter's ``SetDefaults_ResourceList`` (every value rounded up to 1m);
-- LimitRanger's container defaults: ``plugin/pkg/admission/limitranger/admission.go``
-  ``PodMutateLimitFunc``, with ``SetDefaults_LimitRangeItem`` (``default`` from
-  ``max``, ``defaultRequest`` from ``default``, then from ``min``). At v1.37.2 it acts
-  on Pod CREATEs only (``SupportsAttributes``: not on a Pod UPDATE, yes on
-  ``pods/resize``), in mutating admission: after the container requests-from-limits
-  defaulting of decoding, before every mutating webhook (Envelope's Pod webhook sees
-  its defaults) and before the pod-level defaulting that v1.37 runs in
-  ``PrepareForCreate`` (``pkg/registry/core/pod/strategy.go``,
-  ``podutil.DefaultPodLevelResources``, gate ``PodLevelResourcesFixDefaulting``), so
-  pod-level requests are aggregated from the containers *with* LimitRanger's defaults.
-  ``default_pod(pod, limit_ranges)`` applies them in that order.
-
-The request the scheduler then charges (component-helpers ``PodRequests``) and the
-filters are ``app/k8s/scheduling.py``; which LimitRanges and quotas refuse the defaulted
-pod is ``app/k8s/namespace_policy.py``.
+Why one module of ~448 lines: API defaulting and LimitRanger's defaults interleave
+(decode, LimitRanger, then pod-level at create) and must be applied as one sequence; the
+pod-level defaulting of 1.35-1.36 stays beside 1.37's for the version matrix.
 """
 
 from __future__ import annotations

@@ -1,69 +1,28 @@
 """Dynamic resource allocation (``resource.k8s.io/v1``): the devices a node can give a pod.
 
 Pure functions over plain Kubernetes dicts; no I/O. ``pod-fits-node`` uses them for the
-two ways a pod asks for DRA devices on Kubernetes 1.37 (checked against the real
-kube-scheduler by ``e2e/test_oracle_dra.py``):
+two ways a pod asks for DRA devices on Kubernetes 1.37 — the claims it names, and the
+extended resources a DeviceClass maps — checked against the real kube-scheduler by
+``e2e/test_oracle_dra.py``. Which devices a node reaches, what is decided, what is not
+(treated as "may match": it can only let a pod through, never refuse it): docs/fidelity.md,
+"DRA scheduling oracle" and "The ports, file by file". The selectors' CEL subset is
+``app/k8s/dracel.py``.
 
-- **claims** the pod names (``spec.resourceClaims`` -> ``resourceClaimName`` or
-  ``resourceClaimTemplateName``), each request ``exactly`` a ``deviceClassName``,
-  ``allocationMode`` ExactCount (``count``, default 1) or All;
-- **extended resources a DeviceClass maps** (``spec.extendedResourceName``, or the implicit
-  ``deviceclass.resource.kubernetes.io/<class>``; DRAExtendedResource, GA and locked on in
-  1.37, beta and on by default in 1.36, alpha and off in 1.35): on a node whose allocatable
-  has none of that resource, NodeResourcesFit leaves it to the DynamicResources plugin,
-  which asks the class for as many devices as the pod requests
-  (``pkg/scheduler/framework/plugins/noderesources/fit.go`` ``shouldDelegateResourceToDRA``;
-  ``pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go``
-  ``filterExtendedResources``, ``createRequestsAndMappings``: the sum over long-lived
-  containers plus what an init container needs beyond the long-lived ones after it —
-  the same number as component-helpers' aggregate request). Two classes mapping one
-  name: the newest wins, then the lower name
-  (``dynamic-resource-allocation/deviceclass/extendedresourcecache``).
-
-Which devices a node can reach (``structured/internal/stable/pools_stable.go``
-``GatherPools``): slices with ``spec.nodeName`` of the node, ``allNodes``, a
-``nodeSelector`` that matches it, or ``perDeviceNodeSelection`` (each device's own
-node selection); per pool (driver, pool name) only the slices of the newest generation;
-a pool with duplicate device names is invalid: nothing is allocated from it, and a
-request for All devices fails on a node that reaches one. A pool with fewer slices than
-``resourceSliceCount`` is incomplete: kube-scheduler does the same until the driver has
-published the rest, which is a passing state — its devices are counted and All is not
-decided there (a deliberate difference: never a refusal for a driver mid-update). A
-device is taken when a ResourceClaim's ``status.allocation.devices.results`` names it
-(``allocateddevices.go``), unless that result has ``adminAccess`` or the device allows
-multiple allocations.
-
-What is **not decided** (treated as "may match" / left out, so it can only let a pod
-through, never refuse it): CEL beyond the subset below, request ``firstAvailable``
-(prioritized lists), ``adminAccess``, capacity requests, ``constraints``
-(matchAttribute), device taints, shared counters (partitionable devices), claims or
-classes the view does not hold (yet), and claims already allocated (their devices are
-the pod's own). Allocation across several requests is a b-matching: the pod fits a node
-when, for every set of its ExactCount requests (all sets up to 12 requests; beyond,
-each alone and all together), the devices at least one of them may take are as many as
-they ask together (Hall's condition; a violated set is a proof that no allocation
-exists).
-
-CEL decided exactly (``selectors[].cel.expression`` of a class and of a request):
-``device.driver``, ``device.attributes["<domain>"].<name>`` and
-``device.attributes["<domain>"]["<name>"]`` (string, int and bool attributes; a
-version attribute is not decided) compared with ``==`` / ``!=`` to string, integer and
-boolean literals or to each other, combined with ``&&``, ``||``, ``!`` and parentheses,
-and the literals ``true`` / ``false``, with CEL's error semantics (a missing attribute
-is an error; ``false && error`` is false, ``true || error`` true). Anything else
-(``in``, functions, ``capacity``, arithmetic) is "cannot decide": every device may match.
+Why one module of ~451 lines: device classes, pools and the devices each node reaches,
+claims and the allocation check (Hall's condition over a pod's requests) are one port of
+the DRA allocator's structured model, read beside the upstream files it cites and
+checked together by the DRA oracle.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, cast
+from typing import Any
 
-from app.k8s.util import Memo, footprint
+from app.k8s.dracel import cel_match, cel_references
 
 __all__ = [
     "DEVICE_CLASS_PREFIX",
@@ -72,8 +31,6 @@ __all__ = [
     "DeviceShortfall",
     "DeviceState",
     "allocated_devices",
-    "cel_match",
-    "cel_references",
     "claim_requests",
     "device_classes",
     "device_shortfalls",
@@ -154,205 +111,6 @@ class _Reversed:
 
     def __lt__(self, other: _Reversed) -> bool:
         return self.value > other.value
-
-
-# ------------------------------------------------------------------------ CEL subset
-
-_TOKEN = re.compile(r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|(?P<int>-?[0-9]+)(?![0-9.eEuU])|"""
-                    r"""(?P<id>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>==|!=|&&|\|\||[!()\[\].]))""")
-
-
-class _Unsupported(Exception):
-    """The expression is outside the subset: cannot decide."""
-
-
-_ERR = object()
-"""A CEL evaluation error (a missing attribute, a comparison of different types)."""
-
-Expr = Callable[[str, Mapping[str, object]], object]
-
-
-def _tokens(text: str) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        m = _TOKEN.match(text, pos)
-        if m is None or m.end() == pos:
-            raise _Unsupported(text[pos:])
-        kind = m.lastgroup or ""
-        out.append((kind, m.group(kind)))
-        pos = m.end()
-    return out
-
-
-def _unquote(raw: str) -> str:
-    body = raw[1:-1]
-    if "\\" in body:
-        if re.search(r"\\[^\\\"']", body):
-            raise _Unsupported(raw)  # escapes beyond \\ \" \' are not decided
-        body = re.sub(r"\\(.)", r"\1", body)
-    return body
-
-
-class _Parser:
-    def __init__(self, text: str) -> None:
-        self.tokens = _tokens(text)
-        self.pos = 0
-        self.refs: set[str] = set()
-
-    def peek(self) -> tuple[str, str] | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def take(self, value: str | None = None, kind: str | None = None) -> str:
-        tok = self.peek()
-        if tok is None or (value is not None and tok[1] != value) or (kind is not None and tok[0] != kind):
-            raise _Unsupported(str(tok))
-        self.pos += 1
-        return tok[1]
-
-    def parse(self) -> Expr:
-        expr = self.or_()
-        if self.peek() is not None:
-            raise _Unsupported(str(self.peek()))
-        return expr
-
-    def or_(self) -> Expr:
-        parts = [self.and_()]
-        while self.peek() == ("op", "||"):
-            self.take()
-            parts.append(self.and_())
-        return parts[0] if len(parts) == 1 else _logic(parts, True)
-
-    def and_(self) -> Expr:
-        parts = [self.unary()]
-        while self.peek() == ("op", "&&"):
-            self.take()
-            parts.append(self.unary())
-        return parts[0] if len(parts) == 1 else _logic(parts, False)
-
-    def unary(self) -> Expr:
-        if self.peek() == ("op", "!"):
-            self.take()
-            inner = self.unary()
-            return lambda d, a: _ERR if not isinstance(v := inner(d, a), bool) else not v
-        return self.comparison()
-
-    def comparison(self) -> Expr:
-        if self.peek() == ("op", "("):
-            self.take()
-            left = self.or_()
-            self.take(")")
-        else:
-            left = self.operand()
-        tok = self.peek()
-        if tok in (("op", "=="), ("op", "!=")):
-            self.take()
-            right = self.operand()
-            return _compare(left, right, tok[1] == "==")
-        return left
-
-    def operand(self) -> Expr:
-        kind, value = self.peek() or ("", "")
-        if kind == "str":
-            self.take()
-            text = _unquote(value)
-            return lambda d, a: text
-        if kind == "int":
-            self.take()
-            number = int(value)
-            return lambda d, a: number
-        if kind == "id" and value in ("true", "false"):
-            self.take()
-            flag = value == "true"
-            return lambda d, a: flag
-        if kind == "op" and value == "(":
-            self.take()
-            inner = self.or_()
-            self.take(")")
-            return inner
-        self.take("device")
-        self.take(".")
-        member = self.take(kind="id")
-        if member == "driver":
-            self.refs.add("driver")
-            return lambda d, a: d
-        if member != "attributes":
-            raise _Unsupported(member)
-        self.take("[")
-        domain = _unquote(self.take(kind="str"))
-        self.take("]")
-        if self.peek() == ("op", "."):
-            self.take()
-            name = self.take(kind="id")
-        else:
-            self.take("[")
-            name = _unquote(self.take(kind="str"))
-            self.take("]")
-        key = f"{domain}/{name}"
-        self.refs.add(key)
-        return lambda d, a: a.get(key, _ERR)
-
-
-def _logic(parts: list[Expr], is_or: bool) -> Expr:
-    def run(d: str, a: Mapping[str, object]) -> object:
-        error = False
-        for part in parts:
-            v = part(d, a)
-            if not isinstance(v, bool):
-                error = True
-            elif v is is_or:
-                return is_or  # true || x, false && x: decided whatever x is
-        return _ERR if error else not is_or
-
-    return run
-
-
-def _compare(left: Expr, right: Expr, equal: bool) -> Expr:
-    def run(d: str, a: Mapping[str, object]) -> object:
-        x, y = left(d, a), right(d, a)
-        if x is _ERR or y is _ERR or type(x) is not type(y):
-            return _ERR  # CEL: no such key / no matching overload
-        return (x == y) is equal
-
-    return run
-
-
-_COMPILED: Memo[str, tuple[Expr, frozenset[str]] | None] = Memo(
-    1024, 4 * 2**20, lambda expression, _: footprint(expression) + 48 * len(expression))
-"""Compiled expressions by their text, at most 4 MiB: a compiled expression is closures,
-which ``footprint`` cannot see into; tracemalloc measures ~40 bytes a character."""
-_NOT_COMPILED = object()
-
-
-def _compiled(expression: str) -> tuple[Expr, frozenset[str]] | None:
-    found = _COMPILED.get(expression, _NOT_COMPILED)
-    if found is not _NOT_COMPILED:
-        return cast("tuple[Expr, frozenset[str]] | None", found)
-    try:
-        parser = _Parser(expression)
-        compiled: tuple[Expr, frozenset[str]] | None = (parser.parse(), frozenset(parser.refs))
-    except (_Unsupported, RecursionError, ValueError):
-        compiled = None
-    return _COMPILED.put(expression, compiled)
-
-
-def cel_references(expression: str | None) -> frozenset[str] | None:
-    """What the expression reads of a device (``driver``, ``<domain>/<name>``), or None
-    when it is outside the subset."""
-    found = _compiled(expression) if expression is not None else None
-    return None if found is None else found[1]
-
-
-def cel_match(expression: str | None, driver: str, attributes: Mapping[str, object]) -> bool | None:
-    """True/False when the expression is in the subset and evaluates without an error
-    (``attributes``: ``<domain>/<name>`` -> str, int or bool); None: cannot decide."""
-    found = _compiled(expression) if expression is not None else None
-    if found is None:
-        return None
-    value = found[0](driver, attributes)
-    return value if isinstance(value, bool) else None
 
 
 # ------------------------------------------------------------------------ the devices
@@ -451,10 +209,12 @@ def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str
 def node_device_states(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],  # noqa: C901
                        nodes: Iterable[tuple[str, Callable[[Mapping[str, Any]], bool]]],
                        keys: frozenset[str]) -> dict[str, DeviceState]:
-    # Follows the DRA allocator's walk over slices, pools and devices in one pass, as
-    # upstream writes it, so it can be read beside the cited code.
     """Each node's ``DeviceState``: ``nodes`` gives each node's name and a function that
-    says whether a NodeSelector matches it (``app.k8s.scheduling.node_selector_matches``)."""
+    says whether a NodeSelector matches it (``app.k8s.scheduling.node_selector_matches``).
+
+    Why one function of ~83 lines: it follows the DRA allocator's walk over slices, pools
+    and devices in one pass, as upstream writes it, to be read beside the cited code.
+    """
     allocated = allocated_devices(claims)
     newest: dict[tuple[str, str], _Pool] = {}
     by_node: dict[str, list[Mapping[str, Any]]] = {}

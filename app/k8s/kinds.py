@@ -3,24 +3,15 @@
 A :class:`Kind` says what the API server says of it — group, versions, resource (the
 plural in URLs and RBAC) and subresources, namespaced or not, whether a CRD that may be
 absent — and how Envelope reads it: its name in the cluster view and in rules'
-``reads``, and how the live view trims it. Everything else is derived from this table
-and the rule declarations (``Rule.kinds``, ``Rule.operations``, ``Rule.reads``):
+``reads``, and how the live view trims it. The live view's watch list, the audit's and
+``check --kubeconfig``'s listings, and the chart's webhook ``rules`` and RBAC
+(``app/chart/kinds.py``) are derived from this table and the rule declarations.
 
-- the live view's watch list and the audit's view (``cluster/live.py`` ``resources_for``),
-- the audit's listing of judged kinds (``audit.judged_for``),
-- ``check --kubeconfig``'s listing (``cluster/snapshot.py``),
-- the chart's webhook ``rules`` and RBAC (``app/chart/kinds.py`` writes
-  ``charts/envelope/files/kinds.yaml``; ``tests/chart/test_kinds.py`` renders the chart).
-
-Same-named kinds of different groups are told apart one way: by ``(group, kind)``
-(:func:`ref_of` of an object), named one to one by :func:`name_of` — the kind for the
-first-registered kind of that name (``NodePool`` is KAI's), ``Kind.group`` for the
-others (``NodePool.karpenter.sh``, and ``Queue.scheduling.volcano.sh`` for a kind not
-registered), as kubectl names resources. Rules read and the store files objects by that
-name; :func:`ref` turns it back into ``(group, kind)``.
-
-Adding a kind is one entry here (plus the rules that judge or read it); see
-docs/architecture.md "Adding a kind".
+Same-named kinds of different groups are told apart by ``(group, kind)`` (:func:`ref_of`
+of an object), named one to one by :func:`name_of` (``NodePool`` is KAI's,
+``NodePool.karpenter.sh`` the other, as kubectl names resources); :func:`ref` turns a
+name back. Adding a kind is one entry here (plus the rules that judge or read it):
+docs/architecture.md, "Adding a kind".
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
-"""Which ResourceQuotas and LimitRanges make the API server refuse a pod without
-CPU limits. Pure functions over plain Kubernetes dicts.
+"""Which ResourceQuotas and LimitRanges make the API server refuse a pod without CPU
+limits. Pure functions over plain Kubernetes dicts.
 
-Ported from Kubernetes v1.34.12 and checked by the admission oracle on every e2e version
-(``e2e/test_oracle_admission.py``), which creates the CPU-limit-stripped pod on
-the real kube-apiserver:
+Ported from Kubernetes v1.34.12 — quota scopes and constraints, LimitRanger's mutate and
+validate steps; the upstream files: docs/fidelity.md, "The ports, file by file" — and
+checked by the admission oracle on every e2e version (``e2e/test_oracle_admission.py``),
+which creates the CPU-limit-stripped pod on the real kube-apiserver.
 
-- quota scopes: ``pkg/quota/v1/evaluator/core/pods.go`` ``podMatchesScopeFunc``
-  (BestEffort/NotBestEffort by QoS class, ``pkg/apis/core/v1/helper/qos/qos.go``
-  ``ComputePodQOS``; Terminating/NotTerminating by ``activeDeadlineSeconds >= 0``;
-  PriorityClass through a label selector over ``{"PriorityClass": <name>}``, a
-  set that is empty for a pod without a class — so ``DoesNotExist`` and ``NotIn``
-  match such a pod; CrossNamespacePodAffinity by pod (anti-)affinity terms with
-  ``namespaces`` or a ``namespaceSelector``), ``pkg/quota/v1/resources.go``
-  ``Matches`` (every scope and scopeSelector expression must match; the operator
-  is ignored for every scope but PriorityClass);
-- quota constraints: ``pods.go`` ``Constraints`` (a matching quota on
-  ``limits.cpu`` requires a CPU limit on every container and init container,
-  unless pod-level resources are set) and ``PodUsageFunc`` (the pod's
-  ``limits.cpu`` must fit ``hard - used``);
-- LimitRanges: ``plugin/pkg/admission/limitranger/admission.go`` — first
-  ``PodMutateLimitFunc`` (a container without a CPU limit gets the
-  ``type: Container`` ``default``, which the API server fills from ``max`` when
-  unset, ``pkg/apis/core/v1/defaults.go`` ``SetDefaults_LimitRangeItem``), then
-  ``PodValidateLimitFunc``: ``min``/``max``/``maxLimitRequestRatio`` per
-  container and init container (``type: Container``) and on the pod's aggregate
-  (``type: Pod``, pod-level values overriding), compared in millis.
-
-Why one module of ~580 lines: quota scopes, LimitRange checks and the orders in which
+Why one module of ~679 lines: quota scopes, LimitRange checks and the orders in which
 LimitRanger may apply several LimitRanges decide one answer together (a quota on
 ``limits.cpu`` sums what the LimitRanges defaulted, in each possible order), and
-``tests/test_cost.py`` checks the order enumeration against every permutation. The
-defaults themselves are ``app/k8s/defaulting.py``.
+``tests/serve/test_server_cost.py`` checks the order enumeration against every
+permutation. The defaults themselves are ``app/k8s/defaulting.py``.
 """
 
 from __future__ import annotations
@@ -53,6 +33,7 @@ __all__ = [
     "job_pods_at_once",
     "limit_range_orders",
     "managed_elsewhere",
+    "name_of",
     "pods_at_once",
     "quota_hard",
     "quota_matches_pod",
@@ -484,7 +465,7 @@ def _first_default_cpu(limit_ranges: Iterable[Mapping[str, Any]]) -> tuple[str, 
     return None
 
 
-def _name(obj: Mapping[str, Any]) -> str:
+def name_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
 
@@ -630,11 +611,11 @@ def cpu_limit_needs(stripped_spec: Mapping[str, Any], limit_ranges: Iterable[Map
     if not complete:  # decided, not guessed: keeping the limits is what Kubernetes does anyway
         why = (f"{len(limit_ranges)} LimitRanges set container defaults that combine in more "
                f"than {MAX_LIMIT_RANGE_ORDERS} ways, too many to judge each")
-        merged.setdefault(CpuLimitNeed("LimitRange", _name(orders[0][0]), f"and the other {why}"))
+        merged.setdefault(CpuLimitNeed("LimitRange", name_of(orders[0][0]), f"and the other {why}"))
         for quota in quotas:
             if "limits.cpu" in quota_hard(quota):
                 cpu = quota_hard(quota)["limits.cpu"]
-                merged.setdefault(CpuLimitNeed("ResourceQuota", _name(quota),
+                merged.setdefault(CpuLimitNeed("ResourceQuota", name_of(quota),
                                                f"sets limits.cpu={cpu}, and {why}"))
     return list(merged)
 
@@ -658,7 +639,7 @@ def cpu_limit_needs_in_order(stripped_spec: Mapping[str, Any], limit_ranges: Ite
     unlimited = [(c, _q(_rl(c, "requests").get("cpu"))) for c in _containers(stripped_spec)
                  if "cpu" in _rl(c, "requests") and "cpu" not in _rl(c, "limits")] if first else []
     for lr in limit_ranges:
-        lr_name = _name(lr)
+        lr_name = name_of(lr)
         for item in limit_range_items(lr) if first is not None and lr_name == first[0] else []:
             if item.get("type") != "Container" or "cpu" not in defaulted_limit_range_item(item)["default"]:
                 continue

@@ -1,37 +1,15 @@
 """The Pods a workload makes, as Envelope's Pod webhook will be asked about them.
 
-A template is not a Pod. Between the two stand the workload's controller and the API
-server (upstream v1.37.2, the same in v1.35):
+A template is not a Pod: between the two stand the workload's controller (only the
+template's labels and annotations reach the Pod; the DaemonSet controller adds its
+tolerations), the API server's defaulting, and the mutating admission plugins that run
+before the webhooks (LimitRanger, Priority, DefaultTolerationSeconds,
+ExtendedResourceToleration when the policy lists it, RuntimeClass), applied here by one
+function, :func:`admit`: every rule that judges a template's Pods goes through it. How
+many run at once (``concurrent``) is the controller's.
 
-1. the controller builds the Pod from the template: its labels and annotations only
-   (the workload's own metadata never reaches the Pod), and the DaemonSet controller
-   adds its tolerations (pkg/controller/daemon/util ``AddOrUpdateDaemonPodTolerations``);
-2. the API server's defaulting on decode (``SetDefaults_Pod``: requests from limits;
-   app/k8s/defaulting.py ``default_pod``);
-3. the mutating admission plugins, in ``AllOrderedPlugins`` order
-   (pkg/kubeapiserver/options/plugins.go), all of them *before* the mutating webhooks,
-   applied here by one function, :func:`admit` (every rule that judges a template's
-   Pods goes through it):
-   LimitRanger's container defaults (app/k8s/defaulting.py ``apply_limit_range_defaults``),
-   Priority (plugin/pkg/admission/priority/admission.go: a Pod that names no
-   PriorityClass gets the ``globalDefault`` one — the lowest value when several are —
-   and its value; quota scopes ``PriorityClass`` then match that name),
-   DefaultTolerationSeconds (not-ready and unreachable NoExecute for 300 s unless
-   tolerated), ExtendedResourceToleration (plugin/pkg/admission/
-   extendedresourcetoleration: ``{key: <resource>, operator: Exists, effect:
-   NoSchedule}`` for each extended resource a container or init container requests;
-   *not* enabled by default — GKE enables it — so only when the policy lists it in
-   ``admissionPlugins``), RuntimeClass (``spec.overhead`` from ``overhead.podFixed``;
-   the class's ``scheduling.nodeSelector`` merged in — a conflicting key refuses the
-   Pod — and its tolerations merged by ``MergeTolerations``).
-
-How many of them run at once (``concurrent``) is the controller's: replicas, a Job's
-parallelism capped by its completions (none while suspended, none for a Job another
-controller manages: ``spec.managedBy``), one per Node a DaemonSet should run on
-(pkg/controller/daemon ``NodeShouldRunDaemonPod``: node name, node
-selector and required affinity, taints).
-
-``e2e/test_oracle_podconstruction.py`` compares this with the Pods a real
+Upstream v1.37.2 (the same in v1.35), file by file: docs/fidelity.md, "The ports, file
+by file". ``e2e/test_oracle_podconstruction.py`` compares this with the Pods a real
 kube-controller-manager and kube-apiserver make. Pure: no I/O.
 """
 

@@ -3,9 +3,13 @@ blocks and containers in it, the shape the API server decodes it into, and how m
 pods a workload asks for at once.
 
 Pure functions over plain Kubernetes dicts (no rules, no I/O, no policy): the workload
-rules (``app/rules/workloads.py``), the rules that read the namespace and the nodes
-(``app/rules/namespace.py``), the webhook configuration's match conditions and the
+rules (``app/rules/workloads/``), the rules that read the namespace and the nodes
+(``app/rules/namespace/``), the webhook configuration's match conditions and the
 tests read pod specs through here.
+
+Why one module of ~455 lines: every helper here answers "where in this kind's object is
+the pod spec, and what does it hold" for all eight workload kinds (``POD_SPEC_PATHS``);
+the shape check, the parts an UPDATE holds and the QoS class read the same paths.
 """
 
 from __future__ import annotations

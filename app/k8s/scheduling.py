@@ -1,48 +1,18 @@
-"""Does a pod fit a node? kube-scheduler's filters, one node at a time.
+"""Does a pod fit a node? kube-scheduler's filters, one node at a time, and what the
+kubelet admits of a pod bound to a node (``decider=KUBELET``).
 
-Pure functions over plain Kubernetes dicts; no I/O. Checked by the scheduling
-oracle (``e2e/test_oracle_scheduling.py``), which puts the same nodes and pod
-through the real kube-scheduler:
+Pure functions over plain Kubernetes dicts; no I/O. Kubernetes v1.37.2, checked by the
+scheduling oracle (``e2e/test_oracle_scheduling.py``, on v1.37.2 and v1.35.4) and the
+DRA oracle (``e2e/test_oracle_dra.py``), which put the same nodes and pod through the
+real kube-scheduler. The upstream file each filter ports: docs/fidelity.md, "The ports,
+file by file". Not modelled (they need objects this module is not given): inter-pod
+(anti-)affinity, topology spread, host ports, volumes.
 
-- effective pod request: ``k8s.io/component-helpers/resource/helpers.go``
-  ``PodRequests`` / ``AggregateContainerRequests`` (regular containers plus
-  restartable init containers ("sidecars"), against the largest init container
-  plus the sidecars started before it; pod-level requests for cpu, memory and
-  hugepages-* replace the aggregate; ``spec.overhead`` is added);
-- API defaulting of a *Pod* (never of a template): ``pkg/apis/core/v1/defaults.go``
-  ``SetDefaults_Pod`` (container requests from limits), ``defaultHugePagePodLimits``
-  and ``defaultPodRequests`` (PodLevelResources, beta and on in 1.34);
-- resources: ``pkg/scheduler/framework/plugins/noderesources/fit.go`` ``fitsRequest``
-  (pods count; cpu in millicores, memory, ephemeral-storage and every scalar
-  resource — extended such as ``nvidia.com/gpu``, hugepages, ``*kubernetes.io/*``,
-  attachable volumes — as integers rounded up, ``resource.Quantity.Value()``);
-- ``pkg/scheduler/framework/plugins/nodeunschedulable`` (``spec.unschedulable``
-  unless the pod tolerates ``node.kubernetes.io/unschedulable:NoSchedule``);
-- ``pkg/scheduler/framework/plugins/tainttoleration`` with
-  ``k8s.io/api/core/v1/toleration.go`` ``ToleratesTaint`` (NoSchedule and
-  NoExecute taints; PreferNoSchedule never filters);
-- ``k8s.io/component-helpers/scheduling/corev1/nodeaffinity`` (``nodeSelector``
-  AND required node affinity; terms ORed, expressions ANDed, empty terms
-  skipped, operators In/NotIn/Exists/DoesNotExist/Gt/Lt from
-  ``k8s.io/apimachinery/pkg/labels/selector.go`` ``Requirement.Matches``,
-  ``matchFields`` on ``metadata.name`` with In/NotIn of one value).
-
-- DRA (``app/k8s/dra.py``): on a node with none of an extended resource in allocatable,
-  a DeviceClass that maps it takes the request (``fit.go`` ``shouldDelegateResourceToDRA``),
-  and the pod's claims; both counted against the node's devices (``Node.devices``);
-- ``decider=KUBELET``: what the kubelet admits of a pod bound to it
-  (``pkg/kubelet/lifecycle/predicate.go``: no cordon, NoExecute taints only, extended
-  resources the node has none of not checked, no DRA) — for ``spec.nodeName`` pods and
-  pods another scheduler places.
-
-Kubernetes v1.37.2 (checked by the scheduling oracle on v1.37.2 and v1.35.4, and the DRA
-oracle ``e2e/test_oracle_dra.py`` on v1.37.2). Not modelled (they need objects this module
-is not given): inter-pod (anti-)affinity, topology spread, host ports, volumes.
-
-Why one module of ~600 lines: the filters, the node model they read and the node
+Why one module of ~708 lines: the filters, the node model they read and the node
 classes (``class_key`` must read exactly what ``_fit`` reads, or two nodes of a class
 could get different verdicts) are one port of one upstream plugin set, checked together
-by the scheduling oracle. API defaulting, which ran before them, is ``app/k8s/defaulting.py``.
+by the scheduling oracle. API defaulting, which ran before them, is
+``app/k8s/defaulting.py``; DRA devices are ``app/k8s/dra.py``.
 """
 
 from __future__ import annotations

@@ -1,38 +1,18 @@
 """Caller tokens (KEP-6060): only the API server, holding a token bound to one of our
 webhook configurations, may ask for a review.
 
-Kubernetes 1.37 (alpha, feature gate ``APIServerWebhookAuthenticationToken``) issues
-service-account tokens bound to a ValidatingWebhookConfiguration or
-MutatingWebhookConfiguration through the TokenRequest API. What this module checks
-is what kube-apiserver v1.37.2 puts in them (``pkg/serviceaccount/claims.go`` and
-``pkg/registry/core/serviceaccount/storage/token.go`` at that tag):
+Kubernetes 1.37 (alpha, ``APIServerWebhookAuthenticationToken``) issues service-account
+tokens bound to a Validating- or MutatingWebhookConfiguration. This checks what
+kube-apiserver v1.37.2 puts in them (``pkg/serviceaccount/claims.go``,
+``pkg/registry/core/serviceaccount/storage/token.go``): the signature against the API
+server's JWKS and issuer, ``exp``/``nbf``, ``aud`` (our webhook's address as the API
+server derives it), the configuration's name and uid, and the attested API groups
+against the review. Issuer, keys and configurations are re-read in the background (and
+on an unknown key or uid, at most every ten seconds); a token that passed is remembered
+until it expires. Each claim, how tokens are delivered today and the modes:
+docs/security.md, "Who can call it".
 
-* an RS/ES/PS-signed JWT whose key is in the API server's JWKS (``/openid/v1/jwks``)
-  and whose ``iss`` is the issuer its OIDC discovery document names;
-* ``exp``/``nbf`` (one minute of leeway, as the API server's own validator);
-* ``aud``: the webhook's address as the API server derives it at issuance — the
-  ``clientConfig.url`` verbatim, or ``https://<service>.<namespace>.svc:<port><path>``
-  (port 443 and path ``/`` when unset) — of a webhook of ours that routes to the path
-  the request came in on;
-* ``kubernetes.io.validatingwebhookconfiguration`` or
-  ``kubernetes.io.mutatingwebhookconfiguration`` (exactly one): name and uid of our
-  configuration that holds that webhook (a configuration deleted and re-created has a
-  new uid, so tokens minted for the old one stop working);
-* ``kubernetes.io.attestations.admissionReviewAPIGroups``: one API group, or ``*``,
-  that must cover the review's ``request.resource.group``.
-
-The issuer, the keys and our configurations (names from ``--validating-webhook-
-configuration``/``--mutating-webhook-configuration``) are read from the API server by
-a background thread every few minutes, and again (at most every ten seconds) when a
-token names a key or a configuration uid we do not know. A token that passed is
-remembered until it expires, so the signature is checked once per token.
-
-Stock kube-apiserver 1.37 issues these tokens but does not present them on its own
-admission calls yet; it presents whatever its AdmissionConfiguration kubeconfig names
-for our host (``tokenFile`` is re-read every minute), which is how the e2e test and
-docs/security.md deliver a minted token today.
-
-Why one module of ~490 lines: parsing a token, its binding to our two configurations,
+Why one module of ~470 lines: parsing a token, its binding to our two configurations,
 the key sources and the per-request check are one protocol (KEP-6060), and every way it
 refuses is one of ``REASONS``, counted in one place (``CallerCheck.settle``).
 """

@@ -1,22 +1,15 @@
 """``self`` certificate mode: the webhook is its own CA.
 
-- The CA and the serving certificate live in one Secret. Every replica loads the
-  serving certificate from it (and reloads when it changes).
-- One replica, the holder of a Lease, writes: it creates the Secret, renews the
-  serving certificate before it expires, and injects the CA bundle into the
-  webhook's own Mutating/ValidatingWebhookConfiguration.
-- A CA rotation never breaks admission: the new CA is first *added* to the bundle
-  (old and new trusted), and only after the API server has had it for a while is
-  the serving certificate switched to one the new CA signed. The old CA stays in
-  the bundle for a bounded overlap after that switch (``overlap``, 300 s by default,
-  at least four certificate intervals): every replica re-reads the Secret each
-  ``interval`` and loads the new pair, and one that has not read it for half the
-  overlap reports not ready (so it is out of the Service before the old CA goes).
-  The overlap is timed on the leader's monotonic clock from when it first saw the
-  switch, so clock skew between replicas cannot shorten it. Then the bundle holds
-  the current CA only (and the next one while another rotation trusts it).
-- Writing ``envelope.io/rotate: <token>`` on the Secret forces a CA rotation (how
-  the e2e suite and an operator who suspects a leaked key trigger it).
+The CA and the serving certificate live in one Secret, which every replica loads (and
+reloads). One replica, the holder of a Lease, writes: it creates the Secret, renews the
+serving certificate, injects the CA bundle into our webhook configurations, and rotates
+the CA without breaking admission — the new CA is trusted first, the serving certificate
+switched later, the old CA kept for a bounded overlap timed on the leader's monotonic
+clock. ``envelope.io/rotate: <token>`` on the Secret forces a rotation. The steps, the
+overlap and readiness during it: docs/security.md, "CA rotation that revokes".
+
+Why one module of ~409 lines: the Secret, the Lease that decides who writes it and the
+rotation's steps are one protocol; every replica reads what the leader writes.
 """
 
 from __future__ import annotations
@@ -308,6 +301,13 @@ class SelfManaged:
         return self.client.request("POST", self.secret_path, body)
 
     def _reconcile(self, secret: dict[str, Any] | None) -> dict[str, Any]:
+        """One pass over the Secret: the CA rotation's next step (trust a new CA, switch
+        the serving certificate to it) or a serving certificate renewal, then the trust
+        bundle trimmed after its overlap; written back when it changed, and injected.
+
+        Why one function of ~81 lines: the rotation's steps and the overlap read and write
+        the same data and annotations of one Secret, in one pass, in the order they apply.
+        """
         if secret is None:
             secret = self._new_secret()
         data = dict(secret.get("data") or {})

@@ -1,28 +1,14 @@
 """An install that cannot lock the cluster: webhooks start as ``Ignore`` and are raised
 to the ``failurePolicy`` the chart wants only once Envelope answers behind them.
 
-The chart renders every webhook whose wanted policy is ``Fail`` with
-``failurePolicy: Ignore`` and records the wanted policies in the configuration's
-``envelope.io/failure-policies`` annotation (JSON: webhook name -> policy). An image
-that cannot be pulled, a policy that stops startup, a caBundle that does not match:
-nothing answers, so writes pass, instead of every workload write in the cluster being
-refused. Each ready replica then checks, for each webhook still below its wanted
-policy, that ``GET /readyz`` through the webhook's own ``clientConfig`` (its URL or
-its Service, verified with its ``caBundle``) answers 200 — the path the API server
-will take — and only then updates the configuration. The update is idempotent, so
-every replica may do it and no leader is needed.
-
-Anything that re-applies the rendered configuration lowers it again: ``helm upgrade``
-(Helm 3.19's three-way merge sets every rendered field), an Argo CD sync or self-heal,
-Flux's drift correction (server-side apply of the rendered ``Ignore``). So each replica
-watches the two configurations (by name) and raises a lowered webhook as soon as the
-watch reports the change, and at the latest every ``interval`` seconds; and it says
-so: ``envelope_webhook_failure_policy_lowered`` is 1 for each webhook it sees below
-its wanted policy (it cannot raise it: not ready, the probe fails, RBAC) and
-``envelope_webhook_failure_policy_resets_total`` counts each time one it had seen
-raised was found lowered again — a GitOps tool fighting the raise, which the chart's
-``EnvelopeFailurePolicyLowered`` alert reports. ``envelope gitops-config`` prints the
-Argo CD and Flux settings that stop the fight (docs/gitops.md).
+The chart renders every webhook whose wanted policy is ``Fail`` as ``Ignore`` and records
+the wanted policies in the configuration's ``envelope.io/failure-policies`` annotation.
+Each ready replica checks, for each webhook still below its wanted policy, that ``GET
+/readyz`` through the webhook's own ``clientConfig`` answers 200 — the path the API
+server will take — and only then updates the configuration (idempotent: no leader).
+It watches the two configurations and raises again what ``helm upgrade``, Argo CD or
+Flux lowered, and says so in ``envelope_webhook_failure_policy_lowered`` and
+``envelope_webhook_failure_policy_resets_total``: docs/deploy.md and docs/gitops.md.
 """
 
 from __future__ import annotations

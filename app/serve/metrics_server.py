@@ -1,25 +1,14 @@
 """``/metrics`` (and, for the kubelet, ``/healthz`` and ``/readyz``) over plain HTTP,
 from a small asyncio server that no client can stall.
 
-prometheus_client's ``start_http_server`` is a ``ThreadingHTTPServer``: a thread per
-connection, no read timeout, no connection cap. 2,000 half-open ``GET /metrics``
-connections meant 2,000 threads blocked in ``recv`` fighting the admission loop for
-the GIL: the webhook port stalled for seconds. Here one event loop on one thread
-serves every metrics connection:
-
-- at most ``max_connections`` at once (:class:`app.serve.httplimits.Slots`). When all are taken a
-  new connection evicts one that has not sent its request yet — from the peer address
-  holding the most, its oldest first — so connections held open by anyone (40 idle
-  ones from one address filled the 32 slots before, and with ``clientAuth`` the
-  chart's probes come here) never keep a probe or a scrape out; only when every
-  connection is being answered is the newcomer closed;
-- the request head must arrive within ``read_timeout`` seconds (2 s: shorter than
-  every probe period in the chart) and fit in ``max_request`` bytes, the answer be
-  taken within ``write_timeout``; else the connection is closed;
-- one request per connection (``Connection: close``), ``GET``/``HEAD`` only.
-
-It is bindable to localhost (``--metrics-host 127.0.0.1``) when only a node-local or
-sidecar scraper should read it.
+prometheus_client's ``start_http_server`` runs a thread per connection with no read
+timeout and no cap: 2,000 half-open ``GET /metrics`` connections stalled the webhook
+port for seconds. Here one event loop on one thread serves every metrics connection:
+at most ``max_connections`` at once (:class:`app.serve.httplimits.Slots`; a newcomer
+evicts an idle one from the peer holding the most, so a probe or a scrape is never kept
+out), the request head within ``read_timeout`` and ``max_request`` bytes, the answer
+taken within ``write_timeout``, one ``GET``/``HEAD`` per connection. The limits and
+their defaults: docs/security.md, "The metrics listener".
 """
 
 from __future__ import annotations

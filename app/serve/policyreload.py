@@ -1,24 +1,14 @@
 """``envelope serve --config``: the policy file reloaded without a restart (issue 35).
 
-A Kubernetes ConfigMap volume changes by an atomic swap of the ``..data`` symlink: the
-mounted ``policy.yaml`` is a symlink into ``..data/``, which the kubelet points at a new
-timestamped directory (kubernetes pkg/volume/util/atomic_writer.go). So the file is
-polled every ``interval`` seconds through its resolved path — ``os.stat`` follows the
-symlinks, and a swap shows as a new inode (or device, mtime, size) — and when that
-changes, its bytes are read once, digested (sha256) and, when the digest differs from
-the one serving, parsed by the same loader as at start (``config.parse_policy``, with
-the same environment overrides).
-
-- A good file is swapped in with one attribute assignment (``apply``): a review reads
-  the policy once when it starts (``RuleHandler.handle``), so reviews in flight finish
-  with the policy they started with and the next one gets the new one. The generation
-  (1 for the policy read at start) goes up by one.
-- A bad file (YAML, schema, unknown rule id, or something this start cannot serve —
-  ``accept``) is refused: the old policy keeps serving, one WARNING line names the file
-  and the error (never the file's contents beyond what the error quotes), once per
-  distinct bad content, and ``envelope_policy_reload_failures_total`` counts it.
-
-SIGHUP is not used: ``serve`` already drains and stops on it (app/serve/serving.py).
+A ConfigMap volume changes by an atomic swap of the ``..data`` symlink (kubernetes
+pkg/volume/util/atomic_writer.go), so the file is polled every ``interval`` seconds
+through its resolved path (``os.stat``: a new inode, device, mtime or size), read once,
+digested and, when the digest differs, parsed by the loader used at start
+(``config.parse_policy``). A good file is swapped in with one assignment (``apply``):
+reviews in flight finish with the policy they started with. A bad one is refused: the
+old policy keeps serving, one WARNING names the file and the error, and
+``envelope_policy_reload_failures_total`` counts it. SIGHUP is not used: ``serve``
+drains and stops on it (app/serve/serving.py). docs/configuration.md, "Live reload".
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """The HTTPS face: routes, body limits, errors, metrics and logs.
 
-Everything a client can send gets a 2xx decision or a 4xx that says what is
-wrong; nothing here lets an exception become a 500.
+Everything a client can send gets a 2xx decision or a 4xx that says what is wrong;
+nothing here lets an exception become a 500. ``POST /mutate`` and ``/validate`` are raw
+ASGI endpoints (:class:`ReviewEndpoint`: method, caller token, media type, body limits),
+then :meth:`Reviews.decode`, the caller's attested group (``CallerCheck.settle``), the
+``admission.Handler`` and :meth:`Reviews.answer` (metrics, the log line, the encoded
+response), in that order and in one place each: docs/architecture.md, "A request,
+from bytes to verdict". ``POST /validate/in-tree/<rule,rule>`` (:class:`InTreeEndpoint`) is
+``/validate`` without the named rules (docs/in-tree.md, "Validation").
 
-The application is FastAPI. ``POST /mutate`` and ``/validate`` are raw ASGI endpoints
-mounted in its router (:class:`ReviewEndpoint`): raw body in, JSON out, without the
-request/response objects and dependency solving that were a third of a review's cost.
-
-The server moves bytes. Per request, in this order and in one place each:
-
-1. :class:`ReviewEndpoint`: the method (405), the caller token's signature and binding
-   (``CallerCheck.check``; 401 in enforce mode, before the body is read), the media
-   type (415), the body and its limits (400/413);
-2. :meth:`Reviews.decode`: the body into an ``admission.Request`` (400 saying what is
-   wrong, or the answer to a review too deep to judge);
-3. the caller's attested API group against the decoded review (``CallerCheck.settle``,
-   the one place a caller is counted; 403 in enforce mode);
-4. the ``admission.Handler`` (``RuleHandler``: the rules' verdict) and
-   :meth:`Reviews.answer`: metrics, the log line, ``Response.encode()``.
-
-``POST /validate/in-tree/<rule,rule>`` (:class:`InTreeEndpoint`) is ``/validate`` without
-the named rules: the writes a ValidatingAdmissionPolicy in Warn mode answers for them
-(``app.intree.validating``). The skip list is in the path, so the webhook configuration
-and the server cannot disagree; an id that is not a compilable validate rule is a 400.
+Why one module of ~424 lines: the endpoints, their metrics and the app that mounts them
+are the one path every review takes; a status code or a metric label is decided here and
+nowhere else.
 """
 
 from __future__ import annotations

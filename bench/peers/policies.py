@@ -1,6 +1,6 @@
 """Envelope's workload mutation written for the peers users would pick instead.
 
-What Envelope's mutate phase does to a workload (``app/rules/workloads.py``):
+What Envelope's mutate phase does to a workload (``app/rules/workloads/``):
 
 - ``cpu-limits``: remove ``limits.cpu`` from every container, init container and the
   pod-level resources; where no CPU request is written, the removed limit becomes the

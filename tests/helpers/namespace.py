@@ -1,4 +1,4 @@
-"""Nodes and ResourceQuotas for the tests of the namespace rules."""
+"""Nodes, ResourceQuotas and LimitRanges for the tests of the namespace rules."""
 
 from __future__ import annotations
 
@@ -18,3 +18,8 @@ def node(name: str, cpu: str, memory: str, labels: dict[str, str] | None = None,
     if unschedulable:
         n["spec"] = {"unschedulable": True}
     return n
+
+
+def limitrange(item: dict[str, Any], name: str = "defaults", ns: str = "team-a") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": name, "namespace": ns},
+            "spec": {"limits": [{"type": "Container", **item}]}}

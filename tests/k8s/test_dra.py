@@ -13,12 +13,11 @@ from app.cluster.view import StaticView
 from app.k8s.dra import (
     DeviceClass,
     DeviceRequest,
-    cel_match,
-    cel_references,
     device_shortfalls,
     extended_resource_classes,
     node_device_states,
 )
+from app.k8s.dracel import cel_match, cel_references
 from tests.conftest import container, run, workload
 from tests.helpers.namespace import node
 

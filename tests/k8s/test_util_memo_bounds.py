@@ -18,6 +18,8 @@ import app.crds.actortypes as actortypes
 import app.crds.kai as kai
 import app.rules.actors as actor_rules
 import app.rules.namespace as namespace_rules
+import app.rules.namespace.memory as memory_rules
+import app.rules.namespace.node_groups as node_groups
 from app.cluster.live import trim_node
 from app.cluster.view import NODE_LABEL, ScopedView, StaticView
 from app.k8s.util import Memo, footprint
@@ -77,8 +79,8 @@ def _retained(work: Any) -> int:
 
 @pytest.fixture(autouse=True)
 def _fresh_memos() -> Iterator[None]:
-    memos = (actortypes._DECODED, actor_rules._PLACEMENTS, kai._parsed, namespace_rules._derived,
-             namespace_rules._pods, namespace_rules._sums, namespace_rules._splits)
+    memos = (actortypes._DECODED, actor_rules._PLACEMENTS, kai._parsed, memory_rules._derived,
+             memory_rules._pods, memory_rules._sums, node_groups._splits)
     for memo in memos:
         memo.clear()
     yield
@@ -175,7 +177,7 @@ def test_annotation_patches_do_not_grow_the_namespace_sums() -> None:
     written = workload("Deployment", [container(requests={"memory": "1Gi"}, limits={"memory": "1Gi"})],
                        name="new")
     assert run(written, view=view).internal_errors == []
-    entries, weight = len(namespace_rules._derived), namespace_rules._derived.weight
+    entries, weight = len(memory_rules._derived), memory_rules._derived.weight
     assert entries == 20
 
     def patches() -> None:
@@ -184,9 +186,9 @@ def test_annotation_patches_do_not_grow_the_namespace_sums() -> None:
             assert run(written, view=view).internal_errors == []
 
     retained = _retained(patches)
-    assert len(namespace_rules._derived) == entries
-    assert namespace_rules._derived.weight == weight
-    assert len(namespace_rules._pods) == 1 and len(namespace_rules._sums) == 1  # requests.memory
+    assert len(memory_rules._derived) == entries
+    assert memory_rules._derived.weight == weight
+    assert len(memory_rules._pods) == 1 and len(memory_rules._sums) == 1  # requests.memory
     assert retained < 256 * 1024, retained
 
 
@@ -227,12 +229,12 @@ def _reported(obj: dict[str, Any], i: int) -> dict[str, Any]:
 def test_node_status_reports_and_claim_labels_do_not_resplit_devices() -> None:
     store, view = _dra_view()
     keys = frozenset({"gpu.example.com/model"})
-    first = namespace_rules._device_split(view, keys)
+    first = node_groups._device_split(view, keys)
     for i in range(50):
         store.add(_reported(store.get("Node", f"n{i:03d}") or {}, i))
         claim = store.get("ResourceClaim", "held", "team-a") or {}
         store.add({**claim, "metadata": {**claim["metadata"], "labels": {"tick": str(i)}}})
-        assert namespace_rules._device_split(view, keys) is first
+        assert node_groups._device_split(view, keys) is first
     # What the split reads does resplit: a node's labels, a claim's devices, a slice, a node.
     changes = [
         lambda: store.add({**(n := store.get("Node", "n001") or {}),
@@ -243,26 +245,26 @@ def test_node_status_reports_and_claim_labels_do_not_resplit_devices() -> None:
         lambda: store.remove("Node", "n999"),
     ]
     for change in changes:
-        before = namespace_rules._device_split(view, keys)
+        before = node_groups._device_split(view, keys)
         change()
-        assert namespace_rules._device_split(view, keys) is not before
+        assert node_groups._device_split(view, keys) is not before
 
 
 def test_a_status_report_leaves_the_index_versions_and_a_label_moves_them() -> None:
     store = StaticView([node("a", "4", "8Gi", labels={"kubernetes.io/hostname": "a"})],
-                       (NODE_LABEL, namespace_rules.NODE_CLASS, NODE_CARDS))
-    versions = (store.index_version(NODE_LABEL), store.index_version(namespace_rules.NODE_CLASS))
+                       (NODE_LABEL, node_groups.NODE_CLASS, NODE_CARDS))
+    versions = (store.index_version(NODE_LABEL), store.index_version(node_groups.NODE_CLASS))
     cards = store.index_version(NODE_CARDS)
     kind_version = store.version("Node")
     store.add(_reported(store.get("Node", "a") or {}, 7))
     assert store.version("Node") != kind_version  # the object did change...
-    assert (store.index_version(NODE_LABEL), store.index_version(namespace_rules.NODE_CLASS)) == versions
+    assert (store.index_version(NODE_LABEL), store.index_version(node_groups.NODE_CLASS)) == versions
     assert store.index_version(NODE_CARDS) == cards  # ...in nothing a rule reads
     store.add(node("a", "4", "8Gi", labels={"kubernetes.io/hostname": "b"}))
     assert store.index_version(NODE_LABEL) != versions[0]
-    assert store.index_version(namespace_rules.NODE_CLASS) == versions[1]  # a per-node label
+    assert store.index_version(node_groups.NODE_CLASS) == versions[1]  # a per-node label
     store.add(node("a", "8", "8Gi", labels={"kubernetes.io/hostname": "b"}))
-    assert store.index_version(namespace_rules.NODE_CLASS) != versions[1]
+    assert store.index_version(node_groups.NODE_CLASS) != versions[1]
 
 
 def test_a_gpu_review_after_status_reports_gives_the_same_answer() -> None:

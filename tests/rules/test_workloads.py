@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jsonpatch
 import pytest
 
@@ -214,7 +212,6 @@ def test_unparsable_cpu_limit_is_reported_where_it_was_written() -> None:
 def test_a_crashing_mutation_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from app.cluster.view import StaticView
     from app.core.engine import InternalError, evaluate
     from app.core.ruleset import RuleSet
     from app.rules.workloads import fill_memory_limit
@@ -254,136 +251,3 @@ def test_pod_level_guaranteed_loses_exclusive_cores_like_a_container_level_one()
     fractional = workload("Deployment", [container()],
                           pod_resources={"limits": {"cpu": "1500m", "memory": "4Gi"}})
     assert [w for w in run(fractional).warnings if w.rule == "cpu-limits"] == []
-
-
-def _reader(env_name: str = "GOMAXPROCS", **ref: str) -> dict[str, Any]:
-    return {"name": env_name, "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", **ref}}}
-
-
-def _downward(result: Any) -> list[Any]:
-    return [w for w in result.warnings if w.rule == "downward-cpu-limit"]
-
-
-def test_a_container_reading_its_cpu_limit_is_warned_with_both_numbers_and_the_fix() -> None:
-    obj = workload("Deployment", [container(limits={"cpu": "2", "memory": "1Gi"}, env=[_reader()])])
-    (found,) = _downward(run(obj))
-    assert found.path == "spec.template.spec.containers[0].env[0].valueFrom.resourceFieldRef"
-    assert found.message == ('container "app" env GOMAXPROCS reads limits.cpu of "app" = 2; '
-                             "stripped, it reads the node's allocatable CPU: use requests.cpu (2)")
-
-
-@pytest.mark.parametrize(("limit", "request_", "divisor", "before", "after"), [
-    ("1500m", None, None, "2", "2"),  # the ceiling, as convertResourceCPUToString
-    ("750m", "500m", "1m", "750 (divisor '1m')", "500"),
-    ("3", "1", "0", "3", "1"),  # a zero divisor is 1
-])
-def test_another_container_s_limit_through_container_name_and_divisor(
-        limit: str, request_: str | None, divisor: str | None, before: str, after: str) -> None:
-    ref = {"containerName": "side", **({"divisor": divisor} if divisor else {})}
-    side = container("side", requests={"cpu": request_} if request_ else None,
-                     limits={"cpu": limit, "memory": "1Gi"})
-    obj = workload("Deployment", [container(env=[_reader("WORKERS", **ref)]), side])
-    (found,) = _downward(run(obj))
-    assert f'env WORKERS reads limits.cpu of "side" = {before};' in found.message
-    assert found.message.endswith(f"use requests.cpu ({after})")
-
-
-def test_downward_api_volumes_and_projected_volumes_are_read_too() -> None:
-    obj = workload("Deployment", [container(limits={"cpu": "4", "memory": "1Gi"})])
-    item = {"path": "cpu_limit", "resourceFieldRef": {"containerName": "app", "resource": "limits.cpu"}}
-    obj["spec"]["template"]["spec"]["volumes"] = [
-        {"name": "podinfo", "downwardAPI": {"items": [item]}},
-        {"name": "all", "projected": {"sources": [{"configMap": {"name": "x"}},
-                                                  {"downwardAPI": {"items": [item]}}]}}]
-    assert [w.path for w in _downward(run(obj))] == [
-        "spec.template.spec.volumes[0].downwardAPI.items[0].resourceFieldRef",
-        "spec.template.spec.volumes[1].projected.sources[1].downwardAPI.items[0].resourceFieldRef"]
-
-
-def test_a_pod_level_cpu_limit_a_container_read_is_warned_about_when_stripped() -> None:
-    # No container limit: the kubelet gives the pod-level CPU limit (defaultPodLimitsForDownwardAPI).
-    obj = workload("Pod", [container(env=[_reader()])],
-                   pod_resources={"limits": {"cpu": "4", "memory": "1Gi"}})
-    (found,) = _downward(run(obj))
-    assert 'reads limits.cpu of "app" = 4; stripped' in found.message
-
-
-def test_a_limit_range_default_limit_is_what_the_stripped_container_reads() -> None:
-    # LimitRanger gives the Pods max.cpu as their default limit (SetDefaults_LimitRangeItem)
-    lr = {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "lr", "namespace": "team-a"},
-          "spec": {"limits": [{"type": "Container", "max": {"cpu": "8"}}]}}
-    reading = [container(limits={"cpu": "2", "memory": "1Gi"}, env=[_reader()])]
-    (found,) = _downward(run(workload("Deployment", reading), view=StaticView([lr])))
-    assert "= 2; stripped, it reads the LimitRange default 8: use requests.cpu (2)" in found.message
-    same = [container(limits={"cpu": "8", "memory": "1Gi"}, env=[_reader()])]
-    assert _downward(run(workload("Deployment", same), view=StaticView([lr]))) == []
-
-
-def test_no_downward_warning_when_the_limit_stays() -> None:
-    reading = [container(limits={"cpu": "2", "memory": "1Gi"}, env=[_reader()])]
-    opted = workload("Deployment", reading, template_annotations={"envelope.io/keep-cpu-limit": "true"})
-    assert _downward(run(opted)) == []
-    assert _downward(run(workload("Deployment", reading), Policy(rules={"cpu-limits": Mode.WARN}))) == []
-    assert _downward(run(workload("Deployment", reading), Policy(rules={"cpu-limits": Mode.OFF}))) == []
-    # a namespace guard keeps the limit (a quota on limits.cpu): nothing is stripped
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "team-a"},
-             "spec": {"hard": {"limits.cpu": "10"}}}
-    assert _downward(run(workload("Deployment", reading), view=StaticView([quota]))) == []
-    # requests.cpu is kept, so reading it is the fix
-    fixed = [container(limits={"cpu": "2", "memory": "1Gi"},
-                       env=[{"name": "GOMAXPROCS",
-                             "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu"}}}])]
-    assert _downward(run(workload("Deployment", fixed))) == []
-
-
-# --- memory-backed volumes under the memory limit Envelope writes (issue 37 class 11) ---
-
-def _shm(obj: dict[str, Any], size: str | None = "20Gi", medium: str = "Memory") -> dict[str, Any]:
-    spec = obj["spec"]["template"]["spec"] if obj["kind"] != "Pod" else obj["spec"]
-    empty_dir: dict[str, Any] = {"medium": medium}
-    if size is not None:
-        empty_dir["sizeLimit"] = size
-    spec["volumes"] = [{"name": "cache", "emptyDir": {}}, {"name": "dshm", "emptyDir": empty_dir}]
-    return obj
-
-
-def _volume_warnings(result: Any) -> list[tuple[str, str, str]]:
-    return [(f.rule, f.path, f.message) for f in result.findings
-            if f.severity == "warning" and "sizeLimit" in f.message]
-
-
-def test_a_memory_volume_larger_than_the_limit_written_from_the_request_is_warned() -> None:
-    """vLLM's shape: a 20Gi /dev/shm with a 16Gi memory request and no limit; the limit
-    Envelope writes makes the tmpfs 16Gi (the kubelet's calculateEmptyDirMemorySize)."""
-    obj = _shm(workload("Deployment", [container("vllm", requests={"memory": "16Gi"})]))
-    assert _volume_warnings(run(obj)) == [(
-        "memory-limit", "spec.template.spec.volumes[1].emptyDir.sizeLimit",
-        'volume "dshm" (emptyDir, medium Memory): sizeLimit 20Gi > pod memory limit 16Gi set '
-        "from the requests; the tmpfs holds at most 16Gi: raise the memory request by what "
-        "the volume holds, or lower sizeLimit")]
-    # the pod's limit is the sum of its containers' and sidecars' (PodLimits): 18Gi
-    two = workload("Pod", [container("a", requests={"memory": "8Gi"}),
-                           container("b", requests={"memory": "8Gi"})],
-                   init=[container("proxy", requests={"memory": "2Gi"}, restartPolicy="Always")])
-    assert _volume_warnings(run(_shm(two, "18Gi"))) == []
-    [(_, path, message)] = _volume_warnings(run(_shm(two, "19Gi")))
-    assert path == "spec.volumes[1].emptyDir.sizeLimit"
-    assert "sizeLimit 19Gi > pod memory limit 18Gi" in message
-
-
-@pytest.mark.parametrize(("containers_", "pod_limit", "size", "medium"), [
-    ([container("vllm", requests={"memory": "16Gi"})], None, "16Gi", "Memory"),  # fits exactly
-    ([container("vllm", requests={"memory": "16Gi"})], None, None, "Memory"),  # no size asked
-    ([container("vllm", requests={"memory": "16Gi"})], None, "20Gi", ""),  # disk-backed
-    # a container without a request stays unlimited: no pod limit, no cap
-    ([container("vllm", requests={"memory": "16Gi"}), container("side")], None, "20Gi", "Memory"),
-    # the pod-level limit decides, and Envelope did not write it
-    ([container("vllm", requests={"memory": "16Gi"})], "32Gi", "20Gi", "Memory"),
-    # a pod-level limit the user wrote already caps the volume: not Envelope's doing
-    ([container("vllm", requests={"memory": "16Gi"})], "16Gi", "20Gi", "Memory"),
-])
-def test_no_volume_warning(containers_: list[dict[str, Any]], pod_limit: str | None,
-                           size: str | None, medium: str) -> None:
-    obj = workload("Deployment", containers_,
-                   pod_resources={"limits": {"memory": pod_limit}} if pod_limit else None)
-    assert _volume_warnings(run(_shm(obj, size, medium))) == []

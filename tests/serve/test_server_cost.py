@@ -250,7 +250,7 @@ def test_needs_are_merged_in_linear_time_in_the_containers(monkeypatch: pytest.M
     # Each container below its default CPU limit is one need; merging them was a
     # membership test on a list (n^2/2 comparisons: 2.1 million for 2,000 containers).
     from app.k8s.namespace_policy import CpuLimitNeed, cpu_limit_needs
-    from app.rules.namespace import _without_cpu_limits
+    from app.rules.namespace.cpu_limits import _without_cpu_limits
 
     calls = 0
     plain_eq = CpuLimitNeed.__eq__

@@ -1,38 +1,18 @@
 """Quota changes against what the queues hold right now: KAI Queue status.
 
-KAI Scheduler's queue controller writes, on every ``scheduling.run.ai/v2`` Queue, the
-resources of the queue's running jobs and of its child queues
-(``pkg/apis/scheduling/v2/queue_types.go``, ``QueueStatus``; summed in
-``pkg/queuecontroller/controllers/resource_updater``):
+KAI Scheduler's queue controller writes on every ``scheduling.run.ai/v2`` Queue what its
+running jobs hold (``status.allocated``, ``allocatedNonPreemptible``) and ask
+(``requested``) as Kubernetes ``ResourceList`` quantities, converted here exactly to the
+spec's units (cards, mCPU, MB of 10^6 bytes; GPUs by :func:`app.crds.kai.status_resource`).
+A status with none of the lists is "not evaluated", never zero; a Department or Project
+is judged on the Queues KRM generates from it. Nothing is evicted when a number drops
+under the usage, so these rules warn by default; on UPDATE they speak only about a
+number this write lowered. What each list means, how a missing one is read, and the
+messages: docs/quotas.md, "Usage: what the queues hold now".
 
-- ``status.allocated``: what running jobs hold;
-- ``status.allocatedNonPreemptible``: what non-preemptible running jobs hold (nothing can
-  reclaim it);
-- ``status.requested``: what running and pending jobs ask for.
-
-Each is a Kubernetes ``ResourceList`` of quantities, not the plain numbers of the spec:
-``nvidia.com/gpu`` in cards (any key ending ``/gpu``, as KAI's own queue metrics read it,
-and the DRA GPUs KAI keys by their DeviceClass name, e.g. ``gpu.nvidia.com``, summed:
-:func:`app.crds.kai.status_resource`),
-``cpu`` in cores (``100m``) and ``memory`` in bytes (``2Gi``). They are converted to the
-spec's units (cards, mCPU, MB of 10^6 bytes) exactly, with Decimals.
-
-What a status does **not** say: KAI writes no ``observedGeneration`` or condition on a
-Queue, and its lists are ``omitempty``, so a queue KAI has not reconciled yet and an idle
-queue both have none of the three lists. A status without any is therefore "not
-evaluated", never zero. One list present means the queue was reconciled (KAI rewrites
-all three each time), so a missing list beside it is empty; a list that is present and
-lacks a resource holds none of it (KAI sums every key its jobs have). A Department or
-Project is judged on the KAI Queues KRM generates from it (the queue named by each
-``spec.queues`` entry); a queue not in the view holds nothing (KAI runs no job in a queue
-that does not exist), and ``envelope check`` says "not evaluated" when the view has no
-Queues at all.
-
-Nothing is evicted when a limit or guarantee drops under the usage: the scheduler stops
-giving the queue more, and the new number applies as workloads finish. So these rules
-warn by default. On UPDATE they speak only about a number this write lowered (an
-unchanged number already under the usage is not repeated on every write); on CREATE
-(``envelope check``, an audit) about every number under the usage.
+Why one module of ~391 lines: three rules over one reading of Queue status (the
+conversion, what an absent list means, a queue's own and its children's usage); they
+share that reading and its "not evaluated" answers.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import app.rules.namespace as namespace_rules
+import app.rules.namespace.memory as memory_rules
 from app.cluster.view import StaticView
 from app.core.config import Policy
 from app.k8s.quantity import format_bytes
@@ -296,26 +296,32 @@ def test_the_breakdown_is_the_full_sorts() -> None:
 # --- cost: linear in the namespace -------------------------------------------------------------
 
 
-def test_judging_every_workload_of_a_namespace_sums_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def amount_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the rule reads a pod's memory (``pod_amount``), in ``[0]``."""
+    reads = [0]
+    real = memory_rules.pod_amount
+
+    def counted(*args: Any, **kwargs: Any) -> Decimal:
+        reads[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory_rules, "pod_amount", counted)
+    return reads
+
+
+def test_judging_every_workload_of_a_namespace_sums_it_once(amount_reads: list[int]) -> None:
     """``envelope check`` judges every object against a view of all of them: the pod
     memory of each workload is read a bounded number of times per run, not once per
     object judged (that was quadratic: 13.5 s CPU for 8,000 Deployments)."""
-    calls = 0
-    real = namespace_rules.pod_amount
-
-    def counted(*args: Any, **kwargs: Any) -> Decimal:
-        nonlocal calls
-        calls += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(namespace_rules, "pod_amount", counted)
     n = 300
     objs = [pods("Deployment", f"svc-{i}", "64Mi") for i in range(n)]
     view = StaticView([quota({"requests.memory": "1Gi"}), *objs])  # over the quota: every one warns
     for obj in objs:
-        [finding] = namespace_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
+        [finding] = memory_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
         assert finding.message.endswith("+298 more, total 19200Mi > quota compute requests.memory 1Gi")
-    assert calls <= 4 * n, calls  # both sections of each stored object, and of each written one
+    # both sections of each stored object, and of each written one
+    assert amount_reads[0] <= 4 * n, amount_reads
 
 
 def _judge_all(n: int) -> float:
@@ -324,7 +330,7 @@ def _judge_all(n: int) -> float:
     view = StaticView([quota({"requests.memory": "1Gi"}), *objs])
     start = time.process_time()
     for obj in objs:
-        assert namespace_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
+        assert memory_rules.namespace_memory_composition(subject(obj), obj, view, Policy())
     return time.process_time() - start
 
 
@@ -337,32 +343,23 @@ def test_judging_a_namespace_four_times_larger_costs_about_four_times_more() -> 
     assert large < 8 * max(small, 0.005), (small, large)
 
 
-def test_a_change_elsewhere_keeps_the_namespaces_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_change_elsewhere_keeps_the_namespaces_sum(amount_reads: list[int]) -> None:
     """The webhook's view changes all the time; a namespace is summed again only after
     a change in that namespace (``view.version(kind, namespace)``)."""
-    calls = 0
-    real = namespace_rules.pod_amount
-
-    def counted(*args: Any, **kwargs: Any) -> Decimal:
-        nonlocal calls
-        calls += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(namespace_rules, "pod_amount", counted)
     view = StaticView([quota({"requests.memory": "1Gi"}),
                        *(pods("Deployment", f"svc-{i}", "64Mi") for i in range(50))])
     incoming = pods("Deployment", "new", "2Gi")
 
     def judge() -> str:
-        [finding] = namespace_rules.namespace_memory_composition(subject(incoming), incoming, view, Policy())
+        [finding] = memory_rules.namespace_memory_composition(subject(incoming), incoming, view, Policy())
         return finding.message
 
     assert judge().endswith("total 5248Mi > quota compute requests.memory 1Gi")  # 50 x 64Mi + 2Gi
-    first = calls
+    first = amount_reads[0]
     view.add(pods("Deployment", "elsewhere", "1Gi", ns="team-b"))
     judge()
-    assert calls - first <= 2  # the written object's own memory (both sections) only
-    second = calls
+    assert amount_reads[0] - first <= 2  # the written object's own memory (both sections) only
+    second = amount_reads[0]
     view.add(pods("Deployment", "svc-0", "128Mi"))  # the namespace changed: summed again,
     assert judge().endswith("total 5312Mi > quota compute requests.memory 1Gi")
-    assert calls - second <= 4  # but only the changed object's pods are derived again
+    assert amount_reads[0] - second <= 4  # but only the changed object's pods are derived again

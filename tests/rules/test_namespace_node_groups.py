@@ -15,15 +15,15 @@ from app.core.config import Policy
 from app.k8s.defaulting import effective_pod_requests
 from app.k8s.scheduling import CORDONED, PodPlacement, fit_node, place_pod
 from app.rules.base import Subject
-from app.rules.namespace import (
+from app.rules.namespace.node_groups import (
     MAX_NODE_GROUPS,
     NODE_CLASS,
-    _groups,
-    _node_class,
     _node_of,
     _reserved,
-    pod_fits_node,
+    node_class,
+    node_groups,
 )
+from app.rules.namespace.pod_fits import pod_fits_node
 from tests.conftest import container, run, workload
 
 HOST = "kubernetes.io/hostname"
@@ -63,7 +63,7 @@ def per_node(view: StaticView, spec: dict[str, Any], requests: dict[str, Any], r
 
 
 def grouped(view: StaticView, spec: dict[str, Any], requests: dict[str, Any], rc: int, rm: int) -> Any:
-    return place_pod(spec, _groups(view, spec, rc, rm), requests, MAX_NODE_GROUPS)
+    return place_pod(spec, node_groups(view, spec, rc, rm), requests, MAX_NODE_GROUPS)
 
 
 def same(a: Any, b: Any) -> None:
@@ -219,7 +219,7 @@ def test_the_class_index_follows_adds_changes_and_removals() -> None:
 
 
 def test_a_node_whose_quantities_do_not_parse_is_in_no_class() -> None:
-    assert _node_class(node("bad", "lots", "16Gi")) == []
+    assert node_class(node("bad", "lots", "16Gi")) == []
     view = StaticView([node("bad", "lots", "16Gi"), node("ok", "8", "16Gi")])
     [error] = run(big(), view=view).errors
     assert "a node with 8 cpu, 16Gi memory" in error.message
@@ -251,7 +251,7 @@ def test_gt_on_a_per_node_label_judges_every_node() -> None:
                     {"key": HOST, "operator": "Gt", "values": ["6"]}]}]}}}}
     view = StaticView(nodes)
     requests = effective_pod_requests(spec, is_pod=False)
-    assert len(list(_groups(view, spec, 0, 0))) == 8
+    assert len(list(node_groups(view, spec, 0, 0))) == 8
     placed = grouped(view, spec, requests, 0, 0)
     assert placed.fits
     same(placed, per_node(view, spec, requests, 0, 0))
