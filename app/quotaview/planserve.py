@@ -1,9 +1,9 @@
 """``envelope quotas plan --serve``: the planner's page on 127.0.0.1. Bars per pool and per
-department with named segments, search, human units, and edits of guarantee, limit and
-over-quota weight; every edit is judged at once by the planner (``plan.py``: the rules
-the webhook runs, over the target and over every intermediate state), and the commands
-cannot be exported while an error stands. It reads what it was given (files or a
-cluster listed once) and writes nothing anywhere.
+department with named segments, search, human units, edits of guarantee, limit and
+over-quota weight, and new departments and projects; every edit is judged at once by
+the planner (``plan.py``: the rules the webhook runs, over the target and over every
+intermediate state), and the commands cannot be exported while an error stands. It reads
+what it was given (files or a cluster listed once) and writes nothing anywhere.
 
 The page is one HTML document with inline CSS and script; it fetches only this server's
 ``/api/judge`` and ``/api/export`` (POST, JSON: ``{"edits": [...]}``)."""
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
@@ -46,14 +47,84 @@ def _entry(obj: dict[str, Any], pool: str) -> dict[str, Any] | None:
     return None
 
 
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""A Department's or Project's name, and its queue entries' (``<name>-<pool>``): a DNS-1123
+label, as KAI names the Queue it makes of each entry."""
+KRM = "kai.resources/v1alpha1"
+
+
+def _number(label: str, value: Any) -> int | float:
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise EditError(f"{label}: {value!r} is not a number") from exc
+    if isinstance(value, bool) or not number.is_finite():
+        raise EditError(f"{label}: {value!r} is not a number")
+    return int(number) if number == number.to_integral_value() else float(number)
+
+
+def _add(out: list[dict[str, Any]], by_key: dict[tuple[Any, Any], dict[str, Any]],
+         edit: dict[str, Any]) -> None:
+    """A new Department or Project (``{op: add, kind, name, pool, parent, resources}``), or a
+    queue on a new pool for one that exists: one queue entry ``<name>-<pool>`` with the
+    numbers given (``resources: {gpu: {guarantee, limit, overQuotaWeight}}``; a resource
+    left out guarantees 0, unlimited, weight 1)."""
+    kind, name, pool, parent = edit.get("kind"), edit.get("name"), edit.get("pool"), edit.get("parent")
+    if kind not in ("Department", "Project"):
+        raise EditError(f"cannot add a {kind}: the page adds a Department or a Project")
+    pools = {(o.get("metadata") or {}).get("name") for o in out if o.get("kind") == "NodePool"}
+    if not isinstance(name, str) or not NAME.fullmatch(name) or len(f"{name}-{pool}") > 63:
+        raise EditError(f"{kind} name {name!r}: lower-case letters, digits and '-', starting and "
+                        f"ending with a letter or digit, at most 63 characters with '-{pool}'")
+    if pool not in pools:
+        raise EditError(f"{kind} {name}: no NodePool {pool!r} (known: {', '.join(sorted(map(str, pools)))})")
+    if kind == "Project" and by_key.get(("Department", parent)) is None:
+        raise EditError(f"Project {name}: no Department {parent!r} to be its parent")
+    found = edit.get("resources")
+    given: dict[str, Any] = found if isinstance(found, dict) else {}
+    resources: dict[str, Any] = {}
+    for resource in ("gpu", "cpu", "memory"):
+        found = given.get(resource)
+        numbers: dict[str, Any] = found if isinstance(found, dict) else {}
+        resources[resource] = {
+            "deserved": _number(f"{kind} {name} {resource} guarantee", numbers.get("guarantee", 0)),
+            "limit": _number(f"{kind} {name} {resource} limit", numbers.get("limit", -1)),
+            "overQuotaWeight": _number(f"{kind} {name} {resource} overQuotaWeight",
+                                       numbers.get("overQuotaWeight", 1))}
+    entry = {"name": f"{name}-{pool}", "nodepool": pool, "resources": resources}
+    obj = by_key.get((kind, name))
+    if obj is None:
+        spec: dict[str, Any] = {"parent": parent} if kind == "Project" else {}
+        obj = {"apiVersion": KRM, "kind": kind, "metadata": {"name": name}, "spec": {**spec, "queues": []}}
+        out.append(obj)
+        by_key[(kind, name)] = obj
+    elif kind == "Project" and (obj.get("spec") or {}).get("parent") != parent:
+        raise EditError(f"Project {name} exists under Department {(obj.get('spec') or {}).get('parent')}, "
+                        f"not {parent}")
+    if _entry(obj, str(pool)) is not None:
+        raise EditError(f"{kind} {name} already has a queue on pool {pool}: edit its numbers")
+    spec = obj.setdefault("spec", {})
+    if not isinstance(spec.get("queues"), list):
+        spec["queues"] = []
+    spec["queues"].append(entry)
+
+
 def apply_edits(objects: list[dict[str, Any]], edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The objects with each edit written in: ``{kind, name, pool, resource, field, value}``
-    (``field`` one of guarantee, limit, overQuotaWeight; a number in the spec's units)."""
+    (``field`` one of guarantee, limit, overQuotaWeight, priority; a number in the spec's
+    units), and ``{op: add, ...}`` (:func:`_add`): additions first, Departments before
+    Projects, so a number edited on an added queue and a project under an added department
+    both find theirs."""
     out = copy.deepcopy(objects)
     by_key = {(o.get("kind"), (o.get("metadata") or {}).get("name")): o for o in out}
+    if not all(isinstance(edit, dict) for edit in edits):
+        raise EditError("an edit is an object")
+    adds = [e for e in edits if e.get("op") == "add"]
+    for edit in sorted(adds, key=lambda e: e.get("kind") != "Department"):
+        _add(out, by_key, edit)
     for edit in edits:
-        if not isinstance(edit, dict):
-            raise EditError("an edit is an object")
+        if edit.get("op") == "add":
+            continue
         kind, name, pool = edit.get("kind"), edit.get("name"), str(edit.get("pool") or "")
         resource, field, value = edit.get("resource"), edit.get("field"), edit.get("value")
         obj = by_key.get((kind, name))
@@ -61,24 +132,18 @@ def apply_edits(objects: list[dict[str, Any]], edits: list[dict[str, Any]]) -> l
             raise EditError(f"no {kind} {name} to edit")
         if resource not in ("gpu", "cpu", "memory") or field not in FIELDS:
             raise EditError(f"cannot edit {resource} {field}")
-        try:
-            number = Decimal(str(value))
-        except InvalidOperation as exc:
-            raise EditError(f"{kind} {name} {resource} {field}: {value!r} is not a number") from exc
-        if isinstance(value, bool) or not number.is_finite():
-            raise EditError(f"{kind} {name} {resource} {field}: {value!r} is not a number")
+        number = _number(f"{kind} {name} {resource} {field}", value)
         entry = _entry(obj, pool)
         if entry is None:
             raise EditError(f"{kind} {name} has no queue on pool {pool}")
         if field == "priority":  # a KAI Queue's (KRM's queue entries carry none)
-            if kind != "Queue" or number != number.to_integral_value():
+            if kind != "Queue" or not isinstance(number, int):
                 raise EditError(f"{kind} {name}: priority is a whole number of a KAI Queue")
-            entry["priority"] = int(number)
+            entry["priority"] = number
             continue
         resources = entry.setdefault("resources", {})
         block = resources.setdefault(resource, {})
-        key = GUARANTEE[str(kind)] if field == "guarantee" else field
-        block[key] = int(number) if number == number.to_integral_value() else float(number)
+        block[GUARANTEE[str(kind)] if field == "guarantee" else field] = number
     return out
 
 

@@ -10,8 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.cli import main
+from app.core.config import Policy
 from app.quotaview.plangit import realign
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +113,55 @@ def test_a_wider_value_keeps_the_columns_after_it(repo: Path, tmp_path: Path,
     assert [line.split("#", 1)[1] for line in text.splitlines() if "#" in line] == \
         [line.split("#", 1)[1] for line in original.splitlines() if "#" in line] == \
         [" research: reviewed by the GPU council", " agreed in Q3"]
+
+
+def test_added_departments_and_projects_are_new_documents(repo: Path) -> None:
+    """The page's additions (planserve.apply_edits) in git mode: a new Department is a new
+    document at the end of the departments' file, a new Project joins the file of its
+    department's projects (the first Project file for a new department); the values changed
+    beside them are changed in place."""
+    from app.quotaview.plan import plan as quota_plan
+    from app.quotaview.plan import state_of
+    from app.quotaview.plangit import commit_change, read_ref
+    from app.quotaview.planserve import apply_edits
+    from tests.conftest import RULES
+
+    at_ref = read_ref(repo, "main", ["tenancy"])
+    base = [o for _, _, o in at_ref.objects]
+
+    def add(kind: str, name: str, gpu: int, parent: str = "") -> dict[str, object]:
+        return {"op": "add", "kind": kind, "name": name, "pool": "h100", "parent": parent,
+                "resources": {"gpu": {"guarantee": gpu, "limit": -1, "overQuotaWeight": 1}}}
+
+    target = apply_edits(base, [
+        {"kind": "Project", "name": "research-train", "pool": "h100", "resource": "gpu",
+         "field": "guarantee", "value": 0},
+        {"kind": "Department", "name": "research", "pool": "h100", "resource": "gpu",
+         "field": "guarantee", "value": 40},
+        add("Department", "audio", 8), add("Project", "audio-asr", 8, "audio"),
+        add("Project", "research-new", 0, "research")])
+    planned = quota_plan(base, target, RULES, Policy())
+    assert planned.ok and [(s.op, s.name) for s in planned.steps] == [
+        ("update", "research-train"), ("update", "research"), ("create", "audio"),
+        ("create", "audio-asr"), ("create", "research-new")]
+    change = commit_change(repo, at_ref, state_of(target)[0], "audio", "add audio")
+    assert change.changed_files == ["tenancy/departments.yaml", "tenancy/projects/infra.yaml",
+                                    "tenancy/projects/research.yaml"]
+    for path, names in (("tenancy/departments.yaml", ["audio"]),
+                        ("tenancy/projects/infra.yaml", ["audio-asr"]),
+                        ("tenancy/projects/research.yaml", ["research-new"])):
+        old, new = git(repo, "show", f"main:{path}"), git(repo, "show", f"audio:{path}")
+        docs = list(yaml.safe_load_all(new))
+        assert [d["metadata"]["name"] for d in docs[-len(names):]] == names
+        assert len(docs) == len(list(yaml.safe_load_all(old))) + len(names)
+        wanted = {o["metadata"]["name"]: o for o in target}
+        assert all(d == wanted[d["metadata"]["name"]] for d in docs[-len(names):])
+    changed = [line for line in git(repo, "diff", "-U0", "main", "audio", "--", "tenancy/departments.yaml",
+                                    "tenancy/projects/research.yaml").splitlines()
+               if line.startswith("-") and not line.startswith("---")]
+    assert changed == [
+        "-        gpu:    {deserved: 48,      limit: 64,  overQuotaWeight: 2}",
+        "-        gpu:    {deserved: 8,       limit: 32,  overQuotaWeight: 2}  # agreed in Q3"]
 
 
 def test_a_target_that_does_not_pass_commits_nothing(repo: Path, tmp_path: Path,
