@@ -366,8 +366,10 @@ def test_generated_changes_land_through_the_webhook(cluster: Cluster, webhook: W
 def test_the_page_over_the_cluster_exports_commands_that_land(cluster: Cluster, webhook: Webhook,
                                                               tmp_path: Path) -> None:
     """`envelope quotas plan --serve --kubeconfig` (127.0.0.1, reads only): Chromium raises
-    train to 9 (the error stands, export blocked), lowers eval to 7, exports; the exported
-    commands run in order pass the webhook at once and leave the tree the page showed."""
+    train to 9 (the error stands, export blocked), lowers eval to 7, adds a department and a
+    project under it (no card spare: both guarantee none), exports; the exported commands
+    run in order pass the webhook at once (the project's create would be refused before its
+    department's) and leave the tree the page showed."""
     from tests.helpers.cdp import Browser
 
     chromium = subprocess.run(["bash", str(ROOT / "e2e/controlplane/install-chromium.sh")],
@@ -379,6 +381,7 @@ def test_the_page_over_the_cluster_exports_commands_that_land(cluster: Cluster, 
     nodes = [f"{tag}-gpu-1", f"{tag}-gpu-2"]
     tenancy = [nodepool(pool, tag), department(dept, pool, 16), project(train, dept, pool, 8),
                project(evaluation, dept, pool, 8)]
+    added_dept, added_project = f"{tag}-audio", f"{tag}-asr"
     server = None
     try:
         for node in nodes:
@@ -404,25 +407,61 @@ def test_the_page_over_the_cluster_exports_commands_that_land(cluster: Cluster, 
                 browser.wait(f"document.body.dataset.ok === '{str(name == evaluation).lower()}'")
                 if name == train:
                     assert browser.js("document.getElementById('export').disabled") is True
+            for kind, form, name in (("Department", f"Department/{pool}", added_dept),
+                                     ("Project", f"Project/{added_dept}/{pool}", added_project)):
+                browser.js(f"""(() => {{ const f = document.querySelector('form[data-add="{form}"]');
+                    f.elements.name.value = "{name}"; f.elements.guarantee.value = "0";
+                    f.requestSubmit(); return true; }})()""")
+                browser.wait(f"document.querySelector('#added li[data-added=\"add/{kind}/{name}/{pool}\"]')"
+                             " !== null && document.body.dataset.ok === 'true'")
             browser.js("document.getElementById('export').click() || true")
             browser.wait("document.getElementById('commands').dataset.status === '200'")
             exported = browser.js("document.getElementById('commands').textContent")
         # The page wrote nothing: every Project is as it was.
         assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in
                 cluster.kubectl_json("get", "projects.kai.resources")["items"]} == before
-        commands = [shlex.split(line) for line in exported.splitlines() if line.startswith("kubectl ")]
-        assert [c[3] for c in commands] == [evaluation, train]
-        for command in commands:
+        commands = exported_commands(exported)
+        steps = [(c[1], c[3] if c[1] == "patch" else json.loads(stdin)["metadata"]["name"])
+                 for c, stdin in commands]
+        assert sorted(steps) == sorted([("patch", evaluation), ("patch", train), ("create", added_dept),
+                                        ("create", added_project)])
+        assert steps.index(("patch", evaluation)) < steps.index(("patch", train))
+        assert steps.index(("create", added_dept)) < steps.index(("create", added_project))
+        for command, stdin in commands:
             for extra in (("--dry-run=server",), ()):
-                out = cluster.kubectl(*command[1:], *extra, check=False)
+                out = cluster.kubectl(*command[1:], *extra, input=stdin or None, check=False)
                 assert out.returncode == 0, (command, out.stderr)
         assert gpu_of(cluster, train) == 9 and gpu_of(cluster, evaluation) == 7
+        assert spec_of(cluster, "projects.kai.resources", added_project)["parent"] == added_dept
     finally:
         if server is not None:
             server.terminate()
             server.communicate(timeout=30)
+        for resource, name in (("projects.kai.resources", added_project),
+                               ("departments.kai.resources", added_dept)):
+            cluster.kubectl("delete", resource, name, "--ignore-not-found", check=False)
         for obj in reversed(tenancy):
             cluster.kubectl("delete", f"{obj['kind'].lower()}s.kai.resources", obj["metadata"]["name"],
                             "--ignore-not-found", check=False)
         for node in nodes:
             cluster.delete_node(node)
+
+
+def exported_commands(text: str) -> list[tuple[list[str], str]]:
+    """The page's export as (kubectl argv, standard input): a create's manifest follows it
+    as a here-document (``<<'EOF'`` ... ``EOF``)."""
+    out: list[tuple[list[str], str]] = []
+    lines = iter(text.splitlines())
+    for line in lines:
+        if not line.startswith("kubectl "):
+            continue
+        if not line.endswith(" <<'EOF'"):
+            out.append((shlex.split(line), ""))
+            continue
+        body: list[str] = []
+        for more in lines:
+            if more == "EOF":
+                break
+            body.append(more)
+        out.append((shlex.split(line.removesuffix(" <<'EOF'")), "\n".join(body) + "\n"))
+    return out
