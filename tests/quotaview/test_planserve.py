@@ -179,3 +179,15 @@ def test_a_queue_on_another_pool_joins_the_object() -> None:
     platform = next(o for o in edited if o["metadata"]["name"] == "platform")
     assert [q["nodepool"] for q in platform["spec"]["queues"]] == ["rtx-pro-6000", "h100"]
     assert len(next(o for o in base if o["metadata"]["name"] == "platform")["spec"]["queues"]) == 1
+
+
+def test_a_new_object_that_over_reaches_is_named_first(url: str) -> None:
+    """A new department on the full h100 pool and a project over it: the over-reachers are
+    the two new objects (a new object grew by all of its guarantee), not nlp, the first
+    department the pool's sum is also reported on."""
+    edits = [added("Department", "audio", 8), added("Project", "audio-asr", 9, "audio")]
+    code, body = post(url + "/api/judge", json.dumps({"edits": edits}).encode())
+    errors = json.loads(body)["errors"]
+    assert code == 200
+    assert [(e["name"], e["rule"], e["overReached"]) for e in errors[:2]] == [
+        ("audio-asr", "kai-guarantee-sum", True), ("audio", "kai-pool-capacity", False)]
