@@ -265,8 +265,9 @@ def _base(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], st
 
 
 def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
-    from app.quotaview.planserve import Planner, serve
+    from app.quotaview.planserve import Committer, Planner, serve
 
+    commit: Committer | None = None
     if args.git_ref:
         from pathlib import Path
 
@@ -279,6 +280,7 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
             return 2
         base, problems = [o for _, _, o in at_ref.objects], at_ref.problems
         name = f"git {args.git_ref} ({at_ref.commit[:12]})"
+        commit = _committer(Path(args.repo), at_ref, args.git_ref)
     elif args.base or args.kubeconfig:
         base, problems, name = _base(args)
     else:
@@ -291,7 +293,7 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         return 2
     at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
-        server, thread = serve(Planner(base, rules, policy, name, at), args.port)
+        server, thread = serve(Planner(base, rules, policy, name, at, commit), args.port)
     except OSError as exc:
         print(f"envelope quotas plan: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}",
               file=sys.stderr)
@@ -306,6 +308,27 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         server.shutdown()
         server.server_close()
     return 0
+
+
+def _committer(repo: Any, at_ref: Any, ref: str) -> Any:
+    """The page's commit in git mode: the target written into the files at the ref, one
+    commit on a new local branch (``plangit.commit_change``)."""
+    from app.quotaview.plan import state_of
+    from app.quotaview.plangit import GitError, commit_change
+    from app.quotaview.planserve import CommitError
+
+    def commit(target: list[dict[str, Any]], branch: str) -> dict[str, Any]:
+        try:
+            change = commit_change(repo, at_ref, state_of(target)[0], branch, message=
+                                   f"Quota change planned in envelope quotas plan --serve\n\n"
+                                   f"From {ref} ({at_ref.commit[:12]}); every intermediate state "
+                                   f"admitted by Envelope's quota rules.\n")
+        except GitError as exc:
+            raise CommitError(str(exc)) from exc
+        return {"branch": change.branch, "commit": change.commit, "files": change.changed_files,
+                "notWritten": change.not_written, "diff": change.diff}
+
+    return commit
 
 
 def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: list[str],

@@ -3,10 +3,13 @@ department with named segments, search, human units, edits of guarantee, limit a
 over-quota weight, and new departments and projects; every edit is judged at once by
 the planner (``plan.py``: the rules the webhook runs, over the target and over every
 intermediate state), and the commands cannot be exported while an error stands. It reads
-what it was given (files or a cluster listed once) and writes nothing anywhere.
+what it was given (files or a cluster listed once) and writes nothing to a cluster; over a
+git ref (``--git-ref``) it commits the plan on a new local branch when asked
+(``/api/commit``, ``plangit.commit_change``: working tree, index and HEAD untouched).
 
 The page is one HTML document with inline CSS and script; it fetches only this server's
-``/api/judge`` and ``/api/export`` (POST, JSON: ``{"edits": [...]}``)."""
+``/api/judge``, ``/api/export`` and ``/api/commit`` (POST, JSON: ``{"edits": [...]}``,
+and ``"branch"`` for a commit)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from app.quotaview.model import as_json, tree_of
 from app.quotaview.plan import GUARANTEE, plan
 from app.quotaview.plancommands import command_of
 
-__all__ = ["Planner", "apply_edits", "serve"]
+__all__ = ["CommitError", "Committer", "Planner", "apply_edits", "serve"]
 
 FIELDS = ("guarantee", "limit", "overQuotaWeight", "priority")
 MAX_BODY = 1 << 20
@@ -33,6 +36,15 @@ MAX_BODY = 1 << 20
 
 class EditError(ValueError):
     """An edit that names no queue, or a value that is not a number."""
+
+
+class CommitError(RuntimeError):
+    """The plan cannot be committed (a branch that exists, a value not writable in place)."""
+
+
+Committer = Callable[[list[dict[str, Any]], str], dict[str, Any]]
+"""Git mode: the target objects and a new branch's name -> what was committed (``branch``,
+``commit``, ``files``, ``notWritten``, ``diff``); raises :class:`CommitError`."""
 
 
 def _entry(obj: dict[str, Any], pool: str) -> dict[str, Any] | None:
@@ -176,8 +188,9 @@ class Planner:
     """The base the page edits, and the judging of a set of edits."""
 
     def __init__(self, base: list[dict[str, Any]], rules: RuleSet, policy: Policy, source: str,
-                 at: str) -> None:
+                 at: str, commit: Committer | None = None) -> None:
         self.base, self.rules, self.policy, self.source, self.at = base, rules, policy, source, at
+        self.commit = commit
 
     def judge(self, edits: list[dict[str, Any]]) -> dict[str, Any]:
         target = apply_edits(self.base, edits)
@@ -189,6 +202,7 @@ class Planner:
         errors += [{"kind": "", "name": "", "rule": "planner", "message": u} for u in planned.unplanned]
         errors = _grouped(errors)
         return {"source": self.source, "at": self.at, "ok": planned.ok, "errors": errors,
+                "git": self.commit is not None,
                 "tree": as_json(tree_of(target, self.rules, self.policy)), "values": _values(target),
                 "commands": [command_of(s).text() for s in planned.steps] if planned.ok else []}
 
@@ -207,6 +221,18 @@ def _grouped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first[group] = e = {**e, "alsoOn": []}
         out.append(e)
     return out
+
+
+def _body(raw: bytes, commit: bool) -> tuple[list[dict[str, Any]], str]:
+    """The edits of a request body, and for a commit the new branch's name."""
+    body = json.loads(raw or b"{}")
+    edits = body.get("edits", []) if isinstance(body, dict) else None
+    if not isinstance(edits, list):
+        raise EditError("the body is {\"edits\": [...]}")
+    branch = body.get("branch") if commit and isinstance(body, dict) else ""
+    if commit and (not isinstance(branch, str) or not branch):
+        raise EditError("a commit needs \"branch\": the name of a new local branch")
+    return edits, str(branch)
 
 
 def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
@@ -234,7 +260,7 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
                 self._json(404, {"error": f"no page {self.path}"})
 
         def do_POST(self) -> None:
-            if self.path not in ("/api/judge", "/api/export"):
+            if self.path not in ("/api/judge", "/api/export", "/api/commit"):
                 self._json(404, {"error": f"no endpoint {self.path}"})
                 return
             try:
@@ -244,11 +270,11 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
             if not 0 <= length <= MAX_BODY:
                 self._json(413 if length > MAX_BODY else 400, {"error": "a JSON body up to 1 MiB"})
                 return
+            if self.path == "/api/commit" and planner.commit is None:
+                self._json(404, {"error": "no git ref to commit on: start the page with --git-ref"})
+                return
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-                edits = body.get("edits", []) if isinstance(body, dict) else None
-                if not isinstance(edits, list):
-                    raise EditError("the body is {\"edits\": [...]}")
+                edits, branch = _body(self.rfile.read(length), self.path == "/api/commit")
                 judged = planner.judge(edits)
             except (ValueError, EditError) as exc:
                 self._json(400, {"error": str(exc)})
@@ -258,6 +284,8 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
                 return
             if self.path == "/api/judge":
                 self._json(200, judged)
+            elif self.path == "/api/commit":
+                self._commit(judged, edits, branch)
             elif not judged["ok"]:
                 self._json(409, {"error": "the plan cannot be exported while an error stands",
                                  "errors": judged["errors"]})
@@ -266,6 +294,17 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
                 header = f"# plan from {planner.source} ({planner.at}), {count} command(s)\n"
                 self._send(200, (header + "\n".join(judged["commands"]) + "\n").encode(),
                            "text/plain; charset=utf-8")
+
+        def _commit(self, judged: dict[str, Any], edits: list[dict[str, Any]], branch: str) -> None:
+            if not judged["ok"]:
+                self._json(409, {"error": "the plan cannot be committed while an error stands",
+                                 "errors": judged["errors"]})
+                return
+            assert planner.commit is not None
+            try:
+                self._json(200, planner.commit(apply_edits(planner.base, edits), branch))
+            except CommitError as exc:
+                self._json(409, {"error": f"nothing committed: {exc}"})
 
     return Handler
 

@@ -191,3 +191,10 @@ def test_a_new_object_that_over_reaches_is_named_first(url: str) -> None:
     assert code == 200
     assert [(e["name"], e["rule"], e["overReached"]) for e in errors[:2]] == [
         ("audio-asr", "kai-guarantee-sum", True), ("audio", "kai-pool-capacity", False)]
+
+
+def test_commit_without_a_git_ref_is_a_404(url: str) -> None:
+    code, body = post(url + "/api/commit", json.dumps({"edits": [], "branch": "x"}).encode())
+    assert code == 404 and b"start the page with --git-ref" in body
+    code, body = post(url + "/api/judge", b"{}")
+    assert code == 200 and json.loads(body)["git"] is False

@@ -192,3 +192,53 @@ def test_a_department_and_a_project_are_added_judged_and_exported(chromium_path:
             ("Department", "audio", None), ("Project", "audio-asr", "audio")]
         assert created[1]["spec"]["queues"][0]["resources"]["gpu"] == {"deserved": 8, "limit": -1,
                                                                       "overQuotaWeight": 1}
+
+
+def test_over_a_git_ref_the_page_commits_its_plan_on_a_new_branch(chromium_path: str, tmp_path: Path) -> None:
+    """`--serve --git-ref`: the page offers a commit once the plan fits; Chromium frees 8
+    cards, adds a department, commits on a new branch; the branch holds the new document,
+    HEAD and the working tree are as they were."""
+    import sys
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "examples/tenancy", repo / "tenancy")
+    departments = repo / "tenancy/departments.yaml"
+    departments.write_text(departments.read_text().replace("deserved: 56, ", "deserved: 48, "))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "tenancy")
+    head = git("rev-parse", "HEAD")
+    server = subprocess.Popen([sys.executable, "-m", "app", "quotas", "plan", "--serve", "--port", "0",
+                               "--repo", str(repo), "--git-ref", "main", "--git-path", "tenancy"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[3]
+        with Browser() as browser:
+            browser.open(url)
+            browser.wait("document.body.dataset.ok === 'true'")
+            assert browser.js("document.getElementById('commit').classList.contains('hidden')") is False
+            add_with_form(browser, "Department/h100", "audio", 8)
+            browser.wait("document.body.dataset.ok === 'false'")
+            assert browser.js("document.getElementById('commit-button').disabled") is True
+            edit(browser, "Project/research-train/h100/gpu/guarantee", 0)
+            edit(browser, "Department/research/h100/gpu/guarantee", 40)
+            browser.wait("document.body.dataset.ok === 'true' && "
+                         "!document.getElementById('commit-button').disabled")
+            browser.js("(() => { document.getElementById('branch').value = 'page-audio';"
+                       " document.getElementById('commit').requestSubmit(); return true; })()")
+            browser.wait("document.getElementById('commands').dataset.status === '200'")
+            text = browser.js("document.getElementById('commands').textContent")
+        assert text.startswith("committed ") and "on new branch page-audio" in text
+        assert "+  name: audio" in text
+        assert git("rev-parse", "page-audio^") == head and git("rev-parse", "HEAD") == head
+        assert git("status", "--porcelain") == ""
+        assert "name: audio" in git("show", "page-audio:tenancy/departments.yaml")
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
