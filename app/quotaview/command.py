@@ -15,6 +15,7 @@ import orjson
 from app.core.config import Policy
 from app.core.ruleset import RuleSet
 from app.crds.kai import RESOURCES
+from app.quotaview.inputs import read_cluster, read_files
 from app.quotaview.model import QUOTA_KINDS, Tree, as_json, compare, tree_of
 
 __all__ = ["add_parser", "run"]
@@ -80,41 +81,18 @@ def _color(choice: str) -> bool:
     return choice == "always"
 
 
-def _read(paths: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    from app.cluster.static import load
-
-    loaded = load(paths)
-    problems = [str(e) for e in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))]
-    return [m.obj for m in loaded.manifests], problems
-
-
-def _cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[str]]:
-    # The listing of `check --kubeconfig` (app.cluster.snapshot), restricted to what the
-    # tree reads. (The kind registry app/k8s/kinds.py, when merged, is the one place to list.)
-    from app.cluster.kube import KubeClient, kube_configuration
-    from app.cluster.snapshot import context_kinds, snapshot
-
-    try:
-        client = KubeClient(kube_configuration(kubeconfig))
-    except Exception as exc:
-        return [], [f"cannot use --kubeconfig {kubeconfig}: {exc}"]
-    wanted = {"Node", *QUOTA_KINDS}
-    live = snapshot(client, context_kinds(wanted))
-    return live.objects, live.problems
-
-
 def sources(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> tuple[Tree | None, list[str]]:
     """The tree to draw (None and the problems when an input cannot be read)."""
     from app.cluster.snapshot import merge
 
     paths = [*args.paths, *args.filenames]
-    files, problems = _read(paths) if paths else ([], [])
+    files, problems = read_files(paths) if paths else ([], [])
     base: list[dict[str, Any]] | None = None
     if args.base:
-        base, more = _read(args.base)
+        base, more = read_files(args.base)
         problems += more
     if args.kubeconfig:
-        live, more = _cluster(args.kubeconfig)
+        live, more = read_cluster(args.kubeconfig, {"Node", *QUOTA_KINDS})
         problems += more
         base = live if base is None else merge(live, base)
     if problems:

@@ -410,8 +410,9 @@ def _gpu_total(kind: str, spec: Any) -> Decimal:
 def _blame(errors: dict[Key, list[tuple[str, str]]], base: dict[Key, dict[str, Any]],
            target: dict[Key, dict[str, Any]]) -> list[Blocker]:
     """The target's errors, the over-reacher first: among the objects a sum's error is
-    reported on, the ones whose guarantee grew most from the base, then the ones that keep
-    most cards no child uses (a department guaranteed more than its projects)."""
+    reported on, the ones whose guarantee grew most from the base (a new object grew by all
+    of it), then the ones that keep most cards no child uses (a department guaranteed more
+    than its projects)."""
     children: dict[str, Decimal] = {}
     for k, obj in target.items():
         if k[0] == "Project":
@@ -422,7 +423,7 @@ def _blame(errors: dict[Key, list[tuple[str, str]]], base: dict[Key, dict[str, A
         mine = _gpu_total(k[0], _judged(target[k]))
         before = _gpu_total(k[0], _judged(base[k])) if k in base else Decimal(0)
         slack = mine - children.get(k[2], Decimal(0)) if k[0] == "Department" else Decimal(0)
-        return (-(mine - before) if k in base else Decimal(0), -slack, k)
+        return (-(mine - before), -slack, k)
 
     ranked = sorted(errors, key=score)
     out: list[Blocker] = []

@@ -15,6 +15,7 @@ import orjson
 
 from app.core.config import ConfigError, Policy, load_policy
 from app.core.ruleset import RuleSet, default_ruleset
+from app.quotaview.inputs import read_cluster, read_files
 from app.quotaview.plan import PLANNED_KINDS, Plan, key_of, plan
 from app.quotaview.plancommands import command_of
 
@@ -82,26 +83,6 @@ def parser() -> argparse.ArgumentParser:
                      help="policy file (rule modes) the plan is judged by, as the webhook's; "
                           "default $ENVELOPE_CONFIG")
     return out
-
-
-def _read(paths: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    from app.cluster.static import load
-
-    loaded = load(paths)
-    problems = [str(e) for e in sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))]
-    return [m.obj for m in loaded.manifests], problems
-
-
-def _cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[str]]:
-    from app.cluster.kube import KubeClient, kube_configuration
-    from app.cluster.snapshot import context_kinds, snapshot
-
-    try:
-        client = KubeClient(kube_configuration(kubeconfig))
-    except Exception as exc:
-        return [], [f"cannot use --kubeconfig {kubeconfig}: {exc}"]
-    live = snapshot(client, context_kinds({"Node", *PLANNED_KINDS}))
-    return live.objects, live.problems
 
 
 def gitops_owners(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], str]:
@@ -210,20 +191,20 @@ def run(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         print("envelope quotas plan: give the target (--to PATH or PATH) and a base "
               "(--kubeconfig, --base PATH or --git-ref REF)", file=sys.stderr)
         return 2
-    files, problems = _read(targets)
+    files, problems = read_files(targets)
     profile, more = _profile(args)
     problems += more
     if args.git_ref:
         return _run_git(args, files, problems, rules, policy, profile)
     base: list[dict[str, Any]] = []
     if args.base:
-        more_base, more = _read(args.base)
+        more_base, more = read_files(args.base)
         base += more_base
         problems += more
     if args.kubeconfig:
         from app.cluster.snapshot import merge
 
-        live, more = _cluster(args.kubeconfig)
+        live, more = read_cluster(args.kubeconfig, {"Node", *PLANNED_KINDS})
         problems += more
         base = merge(live, base)
     if problems:
@@ -271,12 +252,12 @@ def _base(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], st
     base: list[dict[str, Any]] = []
     problems: list[str] = []
     if args.base:
-        base, problems = _read(args.base)
+        base, problems = read_files(args.base)
     name = ", ".join(args.base)
     if args.kubeconfig:
         from app.cluster.snapshot import merge
 
-        live, more = _cluster(args.kubeconfig)
+        live, more = read_cluster(args.kubeconfig, {"Node", *PLANNED_KINDS})
         problems += more
         base = merge(live, base)
         name = f"cluster ({args.kubeconfig})" + (f" with {name}" if name else "")
@@ -284,8 +265,9 @@ def _base(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], st
 
 
 def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
-    from app.quotaview.planserve import Planner, serve
+    from app.quotaview.planserve import Committer, Planner, serve
 
+    commit: Committer | None = None
     if args.git_ref:
         from pathlib import Path
 
@@ -298,6 +280,7 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
             return 2
         base, problems = [o for _, _, o in at_ref.objects], at_ref.problems
         name = f"git {args.git_ref} ({at_ref.commit[:12]})"
+        commit = _committer(Path(args.repo), at_ref, args.git_ref)
     elif args.base or args.kubeconfig:
         base, problems, name = _base(args)
     else:
@@ -310,7 +293,7 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         return 2
     at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
-        server, thread = serve(Planner(base, rules, policy, name, at), args.port)
+        server, thread = serve(Planner(base, rules, policy, name, at, commit), args.port)
     except OSError as exc:
         print(f"envelope quotas plan: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}",
               file=sys.stderr)
@@ -325,6 +308,27 @@ def _run_serve(args: argparse.Namespace, rules: RuleSet, policy: Policy) -> int:
         server.shutdown()
         server.server_close()
     return 0
+
+
+def _committer(repo: Any, at_ref: Any, ref: str) -> Any:
+    """The page's commit in git mode: the target written into the files at the ref, one
+    commit on a new local branch (``plangit.commit_change``)."""
+    from app.quotaview.plan import state_of
+    from app.quotaview.plangit import GitError, commit_change
+    from app.quotaview.planserve import CommitError
+
+    def commit(target: list[dict[str, Any]], branch: str) -> dict[str, Any]:
+        try:
+            change = commit_change(repo, at_ref, state_of(target)[0], branch, message=
+                                   f"Quota change planned in envelope quotas plan --serve\n\n"
+                                   f"From {ref} ({at_ref.commit[:12]}); every intermediate state "
+                                   f"admitted by Envelope's quota rules.\n")
+        except GitError as exc:
+            raise CommitError(str(exc)) from exc
+        return {"branch": change.branch, "commit": change.commit, "files": change.changed_files,
+                "notWritten": change.not_written, "diff": change.diff}
+
+    return commit
 
 
 def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: list[str],

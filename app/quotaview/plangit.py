@@ -124,6 +124,7 @@ def _edits(files: RefFiles, target: dict[Key, dict[str, Any]]
     patches: dict[str, list[list[dict[str, Any]]]] = {p: [] for p in files.texts}
     seen: set[Key] = set()
     first_of_kind: dict[str, str] = {}
+    projects_of: dict[Any, str] = {}
     not_written: list[str] = []
     for path, _, obj in files.objects:
         key = key_of(obj)
@@ -131,6 +132,8 @@ def _edits(files: RefFiles, target: dict[Key, dict[str, Any]]
         if key is not None:
             seen.add(key)
             first_of_kind.setdefault(key[0], path)
+            if key[0] == "Project":
+                projects_of.setdefault(_parent(obj), path)
             goal = target.get(key)
             if goal is None:
                 not_written.append(f"{key[0]} {key[2]} ({path}): delete it from the file by hand")
@@ -141,9 +144,17 @@ def _edits(files: RefFiles, target: dict[Key, dict[str, Any]]
     added: dict[str, list[dict[str, Any]]] = {}
     for key, obj in target.items():
         if key not in seen:
-            path = first_of_kind.get(key[0]) or next(iter(files.texts))
+            # A new Project joins the file of its department's projects, else the first file
+            # of its kind (as any new object).
+            path = (projects_of.get(_parent(obj)) if key[0] == "Project" else None) or \
+                first_of_kind.get(key[0]) or next(iter(files.texts))
             added.setdefault(path, []).append(obj)
     return patches, added, not_written
+
+
+def _parent(obj: dict[str, Any]) -> Any:
+    spec = obj.get("spec")
+    return spec.get("parent") if isinstance(spec, dict) else None
 
 
 def blob_at(repo: Path, commit: str, path: str) -> str:

@@ -1,17 +1,21 @@
 """``envelope quotas plan --serve``: the planner's page on 127.0.0.1. Bars per pool and per
-department with named segments, search, human units, and edits of guarantee, limit and
-over-quota weight; every edit is judged at once by the planner (``plan.py``: the rules
-the webhook runs, over the target and over every intermediate state), and the commands
-cannot be exported while an error stands. It reads what it was given (files or a
-cluster listed once) and writes nothing anywhere.
+department with named segments, search, human units, edits of guarantee, limit and
+over-quota weight, and new departments and projects; every edit is judged at once by
+the planner (``plan.py``: the rules the webhook runs, over the target and over every
+intermediate state), and the commands cannot be exported while an error stands. It reads
+what it was given (files or a cluster listed once) and writes nothing to a cluster; over a
+git ref (``--git-ref``) it commits the plan on a new local branch when asked
+(``/api/commit``, ``plangit.commit_change``: working tree, index and HEAD untouched).
 
 The page is one HTML document with inline CSS and script; it fetches only this server's
-``/api/judge`` and ``/api/export`` (POST, JSON: ``{"edits": [...]}``)."""
+``/api/judge``, ``/api/export`` and ``/api/commit`` (POST, JSON: ``{"edits": [...]}``,
+and ``"branch"`` for a commit)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
@@ -24,7 +28,7 @@ from app.quotaview.model import as_json, tree_of
 from app.quotaview.plan import GUARANTEE, plan
 from app.quotaview.plancommands import command_of
 
-__all__ = ["Planner", "apply_edits", "serve"]
+__all__ = ["CommitError", "Committer", "Planner", "apply_edits", "serve"]
 
 FIELDS = ("guarantee", "limit", "overQuotaWeight", "priority")
 MAX_BODY = 1 << 20
@@ -32,6 +36,15 @@ MAX_BODY = 1 << 20
 
 class EditError(ValueError):
     """An edit that names no queue, or a value that is not a number."""
+
+
+class CommitError(RuntimeError):
+    """The plan cannot be committed (a branch that exists, a value not writable in place)."""
+
+
+Committer = Callable[[list[dict[str, Any]], str], dict[str, Any]]
+"""Git mode: the target objects and a new branch's name -> what was committed (``branch``,
+``commit``, ``files``, ``notWritten``, ``diff``); raises :class:`CommitError`."""
 
 
 def _entry(obj: dict[str, Any], pool: str) -> dict[str, Any] | None:
@@ -46,14 +59,84 @@ def _entry(obj: dict[str, Any], pool: str) -> dict[str, Any] | None:
     return None
 
 
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""A Department's or Project's name, and its queue entries' (``<name>-<pool>``): a DNS-1123
+label, as KAI names the Queue it makes of each entry."""
+KRM = "kai.resources/v1alpha1"
+
+
+def _number(label: str, value: Any) -> int | float:
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise EditError(f"{label}: {value!r} is not a number") from exc
+    if isinstance(value, bool) or not number.is_finite():
+        raise EditError(f"{label}: {value!r} is not a number")
+    return int(number) if number == number.to_integral_value() else float(number)
+
+
+def _add(out: list[dict[str, Any]], by_key: dict[tuple[Any, Any], dict[str, Any]],
+         edit: dict[str, Any]) -> None:
+    """A new Department or Project (``{op: add, kind, name, pool, parent, resources}``), or a
+    queue on a new pool for one that exists: one queue entry ``<name>-<pool>`` with the
+    numbers given (``resources: {gpu: {guarantee, limit, overQuotaWeight}}``; a resource
+    left out guarantees 0, unlimited, weight 1)."""
+    kind, name, pool, parent = edit.get("kind"), edit.get("name"), edit.get("pool"), edit.get("parent")
+    if kind not in ("Department", "Project"):
+        raise EditError(f"cannot add a {kind}: the page adds a Department or a Project")
+    pools = {(o.get("metadata") or {}).get("name") for o in out if o.get("kind") == "NodePool"}
+    if not isinstance(name, str) or not NAME.fullmatch(name) or len(f"{name}-{pool}") > 63:
+        raise EditError(f"{kind} name {name!r}: lower-case letters, digits and '-', starting and "
+                        f"ending with a letter or digit, at most 63 characters with '-{pool}'")
+    if pool not in pools:
+        raise EditError(f"{kind} {name}: no NodePool {pool!r} (known: {', '.join(sorted(map(str, pools)))})")
+    if kind == "Project" and by_key.get(("Department", parent)) is None:
+        raise EditError(f"Project {name}: no Department {parent!r} to be its parent")
+    found = edit.get("resources")
+    given: dict[str, Any] = found if isinstance(found, dict) else {}
+    resources: dict[str, Any] = {}
+    for resource in ("gpu", "cpu", "memory"):
+        found = given.get(resource)
+        numbers: dict[str, Any] = found if isinstance(found, dict) else {}
+        resources[resource] = {
+            "deserved": _number(f"{kind} {name} {resource} guarantee", numbers.get("guarantee", 0)),
+            "limit": _number(f"{kind} {name} {resource} limit", numbers.get("limit", -1)),
+            "overQuotaWeight": _number(f"{kind} {name} {resource} overQuotaWeight",
+                                       numbers.get("overQuotaWeight", 1))}
+    entry = {"name": f"{name}-{pool}", "nodepool": pool, "resources": resources}
+    obj = by_key.get((kind, name))
+    if obj is None:
+        spec: dict[str, Any] = {"parent": parent} if kind == "Project" else {}
+        obj = {"apiVersion": KRM, "kind": kind, "metadata": {"name": name}, "spec": {**spec, "queues": []}}
+        out.append(obj)
+        by_key[(kind, name)] = obj
+    elif kind == "Project" and (obj.get("spec") or {}).get("parent") != parent:
+        raise EditError(f"Project {name} exists under Department {(obj.get('spec') or {}).get('parent')}, "
+                        f"not {parent}")
+    if _entry(obj, str(pool)) is not None:
+        raise EditError(f"{kind} {name} already has a queue on pool {pool}: edit its numbers")
+    spec = obj.setdefault("spec", {})
+    if not isinstance(spec.get("queues"), list):
+        spec["queues"] = []
+    spec["queues"].append(entry)
+
+
 def apply_edits(objects: list[dict[str, Any]], edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The objects with each edit written in: ``{kind, name, pool, resource, field, value}``
-    (``field`` one of guarantee, limit, overQuotaWeight; a number in the spec's units)."""
+    (``field`` one of guarantee, limit, overQuotaWeight, priority; a number in the spec's
+    units), and ``{op: add, ...}`` (:func:`_add`): additions first, Departments before
+    Projects, so a number edited on an added queue and a project under an added department
+    both find theirs."""
     out = copy.deepcopy(objects)
     by_key = {(o.get("kind"), (o.get("metadata") or {}).get("name")): o for o in out}
+    if not all(isinstance(edit, dict) for edit in edits):
+        raise EditError("an edit is an object")
+    adds = [e for e in edits if e.get("op") == "add"]
+    for edit in sorted(adds, key=lambda e: e.get("kind") != "Department"):
+        _add(out, by_key, edit)
     for edit in edits:
-        if not isinstance(edit, dict):
-            raise EditError("an edit is an object")
+        if edit.get("op") == "add":
+            continue
         kind, name, pool = edit.get("kind"), edit.get("name"), str(edit.get("pool") or "")
         resource, field, value = edit.get("resource"), edit.get("field"), edit.get("value")
         obj = by_key.get((kind, name))
@@ -61,24 +144,18 @@ def apply_edits(objects: list[dict[str, Any]], edits: list[dict[str, Any]]) -> l
             raise EditError(f"no {kind} {name} to edit")
         if resource not in ("gpu", "cpu", "memory") or field not in FIELDS:
             raise EditError(f"cannot edit {resource} {field}")
-        try:
-            number = Decimal(str(value))
-        except InvalidOperation as exc:
-            raise EditError(f"{kind} {name} {resource} {field}: {value!r} is not a number") from exc
-        if isinstance(value, bool) or not number.is_finite():
-            raise EditError(f"{kind} {name} {resource} {field}: {value!r} is not a number")
+        number = _number(f"{kind} {name} {resource} {field}", value)
         entry = _entry(obj, pool)
         if entry is None:
             raise EditError(f"{kind} {name} has no queue on pool {pool}")
         if field == "priority":  # a KAI Queue's (KRM's queue entries carry none)
-            if kind != "Queue" or number != number.to_integral_value():
+            if kind != "Queue" or not isinstance(number, int):
                 raise EditError(f"{kind} {name}: priority is a whole number of a KAI Queue")
-            entry["priority"] = int(number)
+            entry["priority"] = number
             continue
         resources = entry.setdefault("resources", {})
         block = resources.setdefault(resource, {})
-        key = GUARANTEE[str(kind)] if field == "guarantee" else field
-        block[key] = int(number) if number == number.to_integral_value() else float(number)
+        block[GUARANTEE[str(kind)] if field == "guarantee" else field] = number
     return out
 
 
@@ -111,8 +188,9 @@ class Planner:
     """The base the page edits, and the judging of a set of edits."""
 
     def __init__(self, base: list[dict[str, Any]], rules: RuleSet, policy: Policy, source: str,
-                 at: str) -> None:
+                 at: str, commit: Committer | None = None) -> None:
         self.base, self.rules, self.policy, self.source, self.at = base, rules, policy, source, at
+        self.commit = commit
 
     def judge(self, edits: list[dict[str, Any]]) -> dict[str, Any]:
         target = apply_edits(self.base, edits)
@@ -124,6 +202,7 @@ class Planner:
         errors += [{"kind": "", "name": "", "rule": "planner", "message": u} for u in planned.unplanned]
         errors = _grouped(errors)
         return {"source": self.source, "at": self.at, "ok": planned.ok, "errors": errors,
+                "git": self.commit is not None,
                 "tree": as_json(tree_of(target, self.rules, self.policy)), "values": _values(target),
                 "commands": [command_of(s).text() for s in planned.steps] if planned.ok else []}
 
@@ -142,6 +221,18 @@ def _grouped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first[group] = e = {**e, "alsoOn": []}
         out.append(e)
     return out
+
+
+def _body(raw: bytes, commit: bool) -> tuple[list[dict[str, Any]], str]:
+    """The edits of a request body, and for a commit the new branch's name."""
+    body = json.loads(raw or b"{}")
+    edits = body.get("edits", []) if isinstance(body, dict) else None
+    if not isinstance(edits, list):
+        raise EditError("the body is {\"edits\": [...]}")
+    branch = body.get("branch") if commit and isinstance(body, dict) else ""
+    if commit and (not isinstance(branch, str) or not branch):
+        raise EditError("a commit needs \"branch\": the name of a new local branch")
+    return edits, str(branch)
 
 
 def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
@@ -169,7 +260,7 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
                 self._json(404, {"error": f"no page {self.path}"})
 
         def do_POST(self) -> None:
-            if self.path not in ("/api/judge", "/api/export"):
+            if self.path not in ("/api/judge", "/api/export", "/api/commit"):
                 self._json(404, {"error": f"no endpoint {self.path}"})
                 return
             try:
@@ -179,11 +270,11 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
             if not 0 <= length <= MAX_BODY:
                 self._json(413 if length > MAX_BODY else 400, {"error": "a JSON body up to 1 MiB"})
                 return
+            if self.path == "/api/commit" and planner.commit is None:
+                self._json(404, {"error": "no git ref to commit on: start the page with --git-ref"})
+                return
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-                edits = body.get("edits", []) if isinstance(body, dict) else None
-                if not isinstance(edits, list):
-                    raise EditError("the body is {\"edits\": [...]}")
+                edits, branch = _body(self.rfile.read(length), self.path == "/api/commit")
                 judged = planner.judge(edits)
             except (ValueError, EditError) as exc:
                 self._json(400, {"error": str(exc)})
@@ -193,6 +284,8 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
                 return
             if self.path == "/api/judge":
                 self._json(200, judged)
+            elif self.path == "/api/commit":
+                self._commit(judged, edits, branch)
             elif not judged["ok"]:
                 self._json(409, {"error": "the plan cannot be exported while an error stands",
                                  "errors": judged["errors"]})
@@ -201,6 +294,17 @@ def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestH
                 header = f"# plan from {planner.source} ({planner.at}), {count} command(s)\n"
                 self._send(200, (header + "\n".join(judged["commands"]) + "\n").encode(),
                            "text/plain; charset=utf-8")
+
+        def _commit(self, judged: dict[str, Any], edits: list[dict[str, Any]], branch: str) -> None:
+            if not judged["ok"]:
+                self._json(409, {"error": "the plan cannot be committed while an error stands",
+                                 "errors": judged["errors"]})
+                return
+            assert planner.commit is not None
+            try:
+                self._json(200, planner.commit(apply_edits(planner.base, edits), branch))
+            except CommitError as exc:
+                self._json(409, {"error": f"nothing committed: {exc}"})
 
     return Handler
 

@@ -7,11 +7,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.cli import main
+from app.core.config import Policy
 from app.quotaview.plangit import realign
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +116,114 @@ def test_a_wider_value_keeps_the_columns_after_it(repo: Path, tmp_path: Path,
     assert [line.split("#", 1)[1] for line in text.splitlines() if "#" in line] == \
         [line.split("#", 1)[1] for line in original.splitlines() if "#" in line] == \
         [" research: reviewed by the GPU council", " agreed in Q3"]
+
+
+def test_added_departments_and_projects_are_new_documents(repo: Path) -> None:
+    """The page's additions (planserve.apply_edits) in git mode: a new Department is a new
+    document at the end of the departments' file, a new Project joins the file of its
+    department's projects (the first Project file for a new department); the values changed
+    beside them are changed in place."""
+    from app.quotaview.plan import plan as quota_plan
+    from app.quotaview.plan import state_of
+    from app.quotaview.plangit import commit_change, read_ref
+    from app.quotaview.planserve import apply_edits
+    from tests.conftest import RULES
+
+    at_ref = read_ref(repo, "main", ["tenancy"])
+    base = [o for _, _, o in at_ref.objects]
+
+    def add(kind: str, name: str, gpu: int, parent: str = "") -> dict[str, object]:
+        return {"op": "add", "kind": kind, "name": name, "pool": "h100", "parent": parent,
+                "resources": {"gpu": {"guarantee": gpu, "limit": -1, "overQuotaWeight": 1}}}
+
+    target = apply_edits(base, [
+        {"kind": "Project", "name": "research-train", "pool": "h100", "resource": "gpu",
+         "field": "guarantee", "value": 0},
+        {"kind": "Department", "name": "research", "pool": "h100", "resource": "gpu",
+         "field": "guarantee", "value": 40},
+        add("Department", "audio", 8), add("Project", "audio-asr", 8, "audio"),
+        add("Project", "research-new", 0, "research")])
+    planned = quota_plan(base, target, RULES, Policy())
+    assert planned.ok and [(s.op, s.name) for s in planned.steps] == [
+        ("update", "research-train"), ("update", "research"), ("create", "audio"),
+        ("create", "audio-asr"), ("create", "research-new")]
+    change = commit_change(repo, at_ref, state_of(target)[0], "audio", "add audio")
+    assert change.changed_files == ["tenancy/departments.yaml", "tenancy/projects/infra.yaml",
+                                    "tenancy/projects/research.yaml"]
+    for path, names in (("tenancy/departments.yaml", ["audio"]),
+                        ("tenancy/projects/infra.yaml", ["audio-asr"]),
+                        ("tenancy/projects/research.yaml", ["research-new"])):
+        old, new = git(repo, "show", f"main:{path}"), git(repo, "show", f"audio:{path}")
+        docs = list(yaml.safe_load_all(new))
+        assert [d["metadata"]["name"] for d in docs[-len(names):]] == names
+        assert len(docs) == len(list(yaml.safe_load_all(old))) + len(names)
+        wanted = {o["metadata"]["name"]: o for o in target}
+        assert all(d == wanted[d["metadata"]["name"]] for d in docs[-len(names):])
+    changed = [line for line in git(repo, "diff", "-U0", "main", "audio", "--", "tenancy/departments.yaml",
+                                    "tenancy/projects/research.yaml").splitlines()
+               if line.startswith("-") and not line.startswith("---")]
+    assert changed == [
+        "-        gpu:    {deserved: 48,      limit: 64,  overQuotaWeight: 2}",
+        "-        gpu:    {deserved: 8,       limit: 32,  overQuotaWeight: 2}  # agreed in Q3"]
+
+
+def post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_page_over_a_ref_commits_its_plan_on_a_new_branch(repo: Path) -> None:
+    """`quotas plan --serve --git-ref`: /api/commit refuses a plan with an error (409, no
+    branch), commits one that fits (a new department and its project as new documents,
+    the values freed changed in place) on a new branch with HEAD, index and working tree
+    untouched, and refuses a branch that exists."""
+    before = state(repo)
+    server = subprocess.Popen([sys.executable, "-m", "app", "quotas", "plan", "--serve", "--port", "0",
+                               "--repo", str(repo), "--git-ref", "main", "--git-path", "tenancy"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("envelope quotas plan: http://127.0.0.1:"), line
+        url = line.split()[3].rstrip("/")
+
+        def add(kind: str, name: str, gpu: int, parent: str = "") -> dict[str, object]:
+            return {"op": "add", "kind": kind, "name": name, "pool": "h100", "parent": parent,
+                    "resources": {"gpu": {"guarantee": gpu, "limit": -1, "overQuotaWeight": 1}}}
+
+        code, judged = post(url + "/api/judge", {"edits": []})
+        assert code == 200 and judged["git"] is True
+        code, refused = post(url + "/api/commit", {"edits": [add("Department", "audio", 8)],
+                                                   "branch": "too-much"})
+        assert code == 409 and "cannot be committed while an error stands" in str(refused["error"])
+        assert git(repo, "branch", "--list", "too-much") == ""
+        edits = [{"kind": "Project", "name": "research-train", "pool": "h100", "resource": "gpu",
+                  "field": "guarantee", "value": 0},
+                 {"kind": "Department", "name": "research", "pool": "h100", "resource": "gpu",
+                  "field": "guarantee", "value": 40},
+                 add("Department", "audio", 8), add("Project", "audio-asr", 8, "audio")]
+        code, done = post(url + "/api/commit", {"edits": edits, "branch": "page-audio"})
+        assert code == 200, done
+        assert done["files"] == ["tenancy/departments.yaml", "tenancy/projects/infra.yaml",
+                                 "tenancy/projects/research.yaml"]
+        assert git(repo, "rev-parse", "page-audio") == f"{done['commit']}\n"
+        assert git(repo, "rev-parse", "page-audio^") == before[0]
+        assert state(repo) == before
+        names = [d["metadata"]["name"] for d in
+                 yaml.safe_load_all(git(repo, "show", "page-audio:tenancy/departments.yaml"))]
+        assert names[-1] == "audio"
+        code, again = post(url + "/api/commit", {"edits": edits, "branch": "page-audio"})
+        assert code == 409 and str(again["error"]).startswith("nothing committed: ")
+        code, missing = post(url + "/api/commit", {"edits": edits})
+        assert code == 400 and "a new local branch" in str(missing["error"])
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
 
 
 def test_a_target_that_does_not_pass_commits_nothing(repo: Path, tmp_path: Path,

@@ -131,3 +131,114 @@ def test_an_edit_is_judged_blocked_fixed_and_exported(chromium_path: str, page_u
             "op": "replace", "path": "/spec/queues/0/resources/gpu/deserved", "value": 9}
         for where in shots(tmp_path):
             browser.screenshot(where / "quotaplan-fits.png")
+
+
+def add_with_form(browser: Browser, form: str, name: str, guarantee: int) -> None:
+    browser.js(f"""(() => {{ const f = document.querySelector('form[data-add="{form}"]');
+        f.elements.name.value = "{name}"; f.elements.guarantee.value = "{guarantee}";
+        f.requestSubmit(); return true; }})()""")
+
+
+def test_a_department_and_a_project_are_added_judged_and_exported(chromium_path: str, page_url: str,
+                                                                  tmp_path: Path) -> None:
+    """A new department on the full h100 pool is refused naming it and blocks the export; a
+    bad name is refused at once and not kept; research gives 8 cards back, a project is
+    added to the new department, and the export creates the department before its project,
+    after the writes that free the cards."""
+    with Browser() as browser:
+        browser.open(page_url)
+        browser.wait("document.body.dataset.ok === 'true'")
+        add_with_form(browser, "Department/h100", "audio", 8)
+        browser.wait("document.body.dataset.ok === 'false'")
+        errors = browser.js("[...document.querySelectorAll('#errors li')].map(e => e.textContent)")
+        assert errors[0].startswith("over-reached: Department audio: kai-pool-capacity: ")
+        assert "(this one 8 cards) but the pool's 12 nodes have 96 cards" in errors[0]
+        over = browser.js("[...document.querySelectorAll('section[data-pool=h100] > .bar .seg.over')]"
+                          ".map(s => s.textContent)")
+        assert over == ["audio over by 8 cards"]
+        assert browser.js("document.getElementById('export').disabled") is True
+        assert browser.js("[...document.querySelectorAll('#added li')].map(l => l.dataset.added)") == [
+            "add/Department/audio/h100"]
+
+        add_with_form(browser, "Department/h100", "Audio_1", 1)
+        browser.wait("document.getElementById('status').hasAttribute('data-refused')")
+        assert "lower-case letters" in browser.js("document.getElementById('status').textContent")
+
+        judged = browser.js("document.body.dataset.judged")
+        edit(browser, "Project/research-train/h100/gpu/guarantee", 0)
+        browser.wait(f"document.body.dataset.judged !== '{judged}'")
+        assert browser.js("document.body.dataset.ok") == "false"  # the pool is still full
+        edit(browser, "Department/research/h100/gpu/guarantee", 40)
+        browser.wait("document.body.dataset.ok === 'true'")
+        assert browser.js("[...document.querySelectorAll('#added li')].map(l => l.dataset.added)") == [
+            "add/Department/audio/h100"]  # the refused name was not kept
+        add_with_form(browser, "Project/audio/h100", "audio-asr", 8)
+        browser.wait("document.body.dataset.ok === 'true' && document.querySelector("
+                     "'details[data-dept=audio] tr[data-name=\"audio-asr\"]') !== null")
+        segments = browser.js("[...document.querySelectorAll('details[data-dept=audio] .bar .seg')]"
+                              ".map(s => s.textContent)")
+        assert segments == ["audio-asr 8 cards"]
+        for where in shots(tmp_path):
+            browser.screenshot(where / "quotaplan-added.png")
+        browser.js("document.getElementById('export').click() || true")
+        browser.wait("document.getElementById('commands').dataset.status === '200'")
+        text = browser.js("document.getElementById('commands').textContent")
+        commands = [line for line in text.splitlines() if line.startswith("kubectl ")]
+        assert [c.split()[1:4] for c in commands[:2]] == [
+            ["patch", "projects.kai.resources", "research-train"],
+            ["patch", "departments.kai.resources", "research"]]
+        created = [json.loads(part.split("\nEOF")[0]) for part in text.split("<<'EOF'\n")[1:]]
+        assert [(o["kind"], o["metadata"]["name"], o["spec"].get("parent")) for o in created] == [
+            ("Department", "audio", None), ("Project", "audio-asr", "audio")]
+        assert created[1]["spec"]["queues"][0]["resources"]["gpu"] == {"deserved": 8, "limit": -1,
+                                                                      "overQuotaWeight": 1}
+
+
+def test_over_a_git_ref_the_page_commits_its_plan_on_a_new_branch(chromium_path: str, tmp_path: Path) -> None:
+    """`--serve --git-ref`: the page offers a commit once the plan fits; Chromium frees 8
+    cards, adds a department, commits on a new branch; the branch holds the new document,
+    HEAD and the working tree are as they were."""
+    import sys
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "examples/tenancy", repo / "tenancy")
+    departments = repo / "tenancy/departments.yaml"
+    departments.write_text(departments.read_text().replace("deserved: 56, ", "deserved: 48, "))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "tenancy")
+    head = git("rev-parse", "HEAD")
+    server = subprocess.Popen([sys.executable, "-m", "app", "quotas", "plan", "--serve", "--port", "0",
+                               "--repo", str(repo), "--git-ref", "main", "--git-path", "tenancy"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[3]
+        with Browser() as browser:
+            browser.open(url)
+            browser.wait("document.body.dataset.ok === 'true'")
+            assert browser.js("document.getElementById('commit').classList.contains('hidden')") is False
+            add_with_form(browser, "Department/h100", "audio", 8)
+            browser.wait("document.body.dataset.ok === 'false'")
+            assert browser.js("document.getElementById('commit-button').disabled") is True
+            edit(browser, "Project/research-train/h100/gpu/guarantee", 0)
+            edit(browser, "Department/research/h100/gpu/guarantee", 40)
+            browser.wait("document.body.dataset.ok === 'true' && "
+                         "!document.getElementById('commit-button').disabled")
+            browser.js("(() => { document.getElementById('branch').value = 'page-audio';"
+                       " document.getElementById('commit').requestSubmit(); return true; })()")
+            browser.wait("document.getElementById('commands').dataset.status === '200'")
+            text = browser.js("document.getElementById('commands').textContent")
+        assert text.startswith("committed ") and "on new branch page-audio" in text
+        assert "+  name: audio" in text
+        assert git("rev-parse", "page-audio^") == head and git("rev-parse", "HEAD") == head
+        assert git("status", "--porcelain") == ""
+        assert "name: audio" in git("show", "page-audio:tenancy/departments.yaml")
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
