@@ -12,7 +12,7 @@ KINDS = sorted({(group, kind) for rule in RULES.values() for group, kind in rule
 
 
 VERSIONS = {"": "v1", "apps": "v1", "batch": "v1", "kai.resources": "v1alpha1",
-            "scheduling.run.ai": "v2", "ate.dev": "v1alpha1"}
+            "scheduling.run.ai": "v2", "ate.dev": "v1alpha1", "envelope.io": "v1alpha1"}
 
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
@@ -26,7 +26,8 @@ keys = st.sampled_from(["spec", "template", "containers", "initContainers", "res
                         "queues", "nodepool", "gpu", "deserved", "limit", "quota", "parent",
                         "parentQueue", "sandboxClass", "workerSelector", "replicas", "metadata",
                         "labels", "annotations", "jobTemplate", "nodeSelector", "overhead",
-                        "labelKey", "labelValue", "namespace", "defaultNodePools", "priority"])
+                        "labelKey", "labelValue", "namespace", "defaultNodePools", "priority",
+                        "rules", "match", "names", "kinds", "selector", "expires"])
 
 
 json_values = st.recursive(scalars, lambda inner: st.one_of(
