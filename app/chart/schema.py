@@ -38,7 +38,7 @@ def with_rules(schema: dict[str, Any], rules: RuleSet) -> dict[str, Any]:
 
 
 def render(schema: dict[str, Any]) -> str:
-    """The file's formatting: two-space indent, non-ASCII kept as written (the file is UTF-8), a final newline."""
+    """The file's formatting: two-space indent, non-ASCII kept (UTF-8), a final newline."""
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 

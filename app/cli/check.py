@@ -15,7 +15,7 @@ from app.cluster.fieldschema import FIELDS_RULE
 from app.cluster.static import Manifest, Skipped, load
 from app.cluster.view import StaticView
 from app.core.config import Policy
-from app.core.exemptions import needs_namespaces
+from app.core.exemptions import watched_for
 from app.core.frontdoor import DEFAULT_NAMESPACE, FrontDoor, placed
 from app.core.ruleset import RuleSet
 from app.k8s.util import visible
@@ -224,6 +224,7 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     fielded = _validate_fields(manifests, validate)
     manifests = [m for m, _ in fielded if isinstance(m, Manifest)]
     context: list[dict[str, Any]] = []
+    complete: set[str] = set()  # the kinds listed from a cluster: the view holds all of them
     if kubeconfig:
         from app.cluster.kube import KubeClient, kube_configuration
         from app.cluster.snapshot import context_kinds, merge, snapshot
@@ -235,14 +236,16 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
             return 2
         # What the webhook watches: the kinds the rules read (and Namespaces when the
         # policy's exceptions select namespaces by label).
-        live = snapshot(client, context_kinds(
-            rules.reads | ({"Namespace"} if needs_namespaces(policy) else set())))
+        listed = context_kinds(rules.reads | watched_for(policy))
+        live = snapshot(client, listed)
+        complete = {kind.name for kind in listed}
         if live.problems:
             for problem in live.problems:
                 print(f"envelope check: {problem}", file=sys.stderr)
             return 2
         context = merge(live.objects, (m.obj for m in manifests))
-    view = StaticView(context or (m.obj for m in manifests), rules.indexes)
+    # Files hold what their author put in them; the kinds listed from a cluster are whole.
+    view = StaticView(context or (m.obj for m in manifests), rules.indexes, complete=complete)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it
     # api.ate.dev templates are placed against every namespace's pools (app.core.frontdoor).
     door = FrontDoor(rules, view, policy, objects=[*context, *(m.obj for m in manifests)],

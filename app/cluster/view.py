@@ -84,6 +84,12 @@ class ClusterView(Protocol):
         """How many objects of ``kind`` the view holds."""
         ...
 
+    def partial(self, kind: str) -> bool:
+        """Whether objects of ``kind`` may exist that the view does not hold: true for
+        manifest files (they hold what the author put in them), false for a cluster's
+        watches or LISTs. A rule may read an empty kind as "none" only when not partial."""
+        ...
+
     def index_version(self, index: Index) -> int:
         """Changes when what ``index`` yields changes: an object of its kind added or
         removed, or yielding other values (and on every re-list of the kind); not when
@@ -231,6 +237,9 @@ class Store:
     def count(self, kind: str) -> int:
         return len(self._by_kind.get(kind, {}))
 
+    def partial(self, kind: str) -> bool:
+        return False  # a cluster's view: what it was given of a kind is all of it
+
     def index_counts(self, index: Index) -> dict[str, int]:
         """Read-only: the same dict is handed to every caller until what the index yields
         changes (copied once per change, not once per review or Node status report)."""
@@ -286,7 +295,18 @@ def _table(index: Index, by_key: dict[Key, dict[str, Any]]) -> dict[str, dict[Ke
 
 
 class StaticView(Store):
-    """A view over a fixed set of objects (manifest files, test fixtures)."""
+    """A view over a fixed set of objects (manifest files, test fixtures). ``complete``:
+    the kinds it holds all of (listed from a cluster: ``check --kubeconfig``); of any
+    other kind, files may leave out what exists (``partial``). None: every kind is
+    complete (a fixture standing for a whole cluster)."""
+
+    def __init__(self, objects: Iterable[dict[str, Any]] = (), indexes: Iterable[Index] = (),
+                 complete: Iterable[str] | None = None) -> None:
+        super().__init__(objects, indexes)
+        self._complete = None if complete is None else frozenset(complete)
+
+    def partial(self, kind: str) -> bool:
+        return self._complete is not None and kind not in self._complete
 
 
 class UndeclaredRead(LookupError):
@@ -331,6 +351,10 @@ class ScopedView:
     def count(self, kind: str) -> int:
         self._check(kind)
         return self._view.count(kind)
+
+    def partial(self, kind: str) -> bool:
+        self._check(kind)
+        return self._view.partial(kind)
 
     def index_version(self, index: Index) -> int:
         self._check(index.kind)

@@ -357,3 +357,35 @@ def test_a_pod_with_only_a_memory_request_is_judged_after_limit_ranger(
                       "      - name: app\n        image: nginx\n        resources:\n"
                       "          requests: {memory: 256Mi}\n")
     assert main(["check", str(deploy)]) == 0, capsys.readouterr().out
+
+
+def test_dra_pods_with_nodes_but_no_resource_slices_are_not_evaluated_offline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files with Nodes and no ResourceSlice say nothing of the nodes' devices (issue 37,
+    class 9): the devices are "not evaluated" (before, the pod was refused and the
+    message blamed the node closest on cpu); cpu and memory are still judged. A cluster's
+    view with no slices is not partial: there the pod is refused, as kube-scheduler
+    refuses it (e2e/test_oracle_dra.py)."""
+    text = (Path(__file__).parent.parent / "data" / "issue37-dra-no-slices.yaml").read_text()
+    f = tmp_path / "dra.yaml"
+    f.write_text(text)
+    assert main(["check", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert ("warning pod-fits-node: not evaluated: the pods ask for DRA devices and the input "
+            "holds no ResourceSlice") in out, out
+    f.write_text(text.replace('requests: {cpu: "8", memory: 32Gi}', 'requests: {cpu: "80", memory: 32Gi}'))
+    assert main(["check", str(f)]) == 1
+    assert "80 cpu" in capsys.readouterr().out
+
+    import yaml
+
+    from app.cluster.view import StaticView
+    from app.core.config import Policy
+    from app.core.frontdoor import FrontDoor
+
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    cluster = StaticView(objects, RULES.indexes)  # complete: a cluster with no slices
+    pod = next(o for o in objects if o["kind"] == "Pod")
+    judged = FrontDoor(RULES, cluster, Policy()).judge(pod)
+    refused = [f for f in judged.evaluation.findings if f.rule == "pod-fits-node"]
+    assert refused and refused[0].severity == "error", judged.evaluation.findings

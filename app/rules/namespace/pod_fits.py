@@ -243,12 +243,28 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
         return _bound_pod(spec, bound, view, requests, path, policy, int(reserve_cpu * 1000),
                           int(reserve_memory))
     devices = _device_demand(subject, spec, view, requests) if decider == SCHEDULER else DeviceDemand()
+    unjudged: list[Finding] = []
+    if devices and not view.count("ResourceSlice") and view.partial("ResourceSlice"):
+        # Files with Nodes and no ResourceSlices say nothing of the nodes' devices: judged
+        # as nodes without any, every DRA pod was refused and the message blamed whichever
+        # node came closest on cpu and memory (issue 37). A cluster with no slices is
+        # different: kube-scheduler refuses there too (e2e/test_oracle_dra.py), and so
+        # does this rule, since a cluster's view is never partial.
+        unjudged = [warning(path, "not evaluated: the pods ask for DRA devices and the input "
+                                  "holds no ResourceSlice, so no node's devices were judged "
+                                  "(cpu, memory and the rest were); add the ResourceSlices "
+                                  "(kubectl get resourceslices -o yaml) or check against the "
+                                  "cluster (--kubeconfig) to judge them")]
+        mapped = _classes_memo.get(view.version("DeviceClass"))
+        requests = {name: value for name, value in requests.items()
+                    if mapped is None or name not in mapped[1]}
+        devices = DeviceDemand()
     keys = selector_references([*devices.claims, *devices.mapped.values()]) if devices else None
     groups = node_groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory), keys)
     verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages,
                         decider=decider, devices=devices or None)
     if verdict.fits:
-        return []
+        return unjudged
     if not verdict.complete:
         return [warning(path, f"pod-fits-node did not decide: the nodes come in more than "
                               f"{MAX_NODE_GROUPS} classes and none of the first "
