@@ -7,25 +7,13 @@ a CREATE through :class:`app.core.frontdoor.FrontDoor`, the same door ``envelope
 uses, so a result is exactly what the webhook pair would answer if the object were
 written again today. Nothing is written to the objects: a mutation the webhook would
 make is reported as a ``warn`` result carrying the RFC 6902 patch in its properties.
+Objects a judged controller owns are counted as ``owned`` and skipped (``include_owned``
+judges them too); results follow the policy's modes.
 
-Only the objects a user writes are judged: a Pod whose controller is a judged kind
-(a ReplicaSet, a Job...), a ReplicaSet of a Deployment and a Job of a CronJob are
-counted as ``owned`` and skipped, since their controller's result already says it
-(``include_owned`` judges them too).
-
-Results follow the policy's modes: a rule in ``warn`` mode yields ``warn`` results
-whose message is the webhook's warning. Per (object, rule):
-
-=========  ==============================================================
-``pass``   the rule applies (mode not ``off``) and found nothing
-``fail``   an error: the webhook would refuse this object
-``warn``   a warning, or a change the mutating webhook would make
-``error``  the rule crashed or what it reads was not current
-``skip``   the object is exempt (policy exceptions, the exempt annotation)
-=========  ==============================================================
-
-The reports these results make are :mod:`app.audit.reports`; the continuous audit
-(``audit --watch``) is :mod:`app.audit.watch`, its gauges :mod:`app.audit.metrics`.
+Which objects are skipped, and what each result (``pass``, ``fail``, ``warn``,
+``error``, ``skip``) means: docs/audit.md, "``envelope audit``" and "What a result
+means". The reports these results make are :mod:`app.audit.reports`; the continuous
+audit (``audit --watch``) is :mod:`app.audit.watch`, its gauges :mod:`app.audit.metrics`.
 """
 
 from __future__ import annotations

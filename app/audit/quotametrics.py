@@ -2,25 +2,19 @@
 
 The audit Deployment (``envelope audit --serve``, :class:`app.audit.watch.Auditor`) keeps every
 NodePool, Department, Project, KAI Queue and Node in its view; after each audit
-:meth:`QuotaMetrics.observe` reads the trees from it and the next scrape shows:
+:meth:`QuotaMetrics.observe` reads the trees from it and the next scrape shows, per
+queue, its guarantee, limit and what it holds now (KAI's ``status.allocated``), per pool
+its GPU cards and guarantees, and the over-commits of departments and pools.
 
-- per queue (``pool``, ``department``, ``project``, ``resource``): its guarantee, its
-  limit and, from the KAI Queue's ``status.allocated``, what it holds now;
-- per pool: the GPU cards of its nodes and what departments are guaranteed on it;
-- over-commit: how much a department's projects are guaranteed beyond the department's
-  guarantee on a pool, and (``department=""``) how many cards a pool's departments are
-  guaranteed beyond the pool's (no series for a pool without cards in view: unknown
-  capacity, which ``kai-pool-capacity`` warns about).
-
-Units are Prometheus' base units: gpu in cards, cpu in cores, memory in bytes (the
-spec's mCPU and MB converted exactly, then to float). ``-1`` is unlimited, as in the
-spec; an unlimited guarantee over a finite cap is an over-commit of ``+Inf``.
-
-Label values are names of objects (bounded by the objects, one series per queue and
-resource) and the three resource names; KAI Queues no Department or Project generates
+Units are Prometheus' base units (gpu in cards, cpu in cores, memory in bytes, the
+spec's mCPU and MB converted exactly); ``-1`` is unlimited, as in the spec, and an
+unlimited guarantee over a finite cap is an over-commit of ``+Inf``. Label values are
+names of objects, bounded by the objects; KAI Queues no Department or Project generates
 have no pool and are not exported. A queue without a status has no ``allocated`` series
-(not evaluated, never zero). The series are rebuilt on every audit, so a deleted project's
-series leave with it. Cardinality: ``docs/metrics.md``.
+(not evaluated, never zero). The series are rebuilt on every audit, so a deleted
+project's series leave with it.
+
+The series, their labels and cardinality: docs/metrics.md.
 """
 
 from __future__ import annotations

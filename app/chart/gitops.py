@@ -1,27 +1,17 @@
 """``envelope gitops-config``: the Argo CD and Flux settings a GitOps cluster needs with
 Envelope in the path, generated from the rule set so they stay true.
 
-Which fields Envelope's mutating rules change is not written down here: it is found
-by running the rule set's enforced mutate phase on probe workloads of every kind the
-mutating rules judge (containers, init containers, restartable sidecars and pod-level
-resources with a CPU limit, a memory request without a limit, a string envelope holding
-a cpu pair in each container) and
+Which fields Envelope's mutating rules change is found by running the rule set's
+enforced mutate phase on probe workloads of every kind the mutating rules judge and
 reading the JSON patch it answers. A path the patch *removes* or *replaces* is one git
 holds and the cluster does not: Argo CD's default (three-way) diff shows it as drift for
-ever. A path it only *adds* is not in git, and neither Argo CD's three-way, nor its
-structured-merge, nor its server-side diff counts a field git does not set. What each
-diff mode shows is measured on the real API server by ``e2e/test_gitops_drift.py``
-(Argo CD's gitops-engine ``pkg/diff``, ``kubectl diff --server-side``), which also runs
-the ``--argocd`` output through Argo CD's own ignoreDifferences normalizer; the text
-below states those results and that test asserts them.
+ever; a path it only *adds* is not in git, and no Argo CD diff mode counts it. The
+Application that installs Envelope also ignores ``.webhooks[].failurePolicy`` (with
+``RespectIgnoreDifferences=true``), and Flux the same fields, since a re-apply of the
+rendered ``Ignore`` would lower what a ready replica raised (``app.serve.failurepolicy``).
 
-The webhook configurations: with ``webhooks.safeInstall`` the chart renders
-``failurePolicy: Ignore`` and a ready replica raises it (``app.serve.failurepolicy``); a
-GitOps sync that re-applies the rendered value lowers it again, so the Argo CD
-Application that installs Envelope ignores ``.webhooks[].failurePolicy`` and does not
-sync it (``RespectIgnoreDifferences=true``), and Flux's helm-controller drift detection
-ignores the same fields. What a re-apply does without them is measured by
-``e2e/test_gitops_failurepolicy.py``.
+What each diff mode shows, measured on the real API server (``e2e/test_gitops_drift.py``,
+``e2e/test_gitops_failurepolicy.py``), and the settings to use: docs/gitops.md.
 """
 
 from __future__ import annotations

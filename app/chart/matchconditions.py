@@ -1,39 +1,19 @@
 """CEL ``matchConditions`` for the mutating webhook: which writes the API server need
 not send to ``/mutate`` because no mutating rule could patch, warn or deny them.
 
-A compliant write (no CPU limit, memory request == limit, no ``cpu`` in the limits
-string envelope) then never leaves the API server for the mutation; only the validating
-call remains. The expression is generated from the rule set and the policy, so it says
-exactly what the mutate-phase rules act on:
+A compliant write then never leaves the API server for the mutation; only the
+validating call remains. The expression is generated from the rule set and the policy
+(one condition per mutate-phase rule not ``off``, :data:`KNOWN_RULES`), so it says
+exactly what those rules act on. Every condition over-approximates its rule,
+never the reverse (``e2e/test_matchconditions.py`` checks it on the real API server); a
+mutate-phase workload rule this module does not know refuses generation
+(:class:`UnknownRule`), so a new rule is never skipped silently. CEL is limited to what
+webhook matchConditions have had since 1.27 (no optional types, no ``ext.Strings``),
+every field guarded with ``has()``. A stale view's "not evaluated" warning is not judged
+here (it concerns the view, not the object).
 
-- ``cpu-limits``: a CPU limit in a container, an init container or the pod-level
-  resources, unless the opt-out annotation (object or pod template) is ``"true"``;
-- ``env-envelope-cpu``: a container env var named ``envelopeEnv.limits`` whose value
-  mentions ``cpu`` (case-insensitive), unless opted out;
-- ``memory-limit``: a memory request without a memory limit (any holder);
-- ``template-opt-outs``: a workload (not a Pod) whose own metadata carries the opt-out
-  or exemption annotation (any value);
-- ``memory-below-limit`` (only with the policy's ``memoryBelowLimit``: matchConditions
-  see no Namespace, so in every namespace): a memory limit whose request is absent or
-  written differently (any holder);
-- ``quota-needs-cpu-limits``, ``limitrange-needs-cpu-limits``: a CPU limit anywhere,
-  opted out or not — these guards judge the namespace, not the annotation, and they
-  warn (or deny) for opted-out workloads too.
-
-A rule whose mode is ``off`` adds nothing. Every condition over-approximates its rule
-(a superset of what the rule changes), never the reverse: ``e2e/test_matchconditions.py``
-checks on the real API server that a skipped write is one ``/mutate`` would have
-answered with no patch and no finding. A mutate-phase workload rule that this module
-does not know refuses generation (:class:`UnknownRule`), so a new rule can never be
-skipped silently.
-
-Expressions use only CEL available to webhook matchConditions since Kubernetes 1.27
-(``has``, ``in``, ``exists``, ``matches``, ternaries): no optional types, no
-``ext.Strings``. Fields are guarded with ``has()`` because a missing field is an
-evaluation error, and an error is answered by the webhook's failurePolicy.
-
-Not judged here (the webhook is skipped for them): a stale cluster view's "not
-evaluated" warning, which concerns the view rather than the object.
+What each rule's condition matches, and the Kubernetes versions that evaluate them:
+docs/deploy.md, "Compliant writes skip the mutating webhook".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.cli.chart_render import HelmOptions, find_helm, no_helm_message, render_charts
 from app.cluster.fieldschema import FIELDS_RULE
-from app.cluster.static import Manifest, Skipped, load
+from app.cluster.static import Loaded, Manifest, Skipped, load
 from app.cluster.view import StaticView
 from app.core.config import Policy
 from app.core.exemptions import watched_for
@@ -178,19 +178,16 @@ def _context_namespace(kubeconfig: str) -> str:
     return str(found) if found else DEFAULT_NAMESPACE
 
 
-def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
-              fail_on: FailOn = "error",
-              exclude: list[str] | None = None, allow_empty: bool = False,
-              kubeconfig: str | None = None, validate: str = "strict", quiet: bool = False,
-              helm: HelmOptions | None = None, namespace: str | None = None) -> int:
-    loaded = load(paths, exclude or ())
+def _render_charts(loaded: Loaded, helm: HelmOptions | None) -> bool:
+    """Render the Helm charts among the inputs into ``loaded`` (their other files skipped);
+    False (said on stderr) when there are charts and no helm."""
     charts = [c for c in loaded.charts  # a subchart is rendered by the chart that holds it
               if not any(Path(c).is_relative_to(Path(o)) and c != o for o in loaded.charts)]
     if charts:
         helm_bin = find_helm()
         if helm_bin is None:
             print(f"envelope check: {no_helm_message(charts)}", file=sys.stderr)
-            return 2
+            return False
         # A chart's other files (files/, values) reach the cluster only through its
         # templates; crds/ is installed by helm as it is, so it is judged as files.
         inside = [m for m in loaded.manifests if _in_chart(m.source, charts)]
@@ -201,6 +198,41 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
         rendered = set(render_charts(charts, helm_bin, helm or HelmOptions(), loaded))
         loaded.skipped = [s for s in loaded.skipped
                           if not (s.path.endswith("/templates") and str(Path(s.path).parent) in rendered)]
+    return True
+
+
+def _cluster_context(kubeconfig: str, rules: RuleSet, policy: Policy, manifests: list[Manifest]
+                     ) -> tuple[list[dict[str, Any]], set[str]] | None:
+    """The cluster's objects the rules read, merged with the manifests (one LIST per
+    kind), and the kinds listed (the view holds all of those); None (said on stderr)
+    when the cluster cannot be read."""
+    from app.cluster.kube import KubeClient, kube_configuration
+    from app.cluster.snapshot import context_kinds, merge, snapshot
+
+    try:
+        client = KubeClient(kube_configuration(kubeconfig))
+    except Exception as exc:
+        print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
+        return None
+    # What the webhook watches: the kinds the rules read, and what the policy needs
+    # (Namespaces for label-selected exceptions, EnvelopeExceptions when it delegates).
+    listed = context_kinds(rules.reads | watched_for(policy))
+    live = snapshot(client, listed)
+    if live.problems:
+        for problem in live.problems:
+            print(f"envelope check: {problem}", file=sys.stderr)
+        return None
+    return merge(live.objects, (m.obj for m in manifests)), {kind.name for kind in listed}
+
+
+def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
+              fail_on: FailOn = "error",
+              exclude: list[str] | None = None, allow_empty: bool = False,
+              kubeconfig: str | None = None, validate: str = "strict", quiet: bool = False,
+              helm: HelmOptions | None = None, namespace: str | None = None) -> int:
+    loaded = load(paths, exclude or ())
+    if not _render_charts(loaded, helm):
+        return 2
     if loaded.errors:
         errors = sorted(loaded.errors, key=lambda e: (e.source, e.document, e.line))
         for error in errors:
@@ -226,24 +258,10 @@ def run_check(paths: list[str], rules: RuleSet, policy: Policy, output: str, *,
     context: list[dict[str, Any]] = []
     complete: set[str] = set()  # the kinds listed from a cluster: the view holds all of them
     if kubeconfig:
-        from app.cluster.kube import KubeClient, kube_configuration
-        from app.cluster.snapshot import context_kinds, merge, snapshot
-
-        try:
-            client = KubeClient(kube_configuration(kubeconfig))
-        except Exception as exc:
-            print(f"envelope check: cannot use --kubeconfig {kubeconfig}: {exc}", file=sys.stderr)
+        from_cluster = _cluster_context(kubeconfig, rules, policy, manifests)
+        if from_cluster is None:
             return 2
-        # What the webhook watches: the kinds the rules read (and Namespaces when the
-        # policy's exceptions select namespaces by label).
-        listed = context_kinds(rules.reads | watched_for(policy))
-        live = snapshot(client, listed)
-        complete = {kind.name for kind in listed}
-        if live.problems:
-            for problem in live.problems:
-                print(f"envelope check: {problem}", file=sys.stderr)
-            return 2
-        context = merge(live.objects, (m.obj for m in manifests))
+        context, complete = from_cluster
     # Files hold what their author put in them; the kinds listed from a cluster are whole.
     view = StaticView(context or (m.obj for m in manifests), rules.indexes, complete=complete)
     gc.freeze()  # the parsed tenancy lives to the end: keep the collector from rescanning it

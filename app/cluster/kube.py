@@ -108,9 +108,10 @@ def loads(data: bytes | str) -> Any:
 
 
 def _loads_deep(s: str) -> Any:  # noqa: PLR0915
-    # One explicit-stack loop (any depth without recursion); split, it would pass the stack
-    # between calls on every token.
-    """A JSON parser with an explicit stack (strings by the json module's scanner)."""
+    """A JSON parser with an explicit stack (strings by the json module's scanner).
+
+    Why one function of ~72 lines: one explicit-stack loop (any depth without recursion);
+    split, it would pass the stack between calls on every token."""
     stack: list[tuple[Any, str | None]] = []
     pos = 0
     key: str | None

@@ -3,27 +3,15 @@
 One thread per resource lists it, then watches from the list's resourceVersion
 (with bookmarks), applying events to a :class:`Store` of trimmed plain dicts —
 only the fields rules read, so 5,000 Nodes cost megabytes, not gigabytes. A 410
-Gone re-lists; a broken connection retries with backoff. Nothing on the admission
-path ever talks to the API server.
+Gone re-lists; a broken connection retries with backoff; a watch silent longer than
+``watch_timeout + LIVENESS_GRACE`` is hung and dropped. Nothing on the admission path
+ever talks to the API server. Authentication and TLS come from the official client's
+configuration (in-cluster service account, or a kubeconfig); the HTTP is its urllib3 pool.
 
-Memory follows what is kept, not what the API server sends: each LIST page is
-trimmed as it arrives and dropped (one page of full objects at a time, never the
-whole set), an object whose resourceVersion did not change is reused from the old
-store on a re-list instead of copied, and the new set replaces the old one in one
-swap (``Store.replace``), so a reader sees the old set or the new one, never a
-half-built one.
+How memory follows what is kept (pages trimmed as they arrive, one swap per re-list)
+and why that silence means a hung watch: docs/cluster-view.md, "The live view".
 
-Liveness: the API server sends a bookmark 2 s before a watch's ``timeoutSeconds``
-ends (and about every minute; k8s.io/apiserver cacher ``cache_watcher.go``
-``nextBookmarkTime``). Watches here last ``watch_timeout`` (half the staleness
-window), so a healthy watch hears something at least that often; silence longer
-than ``watch_timeout + LIVENESS_GRACE`` is a hung connection: it is dropped, and the
-kind counts as stale from the moment it last heard anything.
-
-Authentication and TLS come from the official client's configuration (in-cluster
-service account, or a kubeconfig); the HTTP is its urllib3 pool.
-
-Why one module of ~430 lines: list, watch, re-list after 410 Gone, bookmarks, liveness
+Why one module of ~470 lines: list, watch, re-list after 410 Gone, bookmarks, liveness
 and the trims are one informer's state per kind; the table of kinds is ``app/k8s/kinds.py``.
 """
 

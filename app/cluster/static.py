@@ -1,20 +1,18 @@
 """Objects from manifest files: the cluster `envelope check` sees, read as kubectl reads them.
 
 kubectl v1.34 (k8s.io/cli-runtime ``resource/visitor.go``, k8s.io/apimachinery
-``util/yaml/decoder.go``):
-
-- decodes every file, stdin included, with ``unicode.BOMOverride(UTF8)``: a UTF-8,
-  UTF-16 LE or UTF-16 BE byte-order mark picks the encoding; without one the bytes are
-  UTF-8 and invalid sequences become U+FFFD;
-- splits the stream into documents at lines that start with ``---`` followed only by
-  blanks or a comment (any other ``---`` line is an error), before any YAML parsing, so
-  a broken document does not hide the ones after it;
-- converts each document to JSON with sigs.k8s.io/yaml (see :mod:`app.cluster.yamlk8s`)
-  and skips documents that are empty or ``null``.
+``util/yaml/decoder.go``) decodes every file with a byte-order-mark override, splits the
+stream into documents at ``---`` lines before any YAML parsing, converts each document to
+JSON with sigs.k8s.io/yaml (:mod:`app.cluster.yamlk8s`) and skips empty or ``null`` ones;
+so does this module (the details: docs/fidelity.md, "YAML as kubectl reads it").
 
 Parsing uses libyaml (PyYAML's C parser) for the syntax and node marks; every object
 keeps its file and line, and :meth:`Manifest.line_of` finds a field's line on demand by
 parsing that one document again, so loading pays nothing for lines nobody asks about.
+
+Why one module of ~420 lines: files, directories and stdin to documents to objects with
+their line marks is one reading, kubectl's visitor order; :meth:`Manifest.line_of`
+re-reads a document with the same composer, so it stays next to it.
 """
 
 from __future__ import annotations

@@ -3,28 +3,20 @@
 kubectl (v1.34: k8s.io/apimachinery v0.34 ``util/yaml``, sigs.k8s.io/yaml v1.6.0,
 go.yaml.in/yaml/v2 v2.4.2) turns each YAML document into JSON before anything else
 reads it, and the API server only ever sees that JSON. PyYAML's YAML 1.1 resolver
-disagrees with go-yaml v2 in places that change a manifest's meaning:
-
-=====================  ======================  =================================
-plain scalar           PyYAML SafeLoader        kubectl
-=====================  ======================  =================================
-``64e3``               string ``"64e3"``       number 64000 (float regex, no dot)
-``y`` / ``n``          string                   ``true`` / ``false``
-``0o17``               string                   15 (Go ``ParseInt`` base 0)
-``1:20``               int 80 (base 60)         string ``"1:20"``
-``08``                 string? (no: error)      8 (octal fails, then float)
-``2001-12-14``         ``datetime.date``        string (v2 keeps timestamps as text)
-``.inf``               float inf                error: JSON has no infinity
-``{a: 1, <<: {a: 2}}`` a = 1                    a = 2 (merges apply in order)
-``1.5: x`` (key)       float key                key ``"1.5"`` (float32 ``%g``)
-=====================  ======================  =================================
+disagrees with go-yaml v2 in places that change a manifest's meaning (``64e3`` is a
+number, ``y`` is ``true``, ``1:20`` is a string, merges apply in order...).
 
 This module resolves plain scalars with go-yaml v2's ``resolve()`` (resolve.go) and
 builds mappings with its ``decoder.mapping``/``merge`` (decode.go), then applies
 sigs.k8s.io/yaml's ``convertToJSONableObject`` to keys and what JSON and
 Kubernetes' unstructured decoding do to numbers (integers that fit int64 stay
 integers, everything else is a float). ``tests/cluster/test_static.py`` checks it against
-the real kubectl over generated scalars.
+the real kubectl over generated scalars. The table of differences: docs/fidelity.md,
+"YAML as kubectl reads it".
+
+Why one module of ~400 lines: go-yaml v2's scalar resolution, its mapping builder and
+sigs.k8s.io/yaml's key conversion are one decoder behind one entry point (:func:`build`,
+all its callers use); the builder is the only caller of the rest.
 """
 
 from __future__ import annotations

@@ -2,35 +2,20 @@
 once, for every rule.
 
 The same engine serves ``/mutate``, ``/validate`` and ``envelope check``. For each rule
-that applies to the subject's kind, phase and operation it
-
-1. skips the rule when its mode is ``off``, or when an UPDATE leaves the part of the
-   object the rule judges (``Rule.judges``, or in the mutate phase what the kind's
-   family maps it to: ``KindUpdates.mutate_parts``) as it was, or when a guard that ran
-   earlier holds it back (``Rule.holds_back``), or when the family says the object is
-   left as its controller wrote it (``KindUpdates.owned``);
-2. hands the rule a view of the kinds it declared (``Rule.reads``) and nothing else,
-   and does not run it when what it reads is stale: in ``enforce`` mode that is an
-   internal error (answered per the failure mode), in ``warn`` mode a warning;
-3. ratchets UPDATEs (``Rule.ratchet``): what the old object already had is not
-   refused again;
-4. applies the mode: ``enforce`` keeps errors and changes, ``warn`` turns both into
-   warnings and drops the changes;
-5. undoes a mutating rule's change on an UPDATE where it reaches a part the API server
-   keeps as stored (``KindUpdates.held``: a Job's template, a ``pods/resize``'s env):
-   never a patch the API server refuses;
-6. turns a rule's crash into an internal error (an :class:`InternalError` record: the
-   rule's id and what happened) that leaves no half-made patch.
+that applies to the subject's kind, phase and operation it skips what need not run
+(mode ``off``, an UPDATE that leaves what the rule judges as it was, a guard's
+``holds_back``, an object its controller owns), hands the rule a view of the kinds it
+declared and nothing else (stale: an internal error in ``enforce``, a warning in
+``warn``), ratchets UPDATEs, applies the mode, undoes a change the API server would
+refuse on an UPDATE (``KindUpdates.held``) and turns a crash into an
+:class:`InternalError` that leaves no half-made patch. Findings made before the engine
+ran (``given``) join their rule's own, so its mode and the exemptions apply to them.
 
 Every consumer reads the one result type, :class:`Evaluation`: the webhook's answer
 (``app.serve.admission.decide``), ``envelope check``'s reports (``app.render``) and the audit's
-PolicyReports (``app.audit``).
-
-Findings made *before* the engine ran, by a conversion of the input on behalf of a rule
-(``given``: a current-format ActorTemplate read into the form the rules judge), join
-that rule's own findings when it runs, so its mode and the exemptions apply to them as
-to everything else; when the rule does not run (``off``, exempt, another kind) they are
-dropped with it.
+PolicyReports (``app.audit``). Each step in order, and the conversions that make
+``given``: docs/architecture.md, "A request, from bytes to verdict" and "The admission
+boundary and the one result type".
 """
 
 from __future__ import annotations
@@ -183,11 +168,13 @@ def _ratchet(rule: Rule, subject: Subject, found: list[Finding], view: ClusterVi
 
 def evaluate(rules: RuleSet, subject: Subject, view: ClusterView, policy: Policy,  # noqa: C901, PLR0915
              phase: Phase, given: Sequence[Finding] = ()) -> Evaluation:
-    # One pass over the rules in order, every step of the module docstring inline: it is
-    # the hot path of every review (a helper call per rule per step was measured slower).
     """Run the ``phase`` rules of ``rules`` for the subject's kind and operation.
     ``given``: findings a conversion of the input made for a rule (stamped with its id),
-    added to what that rule finds when it runs (see the module's docstring)."""
+    added to what that rule finds when it runs (see the module's docstring).
+
+    Why one function of ~121 lines: one pass over the rules in order, every step of the
+    module docstring inline: it is the hot path of every review (a helper call per rule
+    per step was measured slower)."""
     out = Evaluation(obj=subject.obj)
     applicable = rules.applicable(subject.group, subject.kind, phase, subject.operation, policy)
     if not applicable:

@@ -6,26 +6,14 @@ The shape follows Kyverno's PolicyException (https://kyverno.io/docs/exceptions:
 ``spec.exceptions[].{policyName,ruleNames}`` and ``spec.match.any[].resources.{kinds,names,
 selector}``, names with ``*`` wildcards as in ``kyverno create exception --any
 "kind=Pod,name=test-*"``), flattened to one match block, every condition given must hold;
-Envelope has one policy, so ``rules`` names rule ids::
+Envelope has one policy, so ``spec.rules`` names rule ids. ``match`` needs ``names`` or
+``selector`` (an exception never covers a whole namespace by accident).
 
-    apiVersion: envelope.io/v1alpha1
-    kind: EnvelopeException
-    metadata: {name: grafana-memory, namespace: monitoring}
-    spec:
-      rules: [memory-request-equals-limit]
-      match:
-        kinds: [Deployment, Pod]        # Kind or group/Kind; absent: every kind
-        names: ["grafana", "grafana-*"] # object names; wildcards * and ?
-        selector: {matchLabels: {app.kubernetes.io/name: grafana}}
-      reason: vendor chart, issue 35
-      expires: "2027-01-01T00:00:00Z"   # optional: not honoured from then on
-
-``match`` needs ``names`` or ``selector`` (an exception never covers a whole namespace by
-accident). The sizes below are the CRD schema's limits (charts/envelope/templates/
-exceptions.yaml) and what the live view keeps of each object (``trim``), with
-:data:`MAX_BYTES` over the whole ``spec``, so an exception costs the webhook at most
-about 16 KiB however large the stored object is.
-No rules, no I/O.
+The sizes below are the CRD schema's limits (charts/envelope/templates/exceptions.yaml)
+and what the live view keeps of each object (``trim``), with :data:`MAX_BYTES` over the
+whole ``spec``, so an exception costs the webhook at most about 16 KiB however large the
+stored object is. An example and who may write one: docs/configuration.md, "Delegated
+exceptions". No rules, no I/O.
 """
 
 from __future__ import annotations

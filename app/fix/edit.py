@@ -5,29 +5,14 @@ over a :class:`~app.cluster.view.StaticView` of every input file), and the mutat
 phase's RFC 6902 patch is applied to the *text*, not to a re-serialised document: the
 file is composed with the parser ``check`` reads it with (libyaml's node marks, see
 :mod:`app.cluster.static`), the node each operation names is found, and only its bytes
-change —
+change (``replace``: the scalar's span in its own style; ``remove``: the key's line(s),
+or the pair and one comma in flow style; ``add``: a new line at the siblings'
+indentation, or ``, key: value``). Before anything is written the new text is read back
+as ``check`` reads it and must give exactly the old objects with their patches applied;
+a file where that fails is refused, never written. What each edit writes, what is
+refused (templates, merge keys) and why: docs/gitops.md, "envelope fix".
 
-- ``replace`` of a scalar: the value's span, written in the scalar's own style
-  (plain, single- or double-quoted);
-- ``remove`` of a key: its whole line(s) in a block mapping (a mapping left empty
-  becomes ``key: {}``, as the patch leaves it), or the pair and one comma in a flow
-  mapping or JSON;
-- ``add`` of a key: a new line after the mapping's last pair, at its siblings'
-  indentation (block), or ``, key: value`` in a flow mapping or JSON (one pair per line
-  when the mapping is written one pair per line). A value the same patch removed
-  elsewhere (a CPU limit moved to the request) keeps the text it was written with.
-
-Comments, key order, quoting, flow style and column alignment elsewhere stay byte for
-byte. Before anything is written the new text is read back as ``check`` reads it and
-must give exactly the old objects with their patches applied; a file where that fails
-is refused, never written. A file that does not read as YAML and holds ``{{`` is
-refused as an unrendered template, with how to handle charts instead; ``{{`` inside a
-string value (a Jinja chat template in a ConfigMap, a rendered chart's alert template)
-is rendered YAML like any other. An object ``envelope check`` refuses for its fields
-(strict field validation) gets no patch and is left out of the rules' view, as ``check``
-leaves it out, and is named on stderr.
-
-Why one module of ~800 lines: every function here works on the same three things, the
+Why one module of ~970 lines: every function here works on the same three things, the
 libyaml marks of one document's nodes, the text they point into and one JSON-pointer
 operation, and each edit (replace, remove, add) must leave text that the read-back at the
 end turns into the same objects plus the patch. Split, that one invariant would span

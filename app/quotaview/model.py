@@ -11,6 +11,10 @@ are exactly 0.3 here as there.
 Allocated amounts come from KAI Queue ``status.allocated`` (a ResourceList written by
 the KAI Scheduler); a queue with no status, or none yet, is "not reported" (None),
 never 0.
+
+Why one module of ~400 lines: the tree's types, how they are built from the rules' slots,
+compared (before and after a change) and written as JSON change together: a number
+added to a node is built, compared and exported here.
 """
 
 from __future__ import annotations

@@ -3,30 +3,20 @@ an ordered list of single-object writes in which **every intermediate state pass
 Envelope's own rules** — the rule set and engine the webhook runs
 (:func:`app.core.engine.check_object` over a :class:`~app.cluster.view.StaticView` of the
 state so far, the written object replacing its stored copy as the rules' ``After``
-does), not a copy of them.
+does), not a copy of them. Pure: objects in, steps out, no I/O.
 
-Pure: objects in, steps out, no I/O.
+Each round the candidate writes are tried in a fixed preference (deletes, lowerings,
+creates, the target object, a changed parent, guarantees zeroed before a move) and the
+first the rules admit is applied. Lowerings never raise anything, so a target that passes
+the rules is always reachable; when no candidate is admitted the plan stops and says which
+object blocks and why, and when the target itself does not pass the blame goes to the
+object that over-reached (its guarantee grew, or it keeps cards no child uses), not to
+the last one that would be written. The preference and why each comes where it does:
+docs/quotas.md, "Planning a change".
 
-How the order is found. The state starts as the base. Each round, the candidate writes
-are tried in a fixed preference and the first one the rules admit is applied:
-
-1. deletes, children first (Projects, leaf KAI Queues, Departments, NodePools);
-2. **lowerings** — an object with each guarantee at ``min(now, target)`` and its queues
-   on pools it leaves removed: the givers, before any receiver;
-3. creates, parents first (NodePools, Departments, parent Queues, Projects);
-4. the target object itself (a department grows before its projects because the
-   projects' raise is refused until it has);
-5. a changed ``parent`` (``parentQueue``) with the values held now;
-6. as a last resort for an object that changes parent, its guarantees set to 0 first
-   (a project moving between departments of a full pool: it gives its cards up, its old
-   department shrinks, the new one grows, it moves, it takes them back).
-
-Lowerings never raise anything, so after them every sum holds at most what the target
-holds; a target that passes the rules is then always reachable (the raises fit because
-the target fits). When no candidate is admitted the plan stops and says which object
-blocks and why. When the target itself does not pass, the blame goes to the object that
-over-reached (the one whose guarantee grew, or which keeps cards no child uses), not to
-the last one that would be written.
+Why one module of ~490 lines: the candidates, the state they are judged against and the
+blame are one search; each candidate is built from the state the previous writes made,
+and the blame scores the same objects the candidates write.
 """
 
 from __future__ import annotations

@@ -1,7 +1,13 @@
 """``envelope quotas plan``: from a base (a cluster read with one LIST per kind, or files)
 to a target (files), the ordered commands in which every intermediate state passes
 Envelope's quota rules (``app/quotaview/plan.py``), as text or JSON
-(``schemaVersion: quotaplan/v1``). Reads only: nothing is written to a cluster."""
+(``schemaVersion: quotaplan/v1``). Reads only: nothing is written to a cluster.
+
+Why one module of ~440 lines: the subcommand's three modes (print a plan, ``--serve`` the
+page, ``--git-ref`` plan from a git ref and commit on a branch) share its parser, the reading of
+base and target, the linked files and the plan's text and JSON forms; each mode is a few
+functions over those, and the planning itself is ``plan.py``.
+"""
 
 from __future__ import annotations
 
@@ -331,6 +337,32 @@ def _committer(repo: Any, at_ref: Any, ref: str) -> Any:
     return commit
 
 
+def _linked_rewrites(repo: Any, commit: str, linked: list[Any]) -> dict[str, tuple[str, str]] | None:
+    """The linked files' variables rewritten at ``commit``: path -> (old text, new text);
+    None (said on stderr) when a file cannot be read or lacks a variable's line."""
+    from app.quotaview.plangit import GitError, blob_at
+    from app.quotaview.planlinks import rewrite_variables
+
+    extra: dict[str, tuple[str, str]] = {}
+    by_file: dict[str, dict[str, str]] = {}
+    for item in linked:
+        if item.kind == "variable" and item.after is not None:
+            by_file.setdefault(item.where, {})[item.key] = item.after
+    for path, changes in by_file.items():
+        try:
+            old = blob_at(repo, commit, path)
+        except GitError as exc:
+            print(f"envelope quotas plan: linked file {path}: {exc}", file=sys.stderr)
+            return None
+        new, missing = rewrite_variables(old, changes)
+        if missing:
+            print(f"envelope quotas plan: linked file {path} has no line for {', '.join(missing)}; "
+                  f"nothing committed", file=sys.stderr)
+            return None
+        extra[path] = (old, new)
+    return extra
+
+
 def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: list[str],
              rules: RuleSet, policy: Policy, profile: Any = None) -> int:
     from pathlib import Path
@@ -356,25 +388,10 @@ def _run_git(args: argparse.Namespace, files: list[dict[str, Any]], problems: li
     planned = plan(base, target, rules, policy)
     extra: dict[str, tuple[str, str]] = {}
     if planned.ok and args.branch:
-        from app.quotaview.plangit import blob_at
-        from app.quotaview.planlinks import rewrite_variables
-
-        by_file: dict[str, dict[str, str]] = {}
-        for item in linked:
-            if item.kind == "variable" and item.after is not None:
-                by_file.setdefault(item.where, {})[item.key] = item.after
-        for path, changes in by_file.items():
-            try:
-                old = blob_at(repo, at_ref.commit, path)
-            except GitError as exc:
-                print(f"envelope quotas plan: linked file {path}: {exc}", file=sys.stderr)
-                return 2
-            new, missing = rewrite_variables(old, changes)
-            if missing:
-                print(f"envelope quotas plan: linked file {path} has no line for {', '.join(missing)}; "
-                      f"nothing committed", file=sys.stderr)
-                return 2
-            extra[path] = (old, new)
+        rewritten = _linked_rewrites(repo, at_ref.commit, linked)
+        if rewritten is None:
+            return 2
+        extra = rewritten
     source = {"base": f"git {args.git_ref} ({at_ref.commit[:12]})",
               "target": ", ".join([*args.paths, *args.to]),
               "at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}

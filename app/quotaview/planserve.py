@@ -236,6 +236,10 @@ def _body(raw: bytes, commit: bool) -> tuple[list[dict[str, Any]], str]:
 
 
 def _handler(planner: Planner, page: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
+    """The page's request handler: ``GET /`` and the three ``POST /api/`` endpoints.
+
+    Why one function of ~76 lines: it is one class, closed over ``planner`` and ``page``
+    (the standard library's server makes a handler per request from the class alone)."""
     class Handler(BaseHTTPRequestHandler):
         server_version = "envelope-quota-planner"
 

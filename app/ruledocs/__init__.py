@@ -11,6 +11,10 @@ writes, and ``tests/ruledocs/test_ruledocs.py`` fails.
 Used by ``envelope rules`` and ``envelope explain`` (app/cli/reference.py), by the SARIF renderer
 (``helpUri`` and the per-family hint, app/render/reports.py), and by ``python -m app.ruledocs
 [DIR]``, which writes ``docs/rules/<id>.md`` and ``docs/rules/README.md``.
+
+Why one module of ~410 lines: a rule's page, its SARIF help and its hint are read from the
+same declaration and data file, and share the texts (families, modes, ratchets, hints);
+the examples are run here so that a page never says what the engine does not answer.
 """
 
 from __future__ import annotations
@@ -291,10 +295,8 @@ def _operation_text(example: Example, kind: str) -> str:
     return ""
 
 
-def page(rule: Rule, rules: RuleSet) -> str:
-    """The markdown page of one rule (what ``envelope explain`` prints)."""
-    doc = load_doc(rule.id)
-    ex = doc.example
+def _facts(rule: Rule) -> str:
+    """The table at the top of a rule's page: its family, phase, mode, kinds and reads."""
     fam = family(rule)
     mode = rule.default_mode.value
     reads = ", ".join(f"`{k}`" for k in sorted(rule.reads)) or "nothing: the object alone"
@@ -318,7 +320,15 @@ def page(rule: Rule, rules: RuleSet) -> str:
     if rule.holds_back:
         rows.append(("holds back", ", ".join(f"[`{r}`]({r}.md)" for r in sorted(rule.holds_back))
                      + " when it reports on an object"))
-    table = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def page(rule: Rule, rules: RuleSet) -> str:
+    """The markdown page of one rule (what ``envelope explain`` prints)."""
+    doc = load_doc(rule.id)
+    ex = doc.example
+    mode = rule.default_mode.value
+    table = _facts(rule)
     failing, fixed = run_example(rules, ex, "failing"), run_example(rules, ex, "fixed")
     kind = str((_objects(ex.failing, "failing")[0]).get("kind"))
     parts = [

@@ -4,45 +4,17 @@ uvicorn (httptools) has no limit on the size of a request head, no timeout for a
 or a body that stops arriving, no bound on the bodies held by requests in flight, and
 it counts a connection only once its TLS handshake is done. This module is a subclass
 of uvicorn's ``HttpToolsProtocol`` (and, with :func:`uvicorn_options` ``tls=``, the
-TLS layer under it) that adds, per connection:
+TLS layer under it) that adds, per connection: connection slots taken before the TLS
+handshake, with eviction of connections that never completed a request (:class:`Slots`);
+a head size and a head timeout; a body size, time and rate; and an in-flight body budget
+shared by all connections. uvicorn's own settings cover the rest (idle keep-alive, a cap
+on tasks, the listen backlog), and :func:`uvicorn_options` raises the soft open-file limit.
 
-- **connection slots** (:class:`Slots`): every accepted TCP connection takes a slot
-  from ``max_connections`` *before* its TLS handshake; the handshake must finish in
-  ``handshake_timeout``. When all slots are taken, a new connection evicts one that
-  has never completed a request (pre-TLS, or TLS with no request yet; else an idle
-  kept-alive one), from the peer address holding the most slots, oldest first; only
-  when every slot carries a request in progress is the newcomer refused. So no peer
-  that merely holds connections open can keep a probe or the API server out;
-- **head size**: bytes of each request head (every request of a kept-alive or
-  pipelined connection: the parser is fed one head, then exactly one body, at a time)
-  are counted as they arrive; past ``max_header_bytes`` the client gets ``431``
-  (after the answers to the requests before it) and the connection is closed, before
-  httptools has buffered more than that;
-- **head timeout**: a head must be complete within ``header_timeout`` seconds of its
-  first byte, else ``408`` and close. A connection that has finished its handshake and
-  sent nothing is, to the API server's HTTP client, an idle pooled connection (it dials
-  one per waiting request and keeps those another connection served first): it is
-  closed silently after ``idle_timeout``, as a kept-alive one is, since closing it
-  sooner races the client's reuse (a CI run saw ``failed calling webhook: ... status
-  code 408``: a 408 sent at 10 s on such a connection, read as the answer to the review
-  just written on it). It holds a slot that is evicted first (below);
-- **body size**: a declared ``Content-Length`` above ``max_body_bytes`` gets ``413``
-  before the body is read; a streamed body is cut with ``413`` at that size;
-- **body time and rate**: the body must be complete within ``body_timeout`` seconds of
-  the head, and after ``body_rate_grace`` seconds it must keep arriving at
-  ``min_body_rate`` bytes a second (checked each second); else the connection is
-  closed (the review it carried is dropped with it);
-- **in-flight body budget**: bytes actually received (not declared) by requests not
-  yet answered are counted against ``max_inflight_body_bytes``, shared by all
-  connections; a request arriving when it is spent, or whose next bytes do not fit,
-  gets ``503`` so the API server applies the webhook's failure policy.
+Each limit, its flag, its default, what a client gets past it (and why a silent
+handshaken connection is idle, not timed out): docs/security.md, "Limits"; the eviction
+order and why probes stay safe follow that table.
 
-uvicorn's own settings cover the rest (see :func:`uvicorn_options`): idle keep-alive
-(``timeout_keep_alive``), a cap on tasks answered ``503`` (``limit_concurrency``) and
-the listen ``backlog``. :func:`uvicorn_options` also raises the process's soft
-open-file limit to its hard limit and lowers the slot count if even that is too small.
-
-Why one module of ~720 lines: every limit is a state of the same per-connection
+Why one module of ~850 lines: every limit is a state of the same per-connection
 protocol object (the slot, the head and body counters, the timers share its callbacks);
 split, each part would reach into the others' state.
 """
