@@ -180,6 +180,23 @@ def _placement(subject: Subject, obj: dict[str, Any]) -> Any:
             else None, spec.get("tolerations"), spec.get("schedulingGates"))
 
 
+def _devices_unknown(view: ClusterView, path: str, requests: Mapping[str, Decimal]
+                     ) -> tuple[DeviceDemand, dict[str, Decimal], list[Finding]]:
+    """Files with Nodes and no ResourceSlice say nothing of the nodes' devices: judged as
+    nodes without any, every DRA pod was refused and the message blamed whichever node
+    came closest on cpu and memory (issue 37). The devices (and the extended resources
+    DeviceClasses map) are left out and said "not evaluated". A cluster with no slices
+    is different: kube-scheduler refuses there (e2e/test_oracle_dra.py), and so does
+    this rule, a cluster's view being never partial."""
+    mapped = _classes_memo.get(view.version("DeviceClass"))
+    kept = {name: value for name, value in requests.items() if mapped is None or name not in mapped[1]}
+    return DeviceDemand(), kept, [warning(
+        path, "not evaluated: the pods ask for DRA devices and the input holds no "
+              "ResourceSlice, so no node's devices were judged (cpu, memory and the rest "
+              "were); add the ResourceSlices (kubectl get resourceslices -o yaml) or check "
+              "against the cluster (--kubeconfig) to judge them")]
+
+
 @rule("pod-fits-node", "validate", WORKLOAD_KINDS, Mode.ENFORCE,
       "each pod fits one node it may land on, on every resource at once (as kube-scheduler filters)",
       reads={"Node", KARPENTER_NODEPOOL, "RuntimeClass", *DRA_KINDS}, judges=_placement,
@@ -215,12 +232,9 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
 
     A template's pods are judged as the RuntimeClass admission plugin and the DaemonSet
     controller make them (``_scheduled_spec``). A pod with ``spec.nodeName`` is judged on that
-    node only, as the kubelet admits it; a pod for another scheduler (``schedulerName``,
-    e.g. KAI's) by the kubelet's checks on every node (docs/fidelity.md). A DaemonSet whose
-    selection takes no node makes no pod: never refused for that.
-
-    Autoscaled clusters (class 10): a pod only a node the autoscaler can create would take
-    gets a warning, never a refusal (``_no_fit``)."""
+    node only, as the kubelet admits it; a pod for another scheduler (``schedulerName``)
+    by the kubelet's checks on every node (docs/fidelity.md). A DaemonSet whose selection
+    takes no node makes no pod; a pod only an autoscaler's node would take: a warning."""
     spec = pod_spec(subject, obj)
     settings = policy.nodes
     if spec is None or (view.count("Node") == 0 and not settings.autoscaled_shapes
@@ -245,20 +259,7 @@ def _fits_node(subject: Subject, obj: dict[str, Any], view: ClusterView,
     devices = _device_demand(subject, spec, view, requests) if decider == SCHEDULER else DeviceDemand()
     unjudged: list[Finding] = []
     if devices and not view.count("ResourceSlice") and view.partial("ResourceSlice"):
-        # Files with Nodes and no ResourceSlices say nothing of the nodes' devices: judged
-        # as nodes without any, every DRA pod was refused and the message blamed whichever
-        # node came closest on cpu and memory (issue 37). A cluster with no slices is
-        # different: kube-scheduler refuses there too (e2e/test_oracle_dra.py), and so
-        # does this rule, since a cluster's view is never partial.
-        unjudged = [warning(path, "not evaluated: the pods ask for DRA devices and the input "
-                                  "holds no ResourceSlice, so no node's devices were judged "
-                                  "(cpu, memory and the rest were); add the ResourceSlices "
-                                  "(kubectl get resourceslices -o yaml) or check against the "
-                                  "cluster (--kubeconfig) to judge them")]
-        mapped = _classes_memo.get(view.version("DeviceClass"))
-        requests = {name: value for name, value in requests.items()
-                    if mapped is None or name not in mapped[1]}
-        devices = DeviceDemand()
+        devices, requests, unjudged = _devices_unknown(view, path, requests)
     keys = selector_references([*devices.claims, *devices.mapped.values()]) if devices else None
     groups = node_groups(view, spec, int(reserve_cpu * 1000), int(reserve_memory), keys)
     verdict = place_pod(spec, groups, requests, MAX_NODE_GROUPS, name_closest=settings.name_in_messages,
