@@ -277,3 +277,62 @@ def test_sub_millicore_requests_are_summed_rounded_since_1_37(cluster: Cluster, 
     assert parse_quantity(ours["resources"]["requests"]["cpu"]) == stored == Decimal("1.002")
     containers = sum(parse_quantity(c["resources"]["requests"]["cpu"]) for c in ours["containers"])
     assert containers == Decimal("1.002")
+
+
+def test_a_zero_container_limit_is_unset_in_pod_level_limit_defaulting_since_1_38(
+        cluster: Cluster, kube_minor: int) -> None:
+    """Recorded in docs/fidelity.md (the version matrix) and docs/upstream.md: up to 1.37
+    a container's cpu limit of 0 is summed into the pod-level limit PrepareForCreate
+    defaults (max(request 500m, 1 + 0) = 1); v1.38.0-beta.0 (kubernetes #141014,
+    component-helpers ``omitPartiallySetCPUMemLimits``) treats it as unset and defaults
+    no pod-level cpu limit. ``default_pod(minor=)`` follows the served minor."""
+    namespace = isolated_namespace(cluster, "oracle-defaulting")
+    image = "registry.k8s.io/pause:3.10"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "zero-limit"},
+           "spec": {"containers": [
+               {"name": "a", "image": image,
+                "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "1Gi"}}},
+               {"name": "b", "image": image, "resources": {"limits": {"cpu": "0", "memory": "1Gi"}}}],
+               "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}}}}
+    status, body = create(cluster, namespace, "pods", pod, dry_run=True)
+    assert status == 201, body
+    stored = _quantities(body["spec"]["resources"].get("limits"))
+    ours = _quantities(default_pod(pod, minor=kube_minor)["spec"]["resources"].get("limits"))
+    assert ours == stored, f"default_pod(minor={kube_minor}) {ours} != stored {stored}"
+    assert stored["memory"] == Decimal(2 * 2**30)
+    assert ("cpu" in stored) == (kube_minor < 38), stored
+    if kube_minor < 38:
+        assert stored["cpu"] == Decimal(1)
+
+
+def test_swap_limits_and_probe_edits_are_the_served_minors_to_decide(cluster: Cluster,
+                                                                     kube_minor: int) -> None:
+    """Recorded in docs/upstream.md (Kubernetes 1.38): Envelope leaves ``limits.swap`` and
+    probes exactly as written (tests/core/test_engine_upstream_fields.py) and the API
+    server decides. Up to v1.38.0-beta.0 it refuses both: ``swap`` is no container
+    resource (``ValidateContainerResourceName``: "must be a standard resource for
+    containers"; no swap gate in ``pkg/features/kube_features.go``), and a Pod UPDATE
+    may not change a probe (``ValidatePodUpdate``). A minor that accepts either fails
+    here, so the decision is made again with the real server."""
+    namespace = isolated_namespace(cluster, "oracle-upstream-fields")
+    image = "registry.k8s.io/pause:3.10"
+    for where in ("container", "pod"):
+        resources = {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi", "swap": "1Gi"}}
+        spec: dict[str, Any] = {"containers": [{"name": "c", "image": image}]}
+        if where == "container":
+            spec["containers"][0]["resources"] = resources
+        else:
+            spec["resources"] = resources
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"swap-{where}"}, "spec": spec}
+        status, body = create(cluster, namespace, "pods", pod, dry_run=True)
+        assert status == 422, (kube_minor, where, body)
+        assert "swap" in status_message(body), status_message(body)
+    probe = {"tcpSocket": {"port": 8080}, "periodSeconds": 10}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+           "spec": {"containers": [{"name": "c", "image": image, "readinessProbe": probe}]}}
+    status, body = create(cluster, namespace, "pods", pod)
+    assert status == 201, body
+    body["spec"]["containers"][0]["readinessProbe"]["periodSeconds"] = 30
+    status, answer = cluster.api("PUT", f"/api/v1/namespaces/{namespace}/pods/probe", body)
+    assert status == 422, (kube_minor, answer)
+    assert "pod updates may not change fields" in status_message(answer), status_message(answer)
