@@ -151,7 +151,7 @@ def default_pod(pod: Mapping[str, Any],
         merge_limit_range_defaults(spec, limit_ranges)
         # What the API server answers and every later read returns is decoded again,
         # with the decoding defaults: the pod-level ones then see LimitRanger's values
-        # (the limitranger oracle on v1.35.4: a pod-level cpu request from a LimitRange's
+        # (as the limitranger oracle found then on v1.35.4: a pod-level cpu request from a LimitRange's
         # container defaultRequest).
         _default_container_lists(spec)
         _default_pod_level_before_137(spec)

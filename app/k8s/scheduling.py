@@ -35,7 +35,7 @@ through the real kube-scheduler:
   resources the node has none of not checked, no DRA) — for ``spec.nodeName`` pods and
   pods another scheduler places.
 
-Kubernetes v1.37.2 (checked by the scheduling oracle on v1.37.2 and v1.35.4, and the DRA
+Kubernetes v1.37.2 (checked by the scheduling oracle on v1.37.2 and v1.35.8, and the DRA
 oracle ``e2e/test_oracle_dra.py`` on v1.37.2). Not modelled (they need objects this module
 is not given): inter-pod (anti-)affinity, topology spread, host ports, volumes.
 
