@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from decimal import ROUND_UP, Context, Decimal
 from typing import Any
 
-from app.k8s.quantity import QuantityError, parse_quantity
+from app.k8s.quantity import NEWEST_MINOR, QuantityError, parse_quantity
 from app.k8s.scheduling import (
     ResourceList,
     aggregate_container_limits,
@@ -107,11 +107,6 @@ def _round_lists(spec: dict[str, Any]) -> None:
         if isinstance(rl, dict):
             for name in list(rl):
                 rl[name] = _round_up_milli(rl[name])
-
-
-NEWEST_MINOR = 37
-"""The Kubernetes minor whose defaulting the rules model (the newest supported,
-docs/upstream.md); the version-matrix oracles pass the API server's own ``minor``."""
 
 
 def default_pod(pod: Mapping[str, Any],
