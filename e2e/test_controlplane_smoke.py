@@ -16,16 +16,17 @@ pytestmark = pytest.mark.e2e
 
 def _k8s_version(cluster: Cluster) -> str:
     source = cluster.bin_dir.parent.name  # <cache>/<k8s-vX.Y.Z_etcd-..._helm-...>/bin -> the pinned version
-    match = re.match(r"(?:k8s|kubernetes)-(v\d+\.\d+\.\d+)_", source)
+    match = re.match(r"(?:k8s|kubernetes)-(v\d+\.\d+\.\d+(?:-(?:alpha|beta|rc)\.\d+)?)_", source)
     return match.group(1) if match else ""
 
 
 def test_server_version(cluster: Cluster) -> None:
     info = json.loads(cluster.kubectl("version", "-o", "json").stdout)
     server = info["serverVersion"]
-    # A supported minor (docs/upstream.md): 1.37 by default, 1.35 in make e2e-second;
-    # kubectl is always the API server's own version.
-    assert (server["major"], server["minor"]) in {("1", "35"), ("1", "36"), ("1", "37")}, server
+    # A supported minor (docs/upstream.md): 1.37 by default, 1.35 in make e2e-second; or
+    # the next one before its GA (1.38, make e2e-next). kubectl is always the API
+    # server's own version.
+    assert (server["major"], server["minor"]) in {("1", "35"), ("1", "36"), ("1", "37"), ("1", "38")}, server
     assert info["clientVersion"]["gitVersion"] == server["gitVersion"], info["clientVersion"]
     pinned = _k8s_version(cluster)
     if pinned:

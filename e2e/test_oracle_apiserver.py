@@ -62,9 +62,9 @@ def _go_json(obj: Any) -> bytes:
     return text.encode()
 
 
-def _ours(text: str) -> tuple[str, Decimal | None]:
+def _ours(text: str, minor: int) -> tuple[str, Decimal | None]:
     try:
-        value = parse_quantity(text)
+        value = parse_quantity(text, minor=minor)
     except QuantityError:
         return "refused", None
     return ("negative" if value < 0 else "accepted"), value
@@ -88,7 +88,8 @@ def _judge(cluster: Cluster, namespace: str, text: str) -> tuple[str, str, Decim
     return f"HTTP {status}", message, None
 
 
-def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest) -> None:
+def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.FixtureRequest,
+                         kube_minor: int) -> None:
     cases = oracle_cases(request, DEFAULT_QUANTITY_CASES)
     rng = random.Random(oracle_seed)
     texts = list(dict.fromkeys(_quantity_string(rng) for _ in range(cases * 3)))[:cases]
@@ -101,7 +102,7 @@ def test_quantity_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fix
     counts: dict[str, int] = {}
     for text, (kind, detail, value) in zip(texts, parallel(judge, texts), strict=True):
         counts[kind] = counts.get(kind, 0) + 1
-        ours, our_value = _ours(text)
+        ours, our_value = _ours(text, kube_minor)
         if ours != kind or (kind == "accepted" and our_value != value):
             disagreements.append(f"{text!r}: API server {kind} {detail!r} (value {value}); "
                                  f"app/k8s/quantity.py {ours} (value {our_value})")
@@ -124,9 +125,10 @@ def _long_quantity_strings(rng: random.Random) -> list[str]:
     return out
 
 
-def test_quantity_oracle_long_strings(cluster: Cluster, oracle_seed: int) -> None:
+def test_quantity_oracle_long_strings(cluster: Cluster, oracle_seed: int, kube_minor: int) -> None:
     """The API server takes CRD and sizeLimit quantities of any length: app/k8s/quantity.py
-    gives the same verdict and value for long ones (parsed in linear time)."""
+    gives the same verdict and value for long ones (parsed in linear time). From 1.38
+    ParseQuantity keeps 29 significant digits (``parse_quantity(minor=38)``)."""
     rng = random.Random(oracle_seed)
     texts = _long_quantity_strings(rng)
     namespace = isolated_namespace(cluster, "oracle-quantity-long")
@@ -135,7 +137,7 @@ def test_quantity_oracle_long_strings(cluster: Cluster, oracle_seed: int) -> Non
     for text, (kind, detail, value) in zip(texts, parallel(lambda t: _judge(cluster, namespace, t), texts),
                                            strict=True):
         counts[kind] = counts.get(kind, 0) + 1
-        ours, our_value = _ours(text)
+        ours, our_value = _ours(text, kube_minor)
         if ours != kind or (kind == "accepted" and our_value != value):
             disagreements.append(f"{text[:60]!r}... ({len(text)} chars): API server {kind} "
                                  f"{detail[:200]!r}; app/k8s/quantity.py {ours}")
@@ -277,3 +279,63 @@ def test_sub_millicore_requests_are_summed_rounded_since_1_37(cluster: Cluster, 
     assert parse_quantity(ours["resources"]["requests"]["cpu"]) == stored == Decimal("1.002")
     containers = sum(parse_quantity(c["resources"]["requests"]["cpu"]) for c in ours["containers"])
     assert containers == Decimal("1.002")
+
+
+def test_a_zero_container_limit_is_unset_in_pod_level_limit_defaulting_since_1_38(
+        cluster: Cluster, kube_minor: int) -> None:
+    """Recorded in docs/fidelity.md (the version matrix) and docs/upstream.md: up to 1.37
+    a container's cpu limit of 0 is summed into the pod-level limit PrepareForCreate
+    defaults (max(request 500m, 1 + 0) = 1); v1.38.0-beta.0 (kubernetes #141014,
+    component-helpers ``omitPartiallySetCPUMemLimits``) treats it as unset and defaults
+    no pod-level cpu limit. ``default_pod(minor=)`` follows the served minor."""
+    namespace = isolated_namespace(cluster, "oracle-defaulting")
+    image = "registry.k8s.io/pause:3.10"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "zero-limit"},
+           "spec": {"containers": [
+               {"name": "a", "image": image,
+                "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "1Gi"}}},
+               {"name": "b", "image": image, "resources": {"limits": {"cpu": "0", "memory": "1Gi"}}}],
+               "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}}}}
+    status, body = create(cluster, namespace, "pods", pod, dry_run=True)
+    assert status == 201, body
+    stored = _quantities(body["spec"]["resources"].get("limits"))
+    ours = _quantities(default_pod(pod, minor=kube_minor)["spec"]["resources"].get("limits"))
+    assert ours == stored, f"default_pod(minor={kube_minor}) {ours} != stored {stored}"
+    if kube_minor < 37:  # 1.34-1.36 default no pod-level limit at all
+        assert stored == {}, stored
+        return
+    assert stored["memory"] == Decimal(2 * 2**30)
+    assert stored.get("cpu") == (Decimal(1) if kube_minor < 38 else None), stored
+
+
+def test_swap_limits_and_probe_edits_are_the_served_minors_to_decide(cluster: Cluster,
+                                                                     kube_minor: int) -> None:
+    """Recorded in docs/upstream.md (Kubernetes 1.38): Envelope leaves ``limits.swap`` and
+    probes exactly as written (tests/core/test_engine_upstream_fields.py) and the API
+    server decides. Up to v1.38.0-beta.0 it refuses both: ``swap`` is no container
+    resource (``ValidateContainerResourceName``: "must be a standard resource for
+    containers"; no swap gate in ``pkg/features/kube_features.go``), and a Pod UPDATE
+    may not change a probe (``ValidatePodUpdate``). A minor that accepts either fails
+    here, so the decision is made again with the real server."""
+    namespace = isolated_namespace(cluster, "oracle-upstream-fields")
+    image = "registry.k8s.io/pause:3.10"
+    for where in ("container", "pod"):
+        resources = {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi", "swap": "1Gi"}}
+        spec: dict[str, Any] = {"containers": [{"name": "c", "image": image}]}
+        if where == "container":
+            spec["containers"][0]["resources"] = resources
+        else:
+            spec["resources"] = resources
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"swap-{where}"}, "spec": spec}
+        status, body = create(cluster, namespace, "pods", pod, dry_run=True)
+        assert status == 422, (kube_minor, where, body)
+        assert "swap" in status_message(body), status_message(body)
+    probe = {"tcpSocket": {"port": 8080}, "periodSeconds": 10}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+           "spec": {"containers": [{"name": "c", "image": image, "readinessProbe": probe}]}}
+    status, body = create(cluster, namespace, "pods", pod)
+    assert status == 201, body
+    body["spec"]["containers"][0]["readinessProbe"]["periodSeconds"] = 30
+    status, answer = cluster.api("PUT", f"/api/v1/namespaces/{namespace}/pods/probe", body)
+    assert status == 422, (kube_minor, answer)
+    assert "pod updates may not change fields" in status_message(answer), status_message(answer)

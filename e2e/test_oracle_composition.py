@@ -215,3 +215,31 @@ def _composition_oracle(cluster: Cluster, oracle_seed: int, request: pytest.Fixt
     assert not disagreements, "\n".join(disagreements[:10])
     assert judged >= len(cases) // 3, f"only {judged} cases judged"
     assert 0 < exceeded < judged, "the generator must produce both outcomes"
+
+
+def test_a_zero_memory_limit_takes_limits_memory_out_of_the_quota_charge_since_1_38(
+        cluster: Cluster, kube_minor: int) -> None:
+    """A recorded disagreement (docs/fidelity.md, the version matrix): from v1.38.0-beta.0
+    the quota charges no ``limits.memory`` for a Pod one of whose containers limits memory
+    to 0 (component-helpers ``PodLimits`` -> ``AggregateContainerLimits`` ->
+    ``omitPartiallySetCPUMemLimits``, kubernetes #141014); up to 1.37 it charges the sum.
+    ``namespace-memory-composition`` models the newest supported minor (1.37) and warns on
+    both. When 1.38 becomes the default, this row says the rule must follow it."""
+    case = Case(index=9000)
+    case.quotas = [{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "mem"},
+                    "spec": {"hard": {"limits.memory": "1Gi"}}}]
+    image = "registry.k8s.io/pause:3.10"
+    memory = {"memory": "1536Mi"}
+    case.spec = {"containers": [
+        {"name": "a", "image": image, "resources": {"requests": memory, "limits": memory}},
+        {"name": "b", "image": image, "resources": {"requests": {"memory": "0"}, "limits": {"memory": "0"}}}]}
+    assert _setup(cluster, case) is None
+    time.sleep(1.5)  # the quota admission's informer sees the quota
+    warned, stored = _judged(case, priority_classes(cluster))
+    assert warned, "namespace-memory-composition charges 1536Mi against limits.memory 1Gi"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": stored}
+    status, body = create(cluster, case.namespace, "pods", pod, dry_run=True)
+    if kube_minor < 38:
+        assert status == 403 and "exceeded quota" in status_message(body), (status, body)
+    else:
+        assert status == 201, (kube_minor, status_message(body))

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from decimal import ROUND_UP, Context, Decimal
 from typing import Any
 
-from app.k8s.quantity import QuantityError, parse_quantity
+from app.k8s.quantity import NEWEST_MINOR, QuantityError, parse_quantity
 from app.k8s.scheduling import (
     ResourceList,
     aggregate_container_limits,
@@ -99,11 +99,6 @@ def _round_lists(spec: dict[str, Any]) -> None:
                 rl[name] = _round_up_milli(rl[name])
 
 
-NEWEST_MINOR = 37
-"""The Kubernetes minor whose defaulting the rules model (the newest supported,
-docs/upstream.md); the version-matrix oracles pass the API server's own ``minor``."""
-
-
 def default_pod(pod: Mapping[str, Any],
                 limit_ranges: Iterable[Mapping[str, Any]] = (), *,
                 minor: int = NEWEST_MINOR) -> dict[str, Any]:
@@ -126,7 +121,9 @@ def default_pod(pod: Mapping[str, Any],
     a template makes. New values are written as exact quantity strings. ``minor`` below
     37: the 1.34-1.36 order (``_default_pod_level_before_137`` at decoding, then the
     rounding, then LimitRanger, then the decoding defaults again as every read of the
-    stored Pod applies them), as the oracles find it on v1.35.4.
+    stored Pod applies them), as the oracles find it on v1.35.4. ``minor`` 38 and
+    later: a container's zero cpu or memory limit leaves that pod-level limit unset
+    (``_default_pod_level``).
     """
     out = copy_for_defaulting(pod)
     spec = out.get("spec")
@@ -139,7 +136,7 @@ def default_pod(pod: Mapping[str, Any],
         merge_limit_range_defaults(spec, limit_ranges)
         # What the API server answers and every later read returns is decoded again,
         # with the decoding defaults: the pod-level ones then see LimitRanger's values
-        # (the limitranger oracle on v1.35.4: a pod-level cpu request from a LimitRange's
+        # (as the limitranger oracle found then on v1.35.4: a pod-level cpu request from a LimitRange's
         # container defaultRequest).
         _default_container_lists(spec)
         _default_pod_level_before_137(spec)
@@ -147,7 +144,7 @@ def default_pod(pod: Mapping[str, Any],
         return out
     _round_lists(spec)  # decoding: SetDefaults_ResourceList, before any admission plugin
     merge_limit_range_defaults(spec, limit_ranges)
-    _default_pod_level(spec)  # PrepareForCreate, from the rounded container values
+    _default_pod_level(spec, minor)  # PrepareForCreate, from the rounded container values
     _round_lists(spec)  # what a LimitRange read from files (not stored yet) brings unrounded
     return out
 
@@ -192,7 +189,29 @@ def _default_container_lists(spec: dict[str, Any]) -> None:
                 _default_container_requests(container)
 
 
-def _default_pod_level(spec: dict[str, Any]) -> None:
+def _partially_set_cpu_memory_limits(spec: Mapping[str, Any]) -> set[str]:
+    """cpu and memory, where some init or regular container (sidecars included) sets no
+    limit or a zero one: v1.38.0-beta.0 component-helpers ``resource/helpers.go``
+    ``omitPartiallySetCPUMemLimits`` leaves them out of ``AggregateContainerLimits``
+    (kubernetes #141014: the kubelet treats such a container as unlimited)."""
+    out: set[str] = set()
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, Mapping):
+                continue
+            resources = container.get("resources")
+            limits = resources.get("limits") if isinstance(resources, Mapping) else None
+            for name in ("cpu", "memory"):
+                value = limits.get(name) if isinstance(limits, Mapping) else None
+                try:
+                    if value is None or parse_quantity(str(value)) == 0:
+                        out.add(name)
+                except QuantityError:
+                    continue  # the API server refuses it first
+    return out
+
+
+def _default_pod_level(spec: dict[str, Any], minor: int = NEWEST_MINOR) -> None:
     """Step 3 of ``default_pod``, in place: v1.37.2's ``podutil.DefaultPodLevelResources``
     (``pkg/api/pod/util.go``), whenever ``spec.resources`` has requests or limits:
 
@@ -203,7 +222,9 @@ def _default_pod_level(spec: dict[str, Any]) -> None:
        pod-level limit (no pod-level limit needed, unlike 1.34-1.36's ``defaultPodRequests``);
     3. ``defaultPodLevelLimits``: a resource with a pod-level request and no pod-level
        limit, limited by every container (init containers and sidecars included), gets
-       max(pod-level request, the containers' aggregate limit).
+       max(pod-level request, the containers' aggregate limit). From ``minor`` 38 a
+       container's zero cpu or memory limit counts as unset there: no pod-level limit
+       for it (``_partially_set_cpu_memory_limits``; 1.37 summed the zero).
     """
     resources = spec.get("resources")
     if not isinstance(resources, dict):
@@ -214,6 +235,9 @@ def _default_pod_level(spec: dict[str, Any]) -> None:
         return
     pod_limits = dict(limits_raw or {})
     aggregate_limits = aggregate_container_limits(spec)
+    if minor >= 38:
+        for name in _partially_set_cpu_memory_limits(spec):
+            aggregate_limits.pop(name, None)
     for name, value in aggregate_limits.items():
         if not name.startswith(_HUGEPAGES) or name in (requests_raw or {}):
             continue

@@ -67,7 +67,18 @@ class QuantityError(ValueError):
     reason: str = ""
 
 
-def parse_quantity(value: object) -> Decimal:
+NEWEST_MINOR = 37
+"""The Kubernetes minor whose parsing and defaulting the rules model (the newest
+supported, docs/upstream.md); the version-matrix oracles pass the API server's own."""
+
+#: Significant digits ParseQuantity keeps from v1.38 (apimachinery v0.38.0-beta.0
+#: ``pkg/api/resource/quantity.go`` ``maxSignificantDigits`` and
+#: ``maxBinarySISignificantDigits``); before 1.38 every digit is kept.
+_MAX_DIGITS_138 = 29
+_MAX_BINARY_DIGITS_138 = 70
+
+
+def parse_quantity(value: object, *, minor: int = NEWEST_MINOR) -> Decimal:
     """Return the exact value of a quantity (``"1.5Gi"``, ``"250m"``, ``7``, ``"1e3"``)
     as the API server stores it: ``k8s.io/apimachinery/pkg/api/resource``
     ``Quantity.UnmarshalJSON`` / ``ParseQuantity`` at v0.34.12, including its
@@ -75,7 +86,9 @@ def parse_quantity(value: object) -> Decimal:
     JSON, after TrimSpace; a decimal exponent is an int64 truncated to int32;
     values below one nano round up, away from zero, to 1n; binary-suffixed values
     are capped at 2^63-1). Very large exponents cost nothing: the value is built
-    from its digits and exponent, never by repeated multiplication."""
+    from its digits and exponent, never by repeated multiplication. ``minor`` 38 and
+    later: the slow path keeps at most 29 significant digits (70 before a binary
+    suffix), rounding what it drops away from zero (``decFromDigits``)."""
     if isinstance(value, bool):
         raise QuantityError(f"expected a quantity, got {shown(value)}")
     if isinstance(value, int):
@@ -89,6 +102,8 @@ def parse_quantity(value: object) -> Decimal:
     # possibly megabytes of digits) by their total length, so each is parsed once per
     # review however many rules read it, and the cache cannot hold more than
     # LONG_BUDGET bytes, the strings and their values measured (util.Memo).
+    if minor >= 38:
+        return _parse_text(value, minor)
     if len(value) <= 64:
         return _parse_cached(value)
     found = _long.get(value)
@@ -193,7 +208,18 @@ def _exponent(text: str) -> int | None:
     return _int32(n) if -(2**63) <= n <= _MAX_INT64 else None
 
 
-def _parse_text(value: str) -> Decimal:
+def _significant(unscaled: Decimal, max_digits: int) -> tuple[Decimal, int]:
+    """decFromDigits of 1.38: at most ``max_digits`` significant digits, a dropped
+    non-zero digit rounding the rest away from zero; (unscaled, digits dropped)."""
+    magnitude = unscaled.copy_abs()
+    dropped = magnitude.adjusted() + 1 - max_digits
+    if magnitude == 0 or dropped <= 0:
+        return unscaled, 0
+    kept = magnitude.scaleb(-dropped, _EXACT).to_integral_value(ROUND_UP, _EXACT)
+    return (kept if unscaled > 0 else kept.copy_negate()), dropped
+
+
+def _parse_text(value: str, minor: int = NEWEST_MINOR) -> Decimal:
     text = value.strip(_GO_SPACE)
     if not text:
         raise _bad(value, "it is empty")
@@ -232,6 +258,9 @@ def _parse_text(value: str) -> Decimal:
     if parsed is None:
         raise _bad(value, "it has no digits")
     unscaled, dec_scale = parsed
+    if minor >= 38:
+        unscaled, dropped = _significant(unscaled, _MAX_BINARY_DIGITS_138 if binary else _MAX_DIGITS_138)
+        dec_scale = _int32(dec_scale - dropped)
     if binary:
         unscaled = _EXACT.multiply(unscaled, Decimal(1 << exponent))
     else:

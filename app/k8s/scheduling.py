@@ -2,7 +2,7 @@
 kubelet admits of a pod bound to a node (``decider=KUBELET``).
 
 Pure functions over plain Kubernetes dicts; no I/O. Kubernetes v1.37.2, checked by the
-scheduling oracle (``e2e/test_oracle_scheduling.py``, on v1.37.2 and v1.35.4) and the
+scheduling oracle (``e2e/test_oracle_scheduling.py``, on v1.37.2 and v1.35.8) and the
 DRA oracle (``e2e/test_oracle_dra.py``), which put the same nodes and pod through the
 real kube-scheduler. The upstream file each filter ports: docs/fidelity.md, "The ports,
 file by file". Not modelled (they need objects this module is not given): inter-pod

@@ -24,12 +24,19 @@
 #                               version matrix (SECOND_KUBERNETES_VERSION). etcd and helm are
 #                               built there too (the same pinned versions: from the Go build
 #                               cache, seconds), so either bin dir is a whole control plane.
+#                               A pre-release (v1.38.0-beta.0, NEXT_KUBERNETES_VERSION) is built
+#                               the same way from its v0.38.0-beta.0 staging modules; its Go
+#                               toolchain comes from GOTOOLCHAIN (see below).
 #   ENVELOPE_CONTROLPLANE_KUBELET=1  build only the kubelet (for the e2e node,
 #                               e2e/harness/node.py), at KUBERNETES_VERSION (or
 #                               ENVELOPE_CONTROLPLANE_KUBERNETES), under its own cache key, so
 #                               adding it never rebuilds the control plane. `make test` builds
 #                               it in the background prebuild.
-#   GOTOOLCHAIN                 defaults to "local" (never download a toolchain)
+#   GOTOOLCHAIN                 defaults to "local" (never download a toolchain). A Kubernetes
+#                               whose go.mod needs a newer Go than the local one (1.38 needs
+#                               Go 1.27) is built with GOTOOLCHAIN=<NEXT_GOTOOLCHAIN> exported
+#                               (`make e2e-next` does): the go command then takes that
+#                               toolchain from the module proxy.
 #
 # Only the Go toolchain and the Go module proxy are needed: no Docker, no
 # prebuilt release downloads.
@@ -61,15 +68,17 @@ if ! command -v go >/dev/null 2>&1; then
     die "the Go toolchain ('go') is not on PATH; it is needed to build the e2e control plane (see docs/testing.md)"
 fi
 
-# vMAJOR.MINOR.PATCH -> parts; staging modules are published as v0.MINOR.PATCH.
+# vMAJOR.MINOR.PATCH[-PRERELEASE] -> parts; staging modules are published as
+# v0.MINOR.PATCH[-PRERELEASE] (v1.38.0-beta.0 -> v0.38.0-beta.0).
 k8s_ver="${KUBERNETES_VERSION#v}"
-if [[ ! "${k8s_ver}" =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)$ ]]; then
-    die "KUBERNETES_VERSION must look like v1.34.2, got '${KUBERNETES_VERSION}'"
+if [[ ! "${k8s_ver}" =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)(-(alpha|beta|rc)\.[0-9]+)?$ ]]; then
+    die "KUBERNETES_VERSION must look like v1.34.2 or v1.38.0-beta.0, got '${KUBERNETES_VERSION}'"
 fi
 K8S_MAJOR="${BASH_REMATCH[1]}"
 K8S_MINOR="${BASH_REMATCH[2]}"
 K8S_PATCH="${BASH_REMATCH[3]}"
-STAGING_VERSION="v0.${K8S_MINOR}.${K8S_PATCH}"
+K8S_PRERELEASE="${BASH_REMATCH[4]}"
+STAGING_VERSION="v0.${K8S_MINOR}.${K8S_PATCH}${K8S_PRERELEASE}"
 
 KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_r${CONTROLPLANE_RECIPE}"
 if [[ "${KUBELET_ONLY}" == "1" ]]; then
@@ -305,6 +314,22 @@ ensure kube-scheduler build_kube_scheduler "${KUBERNETES_VERSION}" "Kubernetes $
 ensure kube-controller-manager build_kube_controller_manager "${KUBERNETES_VERSION}" \
     "Kubernetes ${KUBERNETES_VERSION}" --version
 ensure kubectl build_kubectl "${KUBERNETES_VERSION}" "${KUBERNETES_VERSION}" version --client
+# etcd and helm are the same pinned versions under every key: take them from the
+# default key when it holds them (another Go toolchain, e.g. 1.38's, would otherwise
+# rebuild both from a cold build cache for nothing).
+DEFAULT_BIN="${ROOT}/k8s-$(sed -n 's/^KUBERNETES_VERSION=//p' "${HERE}/versions.env")_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_r${CONTROLPLANE_RECIPE}/bin"
+reuse() { # reuse NAME EXPECTED ARGS... : copy NAME from the default key if it reports EXPECTED
+    local name="$1"
+    shift
+    if [[ "${DEFAULT_BIN}" != "${BIN}" ]] && ! is_built "${BIN}/${name}" "$@" \
+        && is_built "${DEFAULT_BIN}/${name}" "$@"; then
+        cp -f "${DEFAULT_BIN}/${name}" "${BIN}/.${name}.tmp"
+        install_bin "${BIN}/.${name}.tmp" "${name}"
+        log "${name}: copied from ${DEFAULT_BIN}"
+    fi
+}
+reuse etcd "etcd Version: ${ETCD_VERSION#v}" --version
+reuse helm "${HELM_VERSION}" version --short
 ensure etcd build_etcd "${ETCD_VERSION}" "etcd Version: ${ETCD_VERSION#v}" --version
 ensure helm build_helm "${HELM_VERSION}" "${HELM_VERSION}" version --short
 

@@ -72,6 +72,32 @@ def test_pod_level_requests_are_aggregated_after_limit_ranger() -> None:
     assert default_pod(pod)["spec"]["resources"]["requests"]["memory"] == "4Gi"
 
 
+@pytest.mark.parametrize("zero", ["cpu", "memory"])
+def test_a_zero_container_limit_leaves_the_pod_level_limit_unset_from_1_38(zero: str) -> None:
+    # kubernetes #141014 (v1.38.0-beta.0 component-helpers omitPartiallySetCPUMemLimits):
+    # a container limit of 0 is unset in pod-level limit defaulting; 1.37 summed it. The
+    # oracle row on the real servers: e2e/test_oracle_apiserver.py
+    # test_a_zero_container_limit_is_unset_in_pod_level_limit_defaulting_since_1_38.
+    other = "memory" if zero == "cpu" else "cpu"
+    one = {"cpu": "1", "memory": "1Gi"}
+    pod = _pod(container("a", requests={"cpu": "250m", "memory": "256Mi"}, limits=dict(one)),
+               container("b", limits={zero: "0", other: one[other]}),
+               resources={"requests": {"cpu": "500m", "memory": "512Mi"}})
+    before = default_pod(pod, minor=37)["spec"]["resources"]["limits"]
+    # 1.37: max(pod-level request, the sum with the zero), for both resources
+    assert before == ({"cpu": "1", "memory": str(2 * 2**30)} if zero == "cpu"
+                      else {"cpu": "2", "memory": str(2**30)})
+    after = default_pod(pod, minor=38)["spec"]["resources"]
+    assert after["limits"] == {other: before[other]}
+    assert after["requests"] == {"cpu": "500m", "memory": "512Mi"}
+    # without the zero both minors agree, and the input is left as written
+    whole = _pod(container("a", requests={"cpu": "250m"}, limits={"cpu": "1"}),
+                 resources={"requests": {"cpu": "500m"}})
+    written = copy.deepcopy(whole)
+    assert default_pod(whole, minor=38) == default_pod(whole, minor=37)
+    assert whole == written
+
+
 def test_the_first_limit_range_wins_and_a_later_item_of_one_wins_within_it() -> None:
     first = limit_range("a-first", {"default": {"memory": "1Gi"}}, {"default": {"memory": "3Gi"}})
     second = limit_range("b-second", {"default": {"memory": "2Gi"}})

@@ -244,3 +244,19 @@ def test_exponents_of_thousands_of_digits_are_refused_or_read_as_parseint_reads_
         # below 1n, a value rounds up to 1n (ParseQuantity's inf.RoundUp at Nano)
         expected = Decimal("1e-9") if exponent < -9 else Decimal(3).scaleb(exponent, quantity_module._EXACT)
         assert parse_quantity(text) == expected, text
+
+
+def test_from_1_38_the_slow_path_keeps_29_significant_digits() -> None:
+    # apimachinery v0.38.0-beta.0 decFromDigits (maxSignificantDigits 29, 70 before a
+    # binary suffix), as the long-string quantity oracle found the v1.38.0-beta.0 API
+    # server storing them: 3859820828169697796801345564143555898206 -> ...5564200G.
+    text = "3859820828169697796801345564143555898206"
+    assert parse_quantity(text) == Decimal(text)
+    assert parse_quantity(text, minor=38) == Decimal("3859820828169697796801345564200e9")
+    assert parse_quantity("-" + text, minor=38) == Decimal("-3859820828169697796801345564200e9")
+    # dropped zeros round nothing; 29 digits or fewer, and the int64 fast path, are as before
+    assert parse_quantity("1" + "0" * 39, minor=38) == Decimal("1e39")
+    for same in ("12345678901234567890123456789", "1.5Gi", "250m", "123456789012345678"):
+        assert parse_quantity(same, minor=38) == parse_quantity(same)
+    # before a binary suffix 70 digits are kept (the cap at 2^63-1 decides first)
+    assert parse_quantity("0." + "1" * 40 + "Ki", minor=38) == parse_quantity("0." + "1" * 40 + "Ki")
