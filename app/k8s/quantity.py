@@ -219,6 +219,18 @@ def _significant(unscaled: Decimal, max_digits: int) -> tuple[Decimal, int]:
     return (kept if unscaled > 0 else kept.copy_negate()), dropped
 
 
+def _suffix_exponent(value: str, suffix: str) -> int:
+    """The exponent a suffix stands for: decimal (``k``, ``M``, ``m``...: of 10), binary
+    (``Ki``, ``Mi``...: of 2) or ``e``/``E`` with a number (of 10)."""
+    if suffix in _DEC_SUFFIX_EXP:
+        return _DEC_SUFFIX_EXP[suffix]
+    if suffix in _BIN_SUFFIX_EXP:
+        return _BIN_SUFFIX_EXP[suffix]
+    if len(suffix) > 1 and suffix[0] in "eE" and (parsed := _exponent(suffix[1:])) is not None:
+        return parsed
+    raise _bad(value, f"unknown suffix {suffix!r}")
+
+
 def _parse_text(value: str, minor: int = NEWEST_MINOR) -> Decimal:
     text = value.strip(_GO_SPACE)
     if not text:
@@ -227,14 +239,7 @@ def _parse_text(value: str, minor: int = NEWEST_MINOR) -> Decimal:
         return Decimal(0)
     positive, number, num, denom, suffix = _split(text)
     binary = suffix in _BIN_SUFFIX_EXP
-    if suffix in _DEC_SUFFIX_EXP:
-        exponent = _DEC_SUFFIX_EXP[suffix]
-    elif binary:
-        exponent = _BIN_SUFFIX_EXP[suffix]
-    elif len(suffix) > 1 and suffix[0] in "eE" and (parsed_exp := _exponent(suffix[1:])) is not None:
-        exponent = parsed_exp
-    else:
-        raise _bad(value, f"unknown suffix {suffix!r}")
+    exponent = _suffix_exponent(value, suffix)
     # The int64 fast path of ParseQuantity (same value as the slow path, except
     # that it skips the binary cap, which it can only reach without overflow). It
     # takes at most 18 digits, so the int conversion here is cheap.
