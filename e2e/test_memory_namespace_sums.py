@@ -19,9 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from test_memory_bounds import rss_mib
-
-from builders import container, deployment, eventually
+from builders import container, deployment, eventually, rss_mib
 from harness import Cluster, Webhook
 
 DEPLOYMENTS = 1_000
