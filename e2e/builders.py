@@ -44,6 +44,15 @@ def deployment(name: str, ns: str, *containers: dict[str, Any], replicas: int = 
 SEED = {"limits": {"cpu": "7", "memory": "29Gi"}}
 
 
+def rss_mib(pid: int) -> float:
+    """A process's resident memory now (the memory-bound tests, issue 38)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
 def eventually(check: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not check():

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from builders import rss_mib
 from harness import Cluster, Webhook
 
 ROUNDS = 3
@@ -22,14 +23,6 @@ RSS_BUDGET_MIB = 250
 allocator's keep of the reviews just decoded (a 2.8 MB object is ~6 MB of review)."""
 PLATEAU_MIB = 40
 """Growth allowed from the second round to the last: the memos are full after the first."""
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def template(name: str, ns: str, value: str) -> dict[str, Any]:
