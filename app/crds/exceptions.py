@@ -19,7 +19,6 @@ exceptions". No rules, no I/O.
 from __future__ import annotations
 
 import datetime
-import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +67,28 @@ class EnvelopeException:
         (the caller checks the namespace)."""
         if self.kinds and not ({kind, f"{group}/{kind}"} & set(self.kinds)):
             return False
-        if self.names and not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.names):
+        if self.names and not any(wildcard_match(name, pattern) for pattern in self.names):
             return False
         return self.selector is None or self.selector.matches(labels)
+
+
+def wildcard_match(name: str, pattern: str) -> bool:
+    """``pattern`` covers ``name``: ``*`` any run of characters, ``?`` one, the rest
+    literal. No compiled-pattern cache (``fnmatch`` keeps 32,768 by count, whatever
+    their size): at most ``len(name) * len(pattern)`` steps, both at most MAX_NAME."""
+    n = p = 0
+    star, resume = -1, 0
+    while n < len(name):
+        if p < len(pattern) and pattern[p] in ("?", name[n]):
+            n, p = n + 1, p + 1
+        elif p < len(pattern) and pattern[p] == "*":
+            star, resume, p = p, n, p + 1
+        elif star >= 0:
+            resume += 1
+            n, p = resume, star + 1
+        else:
+            return False
+    return all(c == "*" for c in pattern[p:])
 
 
 def _strings(value: Any, limit: int = MAX_ITEMS) -> tuple[str, ...] | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.cluster.live import resources_for
 from app.crds.exceptions import MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_REASON, parse, trim
@@ -52,3 +54,14 @@ def test_the_live_view_trims_it_so() -> None:
     [resource] = resources_for({"EnvelopeException"})
     assert resource.path == "/apis/envelope.io/v1alpha1/envelopeexceptions" and resource.optional
     assert resource.trim(stored()) == trim(stored())
+
+
+@given(st.text(alphabet="ab-.", max_size=12), st.text(alphabet="ab-.*?", max_size=12))
+def test_wildcard_match_is_fnmatch_without_its_cache(name: str, pattern: str) -> None:
+    """``*`` and ``?`` as fnmatch reads them (names hold no ``[``), without fnmatch's
+    count-bounded cache of compiled patterns."""
+    import fnmatch
+
+    from app.crds.exceptions import wildcard_match
+
+    assert wildcard_match(name, pattern) == fnmatch.fnmatchcase(name, pattern)
