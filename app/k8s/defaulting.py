@@ -17,6 +17,7 @@ pod-level defaulting of 1.35-1.36 stays beside 1.37's for the version matrix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from decimal import ROUND_UP, Context, Decimal
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = ["LIMIT_RANGER_ANNOTATION", "apply_limit_range_defaults", "copy_for_de
            "limit_range_items", "limit_ranger_pod", "merge_limit_range_defaults"]
 
 _HUGEPAGES = "hugepages-"
+_WHOLE_MILLIS = re.compile(r"[0-9]+(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+"""Digits with a suffix of 1m or more, no point, no exponent: already a multiple of 1m."""
 
 
 # ------------------------------------------------------------------ API defaulting
@@ -68,6 +71,8 @@ def _canonical(value: Decimal) -> str:
 def _round_up_milli(value: object) -> object:
     """pkg/apis/core/v1/defaults.go ``SetDefaults_ResourceList``: every value of a
     ResourceList is rounded up to a multiple of 1m (``Quantity.RoundUp(-3)``)."""
+    if isinstance(value, str) and _WHOLE_MILLIS.fullmatch(value):
+        return value  # the common case, without Decimal (a property test holds it to the rest)
     try:
         q = parse_quantity(value)
     except QuantityError:

@@ -6,6 +6,7 @@ template verdict of memory-request-equals-limit agreeing with the verdict on its
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -233,3 +234,19 @@ def test_limit_ranger_pod_writes_defaults_and_its_annotation() -> None:
         "containers": [{"name": "app", "resources": {"requests": {"memory": "1Gi"}}}],
         "initContainers": [{"name": "init"}]}}
     assert limit_ranger_pod(pod, [{"spec": {"limits": [{"type": "Pod", "max": {"cpu": "2"}}]}}]) == pod
+
+
+@given(st.from_regex(r"\A[0-9]{1,30}(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?\Z")
+       | st.from_regex(r"\A[+-]?[0-9]{0,6}(\.[0-9]{0,6})?([eE][+-]?[0-9]{1,2}|m|k|Mi|Gi|u|n)?\Z"))
+def test_whole_millis_are_left_as_written_by_both_paths(text: str) -> None:
+    """``_round_up_milli``'s shortcut (no Decimal for digits with a suffix of 1m or
+    more) answers what the Decimal path answers for every string."""
+    from app.k8s import defaulting
+
+    shortcut = defaulting._round_up_milli(text)
+    real = defaulting._WHOLE_MILLIS
+    try:
+        defaulting._WHOLE_MILLIS = re.compile(r"(?!)")  # matches nothing: the Decimal path
+        assert defaulting._round_up_milli(text) == shortcut
+    finally:
+        defaulting._WHOLE_MILLIS = real
