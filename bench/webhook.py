@@ -208,20 +208,27 @@ def main() -> int:
         if args.nodes:
             return capacity(base, scripts, args, server.pid)
         wrk(base + "/mutate", script, 3, args.connections)  # warm up
-        floor = wrk(base + "/floor", script, args.seconds, args.connections)
-        decode = wrk(base + "/floor-decode", script, args.seconds, args.connections)
-        mutate = wrk(base + "/mutate", script, args.seconds, args.connections)
-        validate = wrk(base + "/validate", script, args.seconds, args.connections)
+
+        def timed(route: str) -> dict[str, float]:
+            """wrk's figures and the server's CPU µs per review (from /proc)."""
+            before = cpu_seconds(server.pid)
+            r = wrk(base + route, script, args.seconds, args.connections)
+            r["cpu_us"] = (cpu_seconds(server.pid) - before) / max(r["requests"], 1) * 1e6
+            return r
+
+        floor, decode, mutate, validate = (timed(route) for route in (
+            "/floor", "/floor-decode", "/mutate", "/validate"))
     finally:
         server.terminate()
         server.wait(15)
     print(f"body: {len(body)} bytes, concurrency {args.connections}, {args.seconds}s per route, "
           f"server log level {args.log_level}")
-    print("| route | reviews/s | p50 ms | p99 ms | non-2xx |")
-    print("|---|---|---|---|---|")
+    print("| route | reviews/s | p50 ms | p99 ms | non-2xx | server CPU µs/review |")
+    print("|---|---|---|---|---|---|")
     for name, r in (("/floor", floor), ("/floor-decode", decode), ("/mutate", mutate),
                     ("/validate", validate)):
-        print(f"| {name} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} |")
+        print(f"| {name} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} "
+              f"| {r['cpu_us']:.0f} |")
     print(f"floor-decode / floor throughput: {decode['rps'] / floor['rps']:.2f}x")
     print(f"mutate / floor throughput: {mutate['rps'] / floor['rps']:.2f}x")
     print(f"validate / floor throughput: {validate['rps'] / floor['rps']:.2f}x")
