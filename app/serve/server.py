@@ -9,7 +9,7 @@ response), in that order and in one place each: docs/architecture.md, "A request
 from bytes to verdict". ``POST /validate/in-tree/<rule,rule>`` (:class:`InTreeEndpoint`) is
 ``/validate`` without the named rules (docs/in-tree.md, "Validation").
 
-Why one module of ~424 lines: the endpoints, their metrics and the app that mounts them
+Why one module of ~453 lines: the endpoints, their metrics and the app that mounts them
 are the one path every review takes; a status code or a metric label is decided here and
 nowhere else.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 from fastapi import FastAPI
@@ -36,6 +36,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from app.cluster.view import ClusterView, StaticView
 from app.core.config import Mode, Policy
@@ -401,18 +402,18 @@ class _ReviewsFirst(FastAPI):
     reviews: dict[str, ReviewEndpoint]
     in_tree: InTreeEndpoint | None = None
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send_: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send_: Send) -> None:
         if scope["type"] == "http" and not scope.get("root_path"):
             path = scope["path"]
             endpoint = self.reviews.get(path)
             if endpoint is not None:
-                await endpoint(scope, receive, send_)
+                await endpoint(cast(dict[str, Any], scope), receive, send_)  # uvicorn's is a dict
                 return
             if self.in_tree is not None and path.startswith(VALIDATE_PATH):
                 names = path[len(VALIDATE_PATH):]
                 if names and "/" not in names:
                     scope["path_params"] = {"rules": names}
-                    await self.in_tree(scope, receive, send_)
+                    await self.in_tree(cast(dict[str, Any], scope), receive, send_)
                     return
         await super().__call__(scope, receive, send_)
 
