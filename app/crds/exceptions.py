@@ -75,7 +75,13 @@ class EnvelopeException:
 def wildcard_match(name: str, pattern: str) -> bool:
     """``pattern`` covers ``name``: ``*`` any run of characters, ``?`` one, the rest
     literal. No compiled-pattern cache (``fnmatch`` keeps 32,768 by count, whatever
-    their size): at most ``len(name) * len(pattern)`` steps, both at most MAX_NAME."""
+    their size): at most ``len(name) * len(pattern)`` steps, both at most MAX_NAME.
+    ``parse`` bounds patterns; a name is bounded here: the mutating webhook sees a name
+    before the API server validates it, and a name longer than any Kubernetes name
+    (3 MB fit in a request) would cost seconds a pattern. It is covered by none; the
+    API server refuses it anyway."""
+    if len(name) > MAX_NAME:
+        return False
     n = p = 0
     star, resume = -1, 0
     while n < len(name):

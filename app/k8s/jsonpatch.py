@@ -43,9 +43,6 @@ def path_of(pointer: str) -> tuple[str | int, ...]:
 
 
 
-_ABSENT = object()
-
-
 def _differs(a: Any, b: Any) -> bool:
     """Identity first (parts a copier shared), then C-speed equality. Too deep for that,
     "maybe": the walk goes down and finds what differs (asking ``same`` at every level
@@ -75,13 +72,10 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             later: list[dict[str, Any] | tuple[Any, Any, str]] = [
                 {"op": "remove", "path": where + "/" + escape(key)} for key in a if key not in b]
             for key, value in b.items():
-                was = a.get(key, _ABSENT)
-                if was is value:  # shared by the copier: unchanged (``_differs`` inline: hot)
-                    continue
-                if was is _ABSENT:
+                if key not in a:
                     later.append({"op": "add", "path": where + "/" + escape(key), "value": value})
-                elif _differs(was, value):
-                    later.append((was, value, where + "/" + escape(key)))
+                elif _differs(a[key], value):
+                    later.append((a[key], value, where + "/" + escape(key)))
             todo.extend(reversed(later))
         elif isinstance(a, list):
             if len(a) != len(b):

@@ -65,3 +65,14 @@ def test_wildcard_match_is_fnmatch_without_its_cache(name: str, pattern: str) ->
     from app.crds.exceptions import wildcard_match
 
     assert wildcard_match(name, pattern) == fnmatch.fnmatchcase(name, pattern)
+
+
+def test_a_name_longer_than_any_kubernetes_name_is_covered_by_no_pattern() -> None:
+    """The mutating webhook sees names before the API server validates them: 3 MB of
+    ``a`` against ``*a…ab`` would take minutes (len(name) * len(pattern) steps)."""
+    from app.crds.exceptions import wildcard_match
+
+    worst = "*" + "a" * (MAX_NAME - 2) + "b"
+    assert not wildcard_match("a" * 3_000_000, worst)
+    assert not wildcard_match("a" * (MAX_NAME + 1), "*")
+    assert wildcard_match("a" * MAX_NAME, "*") and wildcard_match("a" * (MAX_NAME - 1) + "b", worst)
